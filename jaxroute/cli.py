@@ -1,0 +1,45 @@
+"""The `jaxroute` command. Each subcommand lives in `jaxroute/commands/<name>.py` and is found automatically.
+
+A command module defines `register(subparsers)`, which adds its parser and sets
+`func=<callable(args) -> int>` as a default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import pkgutil
+import sys
+
+from jaxroute.errors import JaxrouteError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="jaxroute",
+        description="JAX simulator for routing and load balancing in LLM serving. "
+        "Every command runs many seeds in one compiled program and prints means with 95%% CIs.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    import jaxroute.commands as commands
+
+    for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
+        if info.name.startswith("_"):
+            continue
+        module = importlib.import_module(f"jaxroute.commands.{info.name}")
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except JaxrouteError as e:
+        print(f"jaxroute {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,91 @@
+"""Metrics shared by all cluster models: masked percentiles (jittable) and CIs over seeds (host)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax.numpy as jnp
+import numpy as np
+
+# ----------------------------------------------------------------------------- on device
+
+
+def masked_mean(x: jnp.ndarray, mask: jnp.ndarray) -> jnp.ndarray:
+    """Mean of x over mask (0 if the mask is empty)."""
+    n = jnp.sum(mask)
+    return jnp.where(n > 0, jnp.sum(jnp.where(mask, x, 0.0)) / jnp.maximum(n, 1), 0.0)
+
+
+def masked_quantile(x: jnp.ndarray, mask: jnp.ndarray, q: float) -> jnp.ndarray:
+    """Quantile q of x over mask, with linear interpolation (numpy's default method).
+
+    Jittable with a fixed-size x: masked-out entries are sorted to the end.
+    """
+    n = jnp.sum(mask)
+    xs = jnp.sort(jnp.where(mask, x, jnp.inf))
+    pos = q * jnp.maximum(n - 1, 0).astype(xs.dtype)
+    lo = jnp.floor(pos).astype(jnp.int32)
+    hi = jnp.minimum(lo + 1, jnp.maximum(n - 1, 0))
+    frac = pos - lo
+    x_lo = xs[lo]
+    x_hi = xs[hi]
+    val = x_lo + (x_hi - x_lo) * frac
+    return jnp.where(n > 0, val, 0.0)
+
+
+# ----------------------------------------------------------------------------- on host
+
+
+@dataclasses.dataclass(frozen=True)
+class Summary:
+    """Mean and 95 % confidence interval over seeds (Student t)."""
+
+    mean: float
+    lo: float
+    hi: float
+    per_seed: tuple[float, ...]
+
+    @property
+    def half_width(self) -> float:
+        return (self.hi - self.lo) / 2
+
+    def as_json(self) -> dict:
+        return {"mean": self.mean, "ci95": [self.lo, self.hi], "per_seed": list(self.per_seed)}
+
+
+def t_quantile_975(dof: int) -> float:
+    """The 0.975 quantile of Student's t with `dof` degrees of freedom."""
+    if dof < 1:
+        return float("nan")
+    # Bisection on the CDF, computed with the regularized incomplete beta function.
+    from jax.scipy.special import betainc
+
+    def cdf(t: float) -> float:
+        x = dof / (dof + t * t)
+        return 1.0 - 0.5 * float(betainc(dof / 2.0, 0.5, x))
+
+    lo, hi = 0.0, 100.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        if cdf(mid) < 0.975:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
+
+
+_T_CACHE: dict[int, float] = {}
+
+
+def summarize(values: np.ndarray) -> Summary:
+    """Mean over seeds (axis 0) with a 95 % t interval; one seed gives a zero-width interval."""
+    v = np.asarray(values, dtype=np.float64).reshape(len(values), -1).mean(axis=1)
+    n = len(v)
+    mean = float(np.mean(v))
+    if n < 2:
+        return Summary(mean, mean, mean, tuple(float(x) for x in v))
+    if n not in _T_CACHE:
+        _T_CACHE[n] = t_quantile_975(n - 1)
+    half = _T_CACHE[n] * float(np.std(v, ddof=1)) / math.sqrt(n)
+    return Summary(mean, mean - half, mean + half, tuple(float(x) for x in v))

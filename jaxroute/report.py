@@ -1,0 +1,112 @@
+"""Results convention (DESIGN.md): one JSON object per command, a CSV beside it, a printed table."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from jaxroute.metrics import Summary, summarize
+
+
+@dataclasses.dataclass
+class Record:
+    """One result row: a policy under one traced configuration, summarised over seeds."""
+
+    policy: str
+    params: dict[str, Any]
+    overflow: bool
+    metrics: dict[str, Summary]
+
+    def as_json(self) -> dict:
+        return {
+            "policy": self.policy,
+            "params": _jsonable(self.params),
+            "overflow": bool(self.overflow),
+            "metrics": {k: v.as_json() for k, v in self.metrics.items()},
+        }
+
+
+def records_from_grid(grid, labels: Sequence[tuple[str, dict]], metric_names: Sequence[str]) -> list[Record]:
+    """Build one Record per config row of a `sim.GridResult`; labels[c] = (policy, params)."""
+    out = []
+    for c, (policy, params) in enumerate(labels):
+        ms = {m: summarize(np.asarray(grid.metrics[m][c], dtype=np.float64)) for m in metric_names}
+        out.append(Record(policy, dict(params), bool(grid.overflow[c]), ms))
+    return out
+
+
+def _jsonable(x: Any) -> Any:
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, np.ndarray):
+        return _jsonable(x.tolist())
+    if isinstance(x, (np.integer,)):
+        return int(x)
+    if isinstance(x, (np.floating, float)):
+        f = float(x)
+        return f if math.isfinite(f) else None
+    if isinstance(x, np.bool_):
+        return bool(x)
+    if hasattr(x, "item") and callable(x.item) and np.ndim(x) == 0:
+        return _jsonable(x.item())
+    return x
+
+
+def results_json(command: str, config: dict, records: Sequence[Record]) -> dict:
+    return {"command": command, "config": _jsonable(config), "results": [r.as_json() for r in records]}
+
+
+def write_results(path: str | Path, command: str, config: dict, records: Sequence[Record]) -> Path:
+    """Write the results JSON and a long-format CSV (one row per result x metric) beside it."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as f:
+        json.dump(results_json(command, config, records), f, indent=1)
+    with path.with_suffix(".csv").open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["policy", "params", "overflow", "metric", "mean", "ci95_lo", "ci95_hi", "n_seeds"])
+        for r in records:
+            for name, s in r.metrics.items():
+                w.writerow([r.policy, json.dumps(_jsonable(r.params)), r.overflow, name, s.mean, s.lo, s.hi, len(s.per_seed)])
+    return path
+
+
+def fmt_ci(s: Summary, digits: int = 3) -> str:
+    """`mean ± half-width` with a sensible number of significant digits."""
+    mag = max(abs(s.mean), abs(s.half_width), 1e-12)
+    if mag >= 1000:
+        return f"{s.mean:,.0f} ± {s.half_width:,.0f}"
+    decimals = max(0, digits - 1 - int(math.floor(math.log10(mag))))
+    return f"{s.mean:.{decimals}f} ± {s.half_width:.{decimals}f}"
+
+
+def format_table(records: Sequence[Record], metric_names: Sequence[str], label=None, extra: dict | None = None) -> str:
+    """A fixed-width table: one row per record, `mean ± CI95 half-width` per metric.
+
+    label(record) -> str names the row (default: policy). extra maps a column title to
+    a function record -> str for additional columns (e.g. relative gains).
+    """
+    label = label or (lambda r: r.policy)
+    extra = extra or {}
+    header = ["policy"] + list(metric_names) + list(extra)
+    rows = []
+    for r in records:
+        cells = [label(r) + (" (OVERFLOW)" if r.overflow else "")]
+        cells += [fmt_ci(r.metrics[m]) for m in metric_names]
+        cells += [fn(r) for fn in extra.values()]
+        rows.append(cells)
+    widths = [max(len(h), *(len(row[i]) for row in rows)) if rows else len(h) for i, h in enumerate(header)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True))]
+    lines.append("  ".join("-" * w for w in widths))
+    for row in rows:
+        lines.append("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)))
+    return "\n".join(lines)

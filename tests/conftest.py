@@ -1,0 +1,11 @@
+"""Test set-up: four simulated CPU devices, so sharding is exercised on any machine."""
+
+import os
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault("JAXROUTE_NO_PROGRESS", "1")
+
+import jax  # noqa: E402
+
+jax.config.update("jax_num_cpu_devices", 4)
+jax.config.update("jax_enable_x64", False)
