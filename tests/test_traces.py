@@ -1,0 +1,80 @@
+"""Trace loaders: real files parse, and every kind of bad input gets a clear error naming the problem."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from jaxroute.errors import JaxrouteError
+from jaxroute.workloads.traces import load_azure_csv, load_mooncake_jsonl, load_trace
+
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+def _write(tmp_path, name, text):
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+def test_azure_csv_parses(tmp_path):
+    p = _write(tmp_path, "a.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+               "2023-11-16 18:15:46.5000000,374,44\n2023-11-16 18:15:48.0000000,396,109\n")
+    t = load_azure_csv(p)
+    np.testing.assert_allclose(t.arrival_s, [0.0, 1.5])
+    assert t.prompt_tokens.tolist() == [374, 396] and t.output_tokens.tolist() == [44, 109]
+    assert t.block_ids is None and len(t.head(1)) == 1
+
+
+@pytest.mark.parametrize(
+    "body, needle",
+    [
+        ("", "empty"),
+        ("TIMESTAMP,ContextTokens\n2023-11-16 18:15:46.5,3\n", "missing column(s) GeneratedTokens"),
+        ("TIMESTAMP,ContextTokens,GeneratedTokens\n", "no requests"),
+        ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.5,-3,4\n", "negative"),
+        ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.5,nan,4\n", "finite"),
+        ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.5,3,abc\n", "not a number"),
+        ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:47,3,4\n2023-11-16 18:15:46,3,4\n", "not sorted"),
+        ("TIMESTAMP,ContextTokens,GeneratedTokens\nyesterday,3,4\n", "cannot parse timestamp"),
+    ],
+)
+def test_azure_bad_input(tmp_path, body, needle):
+    p = _write(tmp_path, "bad.csv", body)
+    with pytest.raises(JaxrouteError, match=needle.replace("(", r"\(").replace(")", r"\)")):
+        load_azure_csv(p)
+
+
+def test_mooncake_parses_and_validates(tmp_path):
+    good = '{"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [1, 2]}\n' \
+           '{"timestamp": 1500, "input_length": 100, "output_length": 2, "hash_ids": [1]}\n'
+    t = load_mooncake_jsonl(_write(tmp_path, "m.jsonl", good))
+    np.testing.assert_allclose(t.arrival_s, [0.0, 1.5])
+    assert [b.tolist() for b in t.block_ids] == [[1, 2], [1]]
+    cases = {
+        '{"timestamp": 0, "input_length": 600, "output_length": 5}\n': "missing key",
+        '{"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [1]}\n': "expected 2",
+        '{"timestamp": 0, "input_length": 600, "output_length": -5, "hash_ids": [1, 2]}\n': "negative",
+        "not json\n": "not valid JSON",
+        '{"timestamp": 5, "input_length": 1, "output_length": 1, "hash_ids": [1]}\n'
+        '{"timestamp": 1, "input_length": 1, "output_length": 1, "hash_ids": [1]}\n': "not sorted",
+        "\n": "no requests",
+    }
+    for body, needle in cases.items():
+        with pytest.raises(JaxrouteError, match=needle):
+            load_mooncake_jsonl(_write(tmp_path, "bad.jsonl", body))
+
+
+def test_missing_file_and_unknown_format(tmp_path):
+    with pytest.raises(JaxrouteError, match="not found"):
+        load_trace(tmp_path / "nope.csv")
+    with pytest.raises(JaxrouteError, match="unknown trace format"):
+        load_trace(_write(tmp_path, "x.parquet", "x"))
+
+
+@pytest.mark.skipif(not DATA.exists(), reason="public traces live in ../shared/data beside the repo")
+def test_real_traces_load():
+    conv = load_trace(DATA / "azure_llm_2023_conv.csv")
+    moon = load_trace(DATA / "mooncake_synthetic_trace.jsonl")
+    assert len(conv) > 10_000 and conv.prompt_tokens.min() >= 1
+    assert len(moon) > 1_000 and moon.block_ids is not None
