@@ -26,6 +26,7 @@ import jax.numpy as jnp
 from jaxroute.errors import JaxrouteError
 
 ROOFLINE, PREBLE = 0, 1
+PREBLE_QUAD_PEAK = 1.25 / (2 * 2.56e-3)  # 244.14 tokens: the vertex of Preble's middle linear-time branch
 KINDS = {"roofline": ROOFLINE, "preble": PREBLE}
 
 # --------------------------------------------------------------------------- catalogs
@@ -277,8 +278,8 @@ def iteration_stats(prefill_tokens, prefill_context, prefill_mask, decode_contex
     )
 
 
-def roofline_time(cp: CostParams, s: IterationStats) -> jax.Array:
-    """Overhead + max(compute, memory) + TP all-reduce time of one iteration, in seconds."""
+def roofline_terms(cp: CostParams, s: IterationStats) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """(compute_s, memory_s, comm_s) of one iteration under the roofline model, per TP rank."""
     flops = cp.linear_flops_per_token * s.tokens + cp.logits_flops * s.requests + cp.attn_flops_per_pair * s.attn_pairs
     compute_s = flops / (cp.tp * cp.flops)
     # Expected fraction of experts hit by `tokens` tokens routed independently (uniform routing).
@@ -288,6 +289,12 @@ def roofline_time(cp: CostParams, s: IterationStats) -> jax.Array:
     memory_s = (weight_bytes + kv_bytes) / cp.mem_bw
     allreduce_s = cp.allreduce_latency_s + 2.0 * (cp.tp - 1.0) / cp.tp * s.tokens * cp.hidden * 2.0 / cp.link_bw
     comm_s = jnp.where(cp.tp > 1.0, 2.0 * cp.n_layers * allreduce_s, 0.0)
+    return compute_s, memory_s, comm_s
+
+
+def roofline_time(cp: CostParams, s: IterationStats) -> jax.Array:
+    """Overhead + max(compute, memory) + TP all-reduce time of one iteration, in seconds."""
+    compute_s, memory_s, comm_s = roofline_terms(cp, s)
     return cp.overhead_s + jnp.maximum(compute_s, memory_s) + comm_s
 
 
@@ -298,8 +305,12 @@ def preble_time(cp: CostParams, s: IterationStats) -> jax.Array:
     (Preble's own default when `num_unique_kv` is None).
     """
     n = s.tokens
+    # Preble's middle branch (-118 + 1.25 n - 2.56e-3 n^2) peaks at n = 244.14 (34.6 ms) and then falls,
+    # to below zero for 360 < n < 384. We hold it at its peak past n = 244.14 (its running maximum), so
+    # the model stays positive and monotone in tokens; every other value is Preble's fit as published.
+    nq = jnp.minimum(n, PREBLE_QUAD_PEAK)
     linear_ms = jnp.where(n >= 384, 0.10842571 * n + 4.209777054806409,
-                          jnp.where(n >= 192, -118.0 + 1.25 * n - 2.56e-3 * n * n, 22.0))
+                          jnp.where(n >= 192, -118.0 + 1.25 * nq - 2.56e-3 * nq * nq, 22.0))
     ctx = s.total_context
     unique = ctx
     reqs = jnp.maximum(s.requests, 1.0)
@@ -325,22 +336,30 @@ def step_time(cp: CostParams, prefill_tokens, prefill_context, prefill_mask, dec
                                                decode_context, decode_mask))
 
 
+def prefill_stats(n, cached=0) -> IterationStats:
+    """IterationStats of one prefill chunk of n new tokens on top of `cached` tokens, nothing else batched."""
+    n = jnp.asarray(n, jnp.float32)
+    c = jnp.asarray(cached, jnp.float32)
+    return IterationStats(tokens=n, requests=jnp.where(n > 0, 1.0, 0.0), attn_pairs=n * c + 0.5 * n * n,
+                          kv_read=c, total_context=c + n, preble_extend_ms=_preble_extend_ms(n, c + n))
+
+
+def decode_stats(batch, context) -> IterationStats:
+    """IterationStats of a decode iteration of `batch` requests, each with `context` tokens."""
+    b = jnp.asarray(batch, jnp.float32)
+    bc = b * jnp.asarray(context, jnp.float32)
+    return IterationStats(tokens=b, requests=b, attn_pairs=bc, kv_read=bc, total_context=bc,
+                          preble_extend_ms=jnp.zeros_like(bc))
+
+
 def prefill_time(cp: CostParams, n, cached=0) -> jax.Array:
-    """Seconds to prefill one chunk of n new tokens on top of `cached` cached tokens (nothing else batched)."""
-    one = jnp.ones((1,), bool)
-    none = jnp.zeros((1,), bool)
-    return step_time(cp, jnp.reshape(jnp.asarray(n), (1,)), jnp.reshape(jnp.asarray(cached), (1,)), one,
-                     jnp.zeros((1,)), none)
+    """Seconds to prefill one chunk of n new tokens on top of `cached` cached tokens (n, cached may be traced)."""
+    return time_from_stats(cp, prefill_stats(n, cached))
 
 
 def decode_step_time(cp: CostParams, batch, context) -> jax.Array:
-    """Seconds for one decode iteration of `batch` requests, each with `context` tokens (batch may be traced)."""
-    b = jnp.asarray(batch, jnp.float32)
-    c = jnp.asarray(context, jnp.float32)
-    zero = jnp.zeros_like(b * c)
-    s = IterationStats(tokens=b, requests=b, attn_pairs=b * c, kv_read=b * c, total_context=b * c,
-                       preble_extend_ms=zero)
-    return time_from_stats(cp, s)
+    """Seconds for one decode iteration of `batch` requests, each with `context` tokens (may be traced)."""
+    return time_from_stats(cp, decode_stats(batch, context))
 
 
 # --------------------------------------------------------------------------- KV capacity
