@@ -1,0 +1,83 @@
+"""`jaxroute cost`: JSON keys and values, case-insensitive names, clear errors."""
+
+import json
+
+import pytest
+
+from jaxroute import cost_models as cm
+from jaxroute.cli import main
+
+
+def run_json(capsys, *argv):
+    assert main(["cost", *argv, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_json_anchors(capsys):
+    out = run_json(capsys, "--gpu", "A6000", "--model", "mistral-7b", "--prefill", "2100",
+                   "--decode-batch", "1", "--context", "1")
+    assert {"kv_capacity_tokens", "prefill_s", "decode_step_s"} <= set(out)
+    assert out["kv_capacity_tokens"] == 219_089
+    assert out["prefill_s"] == pytest.approx(0.2817, rel=0.03)
+    assert out["decode_step_s"] == pytest.approx(0.024, rel=0.10)
+    cp = cm.cost_params("A6000", "Mistral-7B")
+    assert out["prefill_s"] == pytest.approx(float(cm.prefill_time(cp, 2100)), rel=1e-6)
+
+
+def test_names_are_case_insensitive(capsys):
+    a = run_json(capsys, "--gpu", "a6000", "--model", "MISTRAL-7B")
+    b = run_json(capsys, "--gpu", "A6000", "--model", "Mistral-7B")
+    assert a == b
+
+
+def test_preble_cost_model(capsys):
+    out = run_json(capsys, "--cost-model", "Preble", "--prefill", "4000", "--decode-batch", "32",
+                   "--context", "2000")
+    assert out["cost_model"] == "preble"
+    assert out["prefill_s"] == pytest.approx(0.539, rel=0.01)
+    assert out["decode_step_s"] == pytest.approx(0.038, rel=0.01)
+
+
+def test_tensor_parallel(capsys):
+    out = run_json(capsys, "--gpu", "H100-SXM", "--model", "llama-3-70b", "--tp", "4", "--prefill", "8000")
+    assert out["tp"] == 4
+    assert out["kv_capacity_tokens"] == cm.kv_capacity_tokens("H100-SXM", "Llama-3-70B", tp=4)
+    cp = cm.cost_params("H100-SXM", "Llama-3-70B", tp=4)
+    assert out["prefill_s"] == pytest.approx(float(cm.prefill_time(cp, 8000)), rel=1e-6)
+
+
+def test_text_output(capsys):
+    assert main(["cost", "--gpu", "A6000", "--model", "mistral-7b", "--prefill", "21000"]) == 0
+    text = capsys.readouterr().out
+    assert "219,089 tokens" in text
+    assert "prefill 21,000 tokens" in text and "compute-bound" in text
+    assert "memory-bound" in text  # single-request decode
+
+
+def test_list(capsys):
+    assert main(["cost", "--list"]) == 0
+    text = capsys.readouterr().out
+    for name in list(cm.GPUS) + list(cm.MODELS):
+        assert name in text
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--gpu", "V100"], "unknown GPU 'V100'; choose from: A6000, A100-80GB, H100-SXM, H200"),
+    (["--model", "gpt2"], "choose from: Mistral-7B, Llama-3-8B, Llama-3-70B, Qwen3-30B-A3B, DeepSeek-V3"),
+    (["--cost-model", "vidur"], "choose from: roofline, preble"),
+    (["--prefill", "abc"], "--prefill expects an integer"),
+    (["--prefill", "0"], "--prefill must be >= 1"),
+    (["--decode-batch", "-3"], "--decode-batch must be >= 1"),
+    (["--context", "1.5"], "--context expects an integer"),
+    (["--tp", "0"], "--tp must be >= 1"),
+    (["--mem-util", "2"], "--mem-util must be in (0, 1]"),
+    (["--mem-util", "nan"], "--mem-util must be >= 0"),
+    (["--gpu", "H100-SXM", "--model", "Llama-3-70B"], "use tensor parallelism >= 2"),
+    (["--cost-model", "preble", "--gpu", "H200"], "Mistral-7B on one A6000"),
+])
+def test_bad_input_gives_clear_error(capsys, argv, message):
+    assert main(["cost", *argv]) == 2
+    captured = capsys.readouterr()
+    assert "jaxroute cost: error:" in captured.err
+    assert message in captured.err
+    assert captured.out == ""
