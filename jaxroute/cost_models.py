@@ -11,12 +11,21 @@ An iteration (one forward pass of continuous batching) holds prefill chunks
 (new tokens on top of tokens already cached) and decode requests (one new token
 on top of their context). `step_time` takes them as masked fixed-size arrays.
 An empty iteration takes 0 s.
+
+Roofline, per TP rank (T = new tokens, R = requests needing logits, n/c = a chunk's new/cached tokens):
+    FLOPs   = 2 (A - 2 V d) T + 2 V d R + a (sum n c + n^2 / 2 + sum decode contexts)
+              (A active params, V d embedding size, a = 2 L H (d_qk + d_v) FLOPs per query-key pair;
+              for MHA/GQA a = 4 L d, the lecture's causal 4 L d n^2 / 2)
+    bytes   = weights read (all but the embedding table; MoE experts only as far as T tokens hit them:
+              1 - (1 - k/E)^T of them) / tp + KV bytes per rank x (cached tokens read + T written)
+    time    = OVERHEAD_S + max(FLOPs / (tp ETA_COMPUTE peak), bytes / (ETA_MEMORY bandwidth)) + all-reduces
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import operator
 import re
 from typing import NamedTuple
 
@@ -204,6 +213,16 @@ class CostParams:
     expert_hit_prob: jax.Array  # [] float32 k / E (chance that one token routes to a given expert)
 
 
+def _tp(tp) -> int:
+    try:
+        value = operator.index(tp)
+    except TypeError:
+        value = 0
+    if value < 1:
+        raise JaxrouteError(f"tensor-parallel degree must be a positive integer, got {tp!r}")
+    return value
+
+
 def _kv_shards(model: ModelSpec, tp: int) -> int:
     """TP ranks that split the KV cache; KV heads are replicated beyond that."""
     return max(1, min(tp, model.n_kv_heads))
@@ -212,8 +231,7 @@ def _kv_shards(model: ModelSpec, tp: int) -> int:
 def cost_params(gpu: str | GPUSpec, model: str | ModelSpec, tp: int = 1, kind: str = "roofline") -> CostParams:
     """Build the traced CostParams for a GPU, a model, a TP degree and a cost model kind."""
     g, m = get_gpu(gpu), get_model(model)
-    if not isinstance(tp, int) or tp < 1:
-        raise JaxrouteError(f"tensor-parallel degree must be a positive integer, got {tp!r}")
+    tp = _tp(tp)
     if kind not in KINDS:
         raise JaxrouteError(f"unknown cost model '{kind}'; choose from: {', '.join(KINDS)}")
     if kind == "preble" and (g.name, m.name, tp) != ("A6000", "Mistral-7B", 1):
@@ -372,8 +390,7 @@ def kv_capacity_tokens(gpu: str | GPUSpec, model: str | ModelSpec, tp: int = 1, 
     on every rank), so the KV bytes per token across the group is kv_bytes * tp / shards.
     """
     g, m = get_gpu(gpu), get_model(model)
-    if not isinstance(tp, int) or tp < 1:
-        raise JaxrouteError(f"tensor-parallel degree must be a positive integer, got {tp!r}")
+    tp = _tp(tp)
     if not 0.0 < mem_util <= 1.0:
         raise JaxrouteError(f"mem_util must be in (0, 1], got {mem_util}")
     free = g.mem_bytes * tp * mem_util - m.weight_bytes

@@ -198,6 +198,9 @@ def test_preble_sanity_values(preble):
     for k, want_ms in ((1, 126), (4, 539), (8, 1152)):
         got = float(cm.prefill_time(preble, 1000 * k)) * 1e3
         assert got == pytest.approx(want_ms, rel=0.01)
+    # the other reading (e new tokens on top of s cached) does not reproduce them
+    assert preble_reference_ms([(1000, 1000)], []) > 126 * 1.05
+    assert preble_reference_ms([(1024, 0)], []) > 126 * 1.01  # nor does 1k = 1024
     assert float(cm.decode_step_time(preble, 32, 2000)) * 1e3 == pytest.approx(38, rel=0.01)
     assert float(cm.decode_step_time(preble, 32, 2048)) * 1e3 == pytest.approx(38, rel=0.01)
 
