@@ -177,6 +177,11 @@ def _jitted(model: Model, kind: str, chunk: int = 0) -> Callable:
             _count_trace(name)
             return jax.vmap(lambda s, p: model.metrics(s, workload, p))(state, params)
 
+    elif kind == "done":
+
+        def batched(state):
+            return jax.vmap(model.is_done)(state)
+
     else:  # pragma: no cover - internal
         raise ValueError(kind)
     fn = jax.jit(batched)
@@ -229,11 +234,16 @@ def run_grid(
         state = _jitted(model, "init")(keys, workload, flat_params)
         step_chunk = _jitted(model, "chunk", chunk)
         bar = _bar(n_chunks * chunk, progress) if progress else None
+        # Optional early exit: a model with `is_done(state) -> bool` stops once every row is done
+        # (num_steps can then be a loose upper bound; the remaining steps would be no-ops).
+        done_fn = _jitted(model, "done") if hasattr(model, "is_done") else None
         for _ in range(n_chunks):
             state = step_chunk(state, workload, flat_params)
             if bar is not None:
                 jax.block_until_ready(state)
                 bar.update(chunk)
+            if done_fn is not None and bool(np.all(np.asarray(done_fn(state)))):
+                break
         if bar is not None:
             bar.close()
         out = _jitted(model, "metrics")(state, workload, flat_params)

@@ -1,0 +1,382 @@
+"""Prefix-sharing workloads for the replica cluster: prompts as sequences of segments.
+
+A segment is a radix-tree node: an id plus a token count (a system prompt, a document, a tool
+description, a question, a 512-token Mooncake block). A segment id always has the same parent,
+so "the leading segments that are cached" is a prefix match. Each workload declares its own id
+space of `n_segments` ids; id `n_segments` is a padding dummy of length 0.
+
+Synthetic workloads are built from *units*: a unit is a small group of requests that belong
+together (one question; 8 parallel samples of one problem; the turns of one agent session).
+Per seed (from the JAX key) units arrive as a Poisson process and each arrival picks its unit by
+popularity; a unit's requests arrive at fixed offsets after it. Segment codes >= 0 in a unit
+are shared ids; code -1-k is the unit instance's private slot k (a question, an output that the
+next turn reads), which becomes a fresh id for every instance. Structure (document lengths, tool
+lengths) is drawn once with numpy from `structure_seed`, so every seed sees the same catalogue.
+
+Parameters (lecture §2.1-2.5, Preble Table 1 averages; DESIGN.md facts):
+
+| name | shared prefix | private suffix | output | popularity |
+|---|---|---|---|---|
+| longdoc | 13-token system prompt + 1 of 300 documents (mean 21,000 tokens, LogNormal sigma 0.4, clipped 4k-60k) | question = 9 % of the prompt | 45 | Zipf(1.1) over documents |
+| toolbench | 200-token system prompt + 1 of 500 tool descriptions (mean 1,500, sigma 0.5, clipped 200-6,000) | question 130 | 43 | Zipf(1.1); `hot_tool_share` (e.g. 0.4) puts that share on tool 0 |
+| videoqa | 13-token system prompt + 1 of 200 videos (mean 8,700, sigma 0.3) | question 1,150 | 4 | Zipf(1.1) |
+| programming | 13-token system prompt + 1 of 1,000 problems (mean 3,700, sigma 0.3) | 100-token sample tag | 190 | uniform; 8 parallel samples arrive together |
+| agent | 1,200-token system prompt + 1 of 50 environments (mean 600) | per turn: 150-token observation; 16-token output kept in the cache | 16 | Zipf(1.1) over environments; 6 turns, 5 s apart, turn t reads all earlier turns |
+
+Trace adapters: Mooncake JSONL (each hash id is a 512-token block, the last one partial; ids are
+re-numbered by their full path so equal ids always share ancestors) and Azure CSV (one private
+segment per request: no sharing). Trace timestamps are replayed as recorded, or rescaled to a
+given mean rate.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxroute.errors import JaxrouteError
+from jaxroute.workloads.traces import MOONCAKE_BLOCK_TOKENS, Trace
+
+PREFIX_WORKLOADS = ("longdoc", "toolbench", "agent", "programming", "videoqa")
+TRACE_WORKLOADS = ("mooncake", "azure-conv")
+DEFAULT_TRACE_PATHS = {
+    "mooncake": "../shared/data/mooncake_synthetic_trace.jsonl",
+    "azure-conv": "../shared/data/azure_llm_2023_conv.csv",
+}
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class RequestTable:
+    """One realised run's requests (sorted by arrival) and its segment catalogue."""
+
+    arrival_s: jax.Array  # [N] float32 arrival time
+    seg_ids: jax.Array  # [N, S] int32 segment ids in prompt order (pad = n_segments)
+    seg_tok: jax.Array  # [N, S] int32 tokens per segment (0 = pad)
+    out_tok: jax.Array  # [N] int32 output tokens (>= 1)
+    out_seg: jax.Array  # [N] int32 segment id the output becomes in the cache (n_segments = not kept)
+    seg_len: jax.Array  # [n_segments + 1] int32 tokens of each segment id (dummy last = 0)
+    seg_depth: jax.Array  # [n_segments + 1] int32 position of each id in any prompt (tree depth)
+
+
+def _zipf(n: int, s: float) -> np.ndarray:
+    w = 1.0 / np.arange(1, n + 1) ** s
+    return w / w.sum()
+
+
+def zipf_top_shares(n: int, s: float, k: int) -> np.ndarray:
+    """Traffic shares of the k most popular of n items under Zipf(s) (DESIGN: 300, 1.1 -> 20.3/9.5/6.1 %)."""
+    return _zipf(n, s)[:k]
+
+
+def _lognormal_lengths(rng, n, mean, sigma, lo, hi) -> np.ndarray:
+    x = rng.lognormal(0.0, sigma, size=n)
+    x = x / x.mean() * mean
+    return np.clip(np.round(x), lo, hi).astype(np.int64)
+
+
+# ----------------------------------------------------------------------------- synthetic
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class SyntheticPrefixWorkload:
+    """Unit templates; `realize(key, rate)` draws one seed's requests (Poisson units, popularity)."""
+
+    unit_prob: jax.Array  # [U] float32 popularity of each unit
+    unit_seg: jax.Array  # [U, R, S] int32 segment codes (>= 0 shared id, -1-k private slot k)
+    unit_tok: jax.Array  # [U, R, S] int32 tokens (0 = pad)
+    unit_out: jax.Array  # [U, R] int32 output tokens (0 = no such request)
+    unit_out_slot: jax.Array  # [U, R] int32 private slot the output is kept in (-1 = not kept)
+    unit_offset_s: jax.Array  # [U, R] float32 arrival offset of each request after its unit
+    unit_slot_len: jax.Array  # [U, K] int32 tokens of each private slot
+    unit_slot_depth: jax.Array  # [U, K] int32 tree depth of each private slot
+    shared_len: jax.Array  # [n_shared] int32
+    shared_depth: jax.Array  # [n_shared] int32
+    name: str = dataclasses.field(metadata=dict(static=True), default="synthetic")
+    n_requests: int = dataclasses.field(metadata=dict(static=True), default=0)
+    n_instances: int = dataclasses.field(metadata=dict(static=True), default=0)
+    n_shared: int = dataclasses.field(metadata=dict(static=True), default=0)
+    n_slots: int = dataclasses.field(metadata=dict(static=True), default=1)
+    requests_per_unit: float = dataclasses.field(metadata=dict(static=True), default=1.0)
+    max_steps_per_request: int = dataclasses.field(metadata=dict(static=True), default=0)  # see num_steps
+
+    @property
+    def n_segments(self) -> int:
+        return self.n_shared + self.n_instances * self.n_slots
+
+    @property
+    def max_segments(self) -> int:
+        return int(self.unit_seg.shape[2])
+
+    def step_bound(self, chunk: int) -> int:
+        """Upper bound on events: arrivals + sum over requests of (prefill chunks + output - 1)."""
+        return self.n_requests * (1 + self.max_steps_per_request)
+
+    def realize(self, key: jax.Array, rate: jax.Array) -> RequestTable:
+        """Draw one seed's requests: unit arrivals ~ Poisson(rate / requests_per_unit), unit ~ popularity."""
+        k_gap, k_unit = jax.random.split(key)
+        n_inst, n_r = self.n_instances, self.unit_seg.shape[1]
+        unit_rate = rate / self.requests_per_unit
+        starts = jnp.cumsum(jax.random.exponential(k_gap, (n_inst,)) / unit_rate)
+        starts = starts - starts[0]  # the first unit arrives at t = 0
+        units = jax.random.categorical(k_unit, jnp.log(self.unit_prob), shape=(n_inst,))
+        valid = self.unit_out[units] > 0  # [n_inst, R]
+        arr = jnp.where(valid, starts[:, None] + self.unit_offset_s[units], jnp.inf).reshape(-1)
+        order = jnp.argsort(arr, stable=True)[: self.n_requests]
+        inst, r = order // n_r, order % n_r
+        u = units[inst]
+        codes, tok = self.unit_seg[u, r], self.unit_tok[u, r]  # [N, S]
+        dummy = self.n_segments
+        private = self.n_shared + inst[:, None] * self.n_slots + (-1 - codes)
+        seg_ids = jnp.where(tok == 0, dummy, jnp.where(codes >= 0, codes, private)).astype(jnp.int32)
+        slot = self.unit_out_slot[u, r]
+        out_seg = jnp.where(slot >= 0, self.n_shared + inst * self.n_slots + slot, dummy).astype(jnp.int32)
+        zero = jnp.zeros((1,), jnp.int32)
+        seg_len = jnp.concatenate([self.shared_len, self.unit_slot_len[units].reshape(-1), zero])
+        seg_depth = jnp.concatenate([self.shared_depth, self.unit_slot_depth[units].reshape(-1), zero])
+        return RequestTable(arr[order].astype(jnp.float32), seg_ids, tok.astype(jnp.int32),
+                            self.unit_out[u, r].astype(jnp.int32), out_seg,
+                            seg_len.astype(jnp.int32), seg_depth.astype(jnp.int32))
+
+
+@dataclasses.dataclass
+class _Unit:
+    """Host-side unit under construction: requests of (codes, tokens, out, out_slot, offset)."""
+
+    requests: list = dataclasses.field(default_factory=list)
+    slot_len: list = dataclasses.field(default_factory=list)
+
+
+def _build(name: str, units: list[_Unit], prob: np.ndarray, shared_len: np.ndarray, n_requests: int,
+           chunk: int = 512) -> SyntheticPrefixWorkload:
+    n_u = len(units)
+    n_r = max(len(u.requests) for u in units)
+    n_s = max(len(req[0]) for u in units for req in u.requests)
+    n_k = max(1, max(len(u.slot_len) for u in units))
+    seg = np.zeros((n_u, n_r, n_s), np.int32)
+    tok = np.zeros((n_u, n_r, n_s), np.int32)
+    out = np.zeros((n_u, n_r), np.int32)
+    out_slot = np.full((n_u, n_r), -1, np.int32)
+    offset = np.zeros((n_u, n_r), np.float32)
+    slot_len = np.zeros((n_u, n_k), np.int32)
+    slot_depth = np.zeros((n_u, n_k), np.int32)
+    shared_depth = np.zeros(len(shared_len), np.int32)
+    worst = 0
+    for ui, u in enumerate(units):
+        slot_len[ui, : len(u.slot_len)] = u.slot_len
+        for ri, (codes, toks, o, oslot, off) in enumerate(u.requests):
+            seg[ui, ri, : len(codes)] = codes
+            tok[ui, ri, : len(codes)] = toks
+            out[ui, ri], out_slot[ui, ri], offset[ui, ri] = o, oslot, off
+            for d, c in enumerate(codes):
+                if c >= 0:
+                    shared_depth[c] = d
+                else:
+                    slot_depth[ui, -1 - c] = d
+            if oslot >= 0:
+                slot_depth[ui, oslot] = len(codes)
+            worst = max(worst, math.ceil(sum(toks) / chunk) + o - 1)
+    n_per_unit = np.array([len(u.requests) for u in units], np.float64)
+    mean_r = float((prob * n_per_unit).sum())
+    n_inst = math.ceil(n_requests / n_per_unit.min()) + 1
+    return SyntheticPrefixWorkload(
+        jnp.asarray(prob, jnp.float32), jnp.asarray(seg), jnp.asarray(tok), jnp.asarray(out),
+        jnp.asarray(out_slot), jnp.asarray(offset), jnp.asarray(slot_len), jnp.asarray(slot_depth),
+        jnp.asarray(shared_len, jnp.int32), jnp.asarray(shared_depth),
+        name=name, n_requests=n_requests, n_instances=n_inst, n_shared=len(shared_len), n_slots=n_k,
+        requests_per_unit=mean_r, max_steps_per_request=worst)
+
+
+def _single_question(name, sys_len, item_len, item_prob, question_len, out, n_requests) -> SyntheticPrefixWorkload:
+    """Units of one request: [system prompt, item i, private question]."""
+    n = len(item_len)
+    shared = np.concatenate([[sys_len], item_len])
+    units = []
+    for i in range(n):
+        q = int(question_len[i])
+        units.append(_Unit(requests=[([0, 1 + i, -1], [sys_len, int(item_len[i]), q], out, -1, 0.0)], slot_len=[q]))
+    return _build(name, units, item_prob, shared, n_requests)
+
+
+def longdoc(n_requests: int, n_docs: int = 300, doc_mean: int = 21_000, zipf_s: float = 1.1,
+            question_frac: float = 0.09, output_tokens: int = 45, sys_tokens: int = 13,
+            structure_seed: int = 0) -> SyntheticPrefixWorkload:
+    """Long-document QA (LooGLE-like): question = `question_frac` of the whole prompt."""
+    rng = np.random.default_rng(structure_seed)
+    docs = _lognormal_lengths(rng, n_docs, doc_mean, 0.4, 4_000, 60_000)
+    q = np.round(question_frac / (1 - question_frac) * (sys_tokens + docs)).astype(np.int64)
+    return _single_question("longdoc", sys_tokens, docs, _zipf(n_docs, zipf_s), q, output_tokens, n_requests)
+
+
+def toolbench(n_requests: int, n_tools: int = 500, tool_mean: int = 1_500, zipf_s: float = 1.1,
+              question_tokens: int = 130, output_tokens: int = 43, sys_tokens: int = 200,
+              hot_tool_share: float = 0.0, structure_seed: int = 0) -> SyntheticPrefixWorkload:
+    """Tool calling: tool descriptions shared across questions; tool 0 optionally takes `hot_tool_share`."""
+    if not 0.0 <= hot_tool_share < 1.0:
+        raise JaxrouteError(f"hot_tool_share must be in [0, 1), got {hot_tool_share}")
+    rng = np.random.default_rng(structure_seed)
+    tools = _lognormal_lengths(rng, n_tools, tool_mean, 0.5, 200, 6_000)
+    prob = _zipf(n_tools, zipf_s)
+    if hot_tool_share > 0:
+        prob = np.concatenate([[hot_tool_share], (1 - hot_tool_share) * _zipf(n_tools - 1, zipf_s)])
+    q = np.full(n_tools, question_tokens)
+    return _single_question("toolbench", sys_tokens, tools, prob, q, output_tokens, n_requests)
+
+
+def videoqa(n_requests: int, n_videos: int = 200, video_mean: int = 8_700, zipf_s: float = 1.1,
+            question_tokens: int = 1_150, output_tokens: int = 4, sys_tokens: int = 13,
+            structure_seed: int = 0) -> SyntheticPrefixWorkload:
+    """Video QA: a long shared video prefix, short questions and very short answers."""
+    rng = np.random.default_rng(structure_seed)
+    vids = _lognormal_lengths(rng, n_videos, video_mean, 0.3, 2_000, 30_000)
+    q = np.full(n_videos, question_tokens)
+    return _single_question("videoqa", sys_tokens, vids, _zipf(n_videos, zipf_s), q, output_tokens, n_requests)
+
+
+def programming(n_requests: int, n_problems: int = 1_000, problem_mean: int = 3_700, samples: int = 8,
+                sample_tokens: int = 100, output_tokens: int = 190, sys_tokens: int = 13,
+                structure_seed: int = 0) -> SyntheticPrefixWorkload:
+    """Code generation: `samples` parallel samples of one problem arrive together (long outputs)."""
+    rng = np.random.default_rng(structure_seed)
+    probs = _lognormal_lengths(rng, n_problems, problem_mean, 0.3, 500, 16_000)
+    shared = np.concatenate([[sys_tokens], probs])
+    units = []
+    for i in range(n_problems):
+        reqs = [([0, 1 + i, -1 - j], [sys_tokens, int(probs[i]), sample_tokens], output_tokens, -1, 0.0)
+                for j in range(samples)]
+        units.append(_Unit(requests=reqs, slot_len=[sample_tokens] * samples))
+    return _build("programming", units, np.full(n_problems, 1.0 / n_problems), shared, n_requests)
+
+
+def agent(n_requests: int, n_envs: int = 50, env_mean: int = 600, turns: int = 6, obs_tokens: int = 150,
+          output_tokens: int = 16, sys_tokens: int = 1_200, think_s: float = 5.0, zipf_s: float = 1.1,
+          structure_seed: int = 0) -> SyntheticPrefixWorkload:
+    """Multi-turn agent: turn t's prompt = system + environment + (obs, output) of turns < t + obs t."""
+    rng = np.random.default_rng(structure_seed)
+    envs = _lognormal_lengths(rng, n_envs, env_mean, 0.3, 100, 4_000)
+    shared = np.concatenate([[sys_tokens], envs])
+    units = []
+    for e in range(n_envs):
+        reqs, slot_len = [], []
+        codes, toks = [0, 1 + e], [sys_tokens, int(envs[e])]
+        for t in range(turns):
+            obs, out = 2 * t, 2 * t + 1  # private slots
+            codes, toks = codes + [-1 - obs], toks + [obs_tokens]
+            reqs.append((list(codes), list(toks), output_tokens, out, t * think_s))
+            slot_len += [obs_tokens, output_tokens]
+            codes, toks = codes + [-1 - out], toks + [output_tokens]
+        units.append(_Unit(requests=reqs, slot_len=slot_len))
+    return _build("agent", units, _zipf(n_envs, zipf_s), shared, n_requests)
+
+
+SYNTHETIC = {"longdoc": longdoc, "toolbench": toolbench, "agent": agent, "programming": programming,
+             "videoqa": videoqa}
+
+
+def synthetic(name: str, n_requests: int, **kwargs) -> SyntheticPrefixWorkload:
+    """Build a built-in synthetic workload by name (see the module table for parameters)."""
+    if name not in SYNTHETIC:
+        raise JaxrouteError(f"unknown prefix workload '{name}'; choose from: {', '.join(PREFIX_WORKLOADS)}")
+    if n_requests < 1:
+        raise JaxrouteError(f"need at least 1 request, got {n_requests}")
+    return SYNTHETIC[name](n_requests, **kwargs)
+
+
+# ----------------------------------------------------------------------------- traces
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class TracePrefixWorkload:
+    """A recorded trace in segment form; every seed replays the same requests (no randomness)."""
+
+    table: RequestTable
+    name: str = dataclasses.field(metadata=dict(static=True), default="trace")
+    native_rate: float = dataclasses.field(metadata=dict(static=True), default=1.0)  # requests/s as recorded
+    n_segments: int = dataclasses.field(metadata=dict(static=True), default=0)
+    step_total: int = dataclasses.field(metadata=dict(static=True), default=0)  # sum of per-request bounds
+
+    @property
+    def n_requests(self) -> int:
+        return int(self.table.arrival_s.shape[0])
+
+    @property
+    def max_segments(self) -> int:
+        return int(self.table.seg_ids.shape[1])
+
+    def step_bound(self, chunk: int) -> int:
+        return self.step_total
+
+    def realize(self, key: jax.Array, rate: jax.Array) -> RequestTable:
+        """Replay the trace; rate > 0 rescales time so the mean rate becomes `rate` requests/s."""
+        scale = jnp.where(rate > 0, self.native_rate / jnp.where(rate > 0, rate, 1.0), 1.0)
+        return dataclasses.replace(self.table, arrival_s=self.table.arrival_s * scale)
+
+
+def _trace_workload(name: str, trace: Trace, segs: list[list[tuple[int, int]]], n_seg: int,
+                    depth: np.ndarray, seg_len: np.ndarray, chunk: int = 512) -> TracePrefixWorkload:
+    n = len(trace)
+    n_s = max(len(s) for s in segs)
+    ids = np.full((n, n_s), n_seg, np.int32)
+    tok = np.zeros((n, n_s), np.int32)
+    for i, s in enumerate(segs):
+        ids[i, : len(s)] = [a for a, _ in s]
+        tok[i, : len(s)] = [b for _, b in s]
+    out = trace.output_tokens.astype(np.int32)
+    span = float(trace.arrival_s[-1] - trace.arrival_s[0])
+    native = (n - 1) / span if span > 0 and n > 1 else 1.0
+    steps = int(n + sum(math.ceil(int(p) / chunk) + int(o) - 1 for p, o in zip(trace.prompt_tokens, out, strict=True)))
+    table = RequestTable(jnp.asarray(trace.arrival_s, jnp.float32), jnp.asarray(ids), jnp.asarray(tok),
+                         jnp.asarray(out), jnp.full((n,), n_seg, jnp.int32),
+                         jnp.asarray(np.append(seg_len, 0), jnp.int32), jnp.asarray(np.append(depth, 0), jnp.int32))
+    return TracePrefixWorkload(table, name=name, native_rate=native, n_segments=n_seg, step_total=steps)
+
+
+def from_mooncake(trace: Trace) -> TracePrefixWorkload:
+    """Mooncake trace -> segments: one per hash id (512 tokens, the last one takes the remainder)."""
+    if trace.block_ids is None:
+        raise JaxrouteError(f"trace '{trace.name}' has no hash_ids; it is not a Mooncake trace")
+    node: dict[tuple[int, int, int], int] = {}
+    lens, depth, segs = [], [], []
+    for i, (blocks, p) in enumerate(zip(trace.block_ids, trace.prompt_tokens, strict=True)):
+        p, nb = int(p), len(blocks)
+        if nb == 0 or not (MOONCAKE_BLOCK_TOKENS * (nb - 1) < p <= MOONCAKE_BLOCK_TOKENS * nb):
+            raise JaxrouteError(f"{trace.name} request {i}: input_length {p} does not match {nb} hash ids "
+                                f"of {MOONCAKE_BLOCK_TOKENS} tokens (the last one may be partial)")
+        parent, s = -1, []
+        for d, h in enumerate(blocks):
+            t = MOONCAKE_BLOCK_TOKENS if d < nb - 1 else p - MOONCAKE_BLOCK_TOKENS * (nb - 1)
+            k = (parent, int(h), t)
+            if k not in node:
+                node[k] = len(lens)
+                lens.append(t)
+                depth.append(d)
+            parent = node[k]
+            s.append((parent, t))
+        segs.append(s)
+    return _trace_workload("mooncake", trace, segs, len(lens), np.array(depth), np.array(lens))
+
+
+def from_azure(trace: Trace) -> TracePrefixWorkload:
+    """Azure trace -> one private segment per request (no prefix sharing)."""
+    p = trace.prompt_tokens.astype(np.int64)
+    segs = [[(i, int(t))] for i, t in enumerate(p)]
+    return _trace_workload("azure-conv", trace, segs, len(p), np.zeros(len(p), np.int64), p)
+
+
+def check_fits(workload, kv_capacity: int) -> None:
+    """Every request must fit alone (prompt + output <= KV capacity), else it could never be admitted."""
+    if isinstance(workload, TracePrefixWorkload):
+        need = np.asarray(workload.table.seg_tok).sum(1) + np.asarray(workload.table.out_tok)
+    else:
+        need = (np.asarray(workload.unit_tok).sum(2) + np.asarray(workload.unit_out)).reshape(-1)
+    worst = int(need.max())
+    if worst > kv_capacity:
+        raise JaxrouteError(f"workload '{workload.name}' has a request needing {worst} KV tokens "
+                            f"(prompt + output) but a replica holds only {kv_capacity}; "
+                            "raise the capacity or shorten the requests")
