@@ -12,13 +12,14 @@ An iteration (one forward pass of continuous batching) holds prefill chunks
 on top of their context). `step_time` takes them as masked fixed-size arrays.
 An empty iteration takes 0 s.
 
-Roofline, per TP rank (T = new tokens, R = requests needing logits, n/c = a chunk's new/cached tokens):
+Roofline (T = new tokens, R = requests needing logits, n/c = a chunk's new/cached tokens):
     FLOPs   = 2 (A - 2 V d) T + 2 V d R + a (sum n c + n^2 / 2 + sum decode contexts)
               (A active params, V d embedding size, a = 2 L H (d_qk + d_v) FLOPs per query-key pair;
-              for MHA/GQA a = 4 L d, the lecture's causal 4 L d n^2 / 2)
+              a = 4 L d when H d_qk = d, as in Mistral and Llama: the lecture's causal 4 L d n^2 / 2)
     bytes   = weights read (all but the embedding table; MoE experts only as far as T tokens hit them:
               1 - (1 - k/E)^T of them) / tp + KV bytes per rank x (cached tokens read + T written)
     time    = OVERHEAD_S + max(FLOPs / (tp ETA_COMPUTE peak), bytes / (ETA_MEMORY bandwidth)) + all-reduces
+    (KV bytes per rank: KV heads split over min(tp, KV heads) ranks, replicated beyond that.)
 """
 
 from __future__ import annotations
