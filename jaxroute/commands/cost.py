@@ -16,17 +16,17 @@ def register(subparsers) -> None:
         description="Print the prefill time, the decode step time and the KV-cache capacity of a model "
         "on a GPU, from jaxroute's cost models. Names are case-insensitive.",
     )
-    p.add_argument("--gpu", default="A6000", help=f"GPU: {', '.join(cm.GPUS)} (default A6000)")
-    p.add_argument("--model", default="Mistral-7B", help=f"model: {', '.join(cm.MODELS)} (default Mistral-7B)")
-    p.add_argument("--tp", default="1", help="tensor-parallel degree: GPUs that split the weights and KV (default 1)")
-    p.add_argument("--cost-model", default="roofline",
+    p.add_argument("--gpu", default="A6000", metavar="NAME", help=f"GPU: {', '.join(cm.GPUS)} (default A6000)")
+    p.add_argument("--model", default="Mistral-7B", metavar="NAME", help=f"model: {', '.join(cm.MODELS)} (default Mistral-7B)")
+    p.add_argument("--tp", default="1", metavar="T", help="tensor-parallel degree: GPUs that split the weights and KV (default 1)")
+    p.add_argument("--cost-model", default="roofline", metavar="KIND",
                    help="roofline (calibrated on the lecture's A6000 anchors; any GPU/model) or preble "
                    "(Preble's fitted equations; Mistral-7B on one A6000 only) (default roofline)")
-    p.add_argument("--prefill", default="2048", help="prompt tokens of one prefill (default 2048)")
-    p.add_argument("--cached", default="0", help="tokens of that prompt already in the prefix cache (default 0)")
-    p.add_argument("--decode-batch", default="1", help="requests in one decode iteration (default 1)")
-    p.add_argument("--context", default="2048", help="context tokens of each decode request (default 2048)")
-    p.add_argument("--mem-util", default="0.9", help="fraction of GPU memory for weights + KV (default 0.9)")
+    p.add_argument("--prefill", default="2048", metavar="N", help="prompt tokens of one prefill (default 2048)")
+    p.add_argument("--cached", default="0", metavar="C", help="tokens of that prompt already in the prefix cache (default 0)")
+    p.add_argument("--decode-batch", default="1", metavar="B", help="requests in one decode iteration (default 1)")
+    p.add_argument("--context", default="2048", metavar="C", help="context tokens of each decode request (default 2048)")
+    p.add_argument("--mem-util", default="0.9", metavar="F", help="fraction of GPU memory for weights + KV (default 0.9)")
     p.add_argument("--json", action="store_true",
                    help="print one JSON object (keys include kv_capacity_tokens, prefill_s, decode_step_s)")
     p.add_argument("--list", action="store_true", help="list the GPU and model catalogs and exit")
