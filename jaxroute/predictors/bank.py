@@ -1,0 +1,87 @@
+"""Build a predictor bank from specs: what a BR-H comparison passes to `base.predict`.
+
+A spec is `none`, `oracle`, `survival`, `exact` or `learned:DIR` (a checkpoint
+written by `jaxroute train-predictor --save DIR`). The bank holds one fitted table
+per registered deployable kind, in registration order (survival, exact, learned):
+survival and exact are always fitted when any deployable spec is given (they are
+cheap and exact falls back on survival); the learned slot exists only when a
+`learned:DIR` spec is given (at most one per comparison).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxroute.errors import JaxrouteError
+from jaxroute.predictors import base, learned
+from jaxroute.predictors.data import LengthData, Pairs, from_requests
+from jaxroute.predictors.exact import fit_exact
+from jaxroute.predictors.survival import fit_survival
+
+SPEC_HELP = "none, oracle, survival, exact, learned:DIR"
+
+
+def parse_spec(spec: str) -> tuple[str, str | None]:
+    """('learned', 'DIR') for 'learned:DIR'; (name, None) otherwise."""
+    spec = spec.strip()
+    name, sep, arg = spec.partition(":")
+    name = name.lower()
+    if name == "learned":
+        if not sep or not arg:
+            raise JaxrouteError("predictor 'learned' needs a checkpoint directory: learned:DIR")
+        return name, arg
+    if sep:
+        raise JaxrouteError(f"predictor '{name}' takes no argument (got '{spec}'); choose from: {SPEC_HELP}")
+    if name not in base.kind_names():
+        raise JaxrouteError(f"unknown predictor '{spec}'; choose from: {SPEC_HELP}")
+    return name, None
+
+
+def build_bank(specs, train_requests, horizon: int) -> tuple[tuple, list[str], np.ndarray]:
+    """(bank, names, kind ids [len(specs)] int32) for `base.predict`.
+
+    train_requests: the split the tables are fitted on (LengthData or anything with
+    prompt_tokens/output_tokens/key_id arrays); it must be distinct from the requests
+    the predictors are evaluated or simulated on.
+    """
+    parsed = [parse_spec(s) for s in specs]
+    if not parsed:
+        raise JaxrouteError(f"no predictor given; choose from: {SPEC_HELP}")
+    names = [n for n, _ in parsed]
+    if len(set(names)) != len(names):
+        raise JaxrouteError(f"predictor listed twice in {list(specs)}")
+    dirs = [a for n, a in parsed if n == "learned"]
+    bank: tuple = ()
+    if any(n not in base.BUILTIN for n in names):
+        if train_requests is None:
+            raise JaxrouteError("deployable predictors need a training split to fit on")
+        train = train_requests if isinstance(train_requests, LengthData) else from_requests(train_requests)
+        surv = fit_survival(train.output_tokens, horizon)
+        bank = (surv, fit_exact(train.output_tokens, train.key_id, surv))
+        if dirs:
+            from jaxroute.predictors import checkpoint
+
+            bank += (checkpoint.load_table(dirs[0], horizon, learned.feature_set(train.has_keys)),)
+    ids = np.asarray([base.kind_id(n) for n in names], np.int32)
+    return bank, names, ids
+
+
+_predict_jit = jax.jit(base.predict, static_argnums=(3,))
+
+
+def predict_pairs(bank: tuple, kind: int, pairs: Pairs, horizon: int, chunk: int = 1 << 16):
+    """Host arrays (p_fin, mu_rem) for every pair, predicted in jitted fixed-size chunks."""
+    fn = _predict_jit
+    n = len(pairs)
+    p_out = np.empty(n, np.float32)
+    mu_out = np.empty(n, np.float32)
+    size = min(chunk, max(n, 1))
+    for start in range(0, n, size):
+        idx = np.arange(start, start + size) % n  # pad the last chunk by wrapping (one compiled shape)
+        p, mu = fn(bank, jnp.int32(kind), pairs.take(idx).features(), horizon)
+        m = min(size, n - start)
+        p_out[start:start + m] = np.asarray(p)[:m]
+        mu_out[start:start + m] = np.asarray(mu)[:m]
+    return p_out, mu_out
