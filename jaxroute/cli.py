@@ -18,7 +18,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="jaxroute",
         description="JAX simulator for routing and load balancing in LLM serving. "
-        "Every command runs many seeds in one compiled program and prints means with 95%% CIs.",
+        "Every command runs many seeds in one compiled program and prints means with 95% CIs.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     import jaxroute.commands as commands
