@@ -58,3 +58,27 @@ def test_key_embedding_feature_follows_the_data():
     assert learned.feature_set(False) == ("log_prompt", "log_generated")
     b = learned.key_bucket(np.array([-1, 0, 5, 2**31 - 1], np.int32), 64)
     assert int(b[0]) == 0 and np.all(np.asarray(b[1:]) >= 1) and np.all(np.asarray(b) <= 64)
+
+
+def test_unseen_keys_predict_like_unknown_keys():
+    """Embeddings start at zero and only trained buckets move, so a key no training key hashes to
+    gives exactly the 'unknown key' prediction."""
+    rng = np.random.default_rng(0)
+    n = 400
+    keys = rng.integers(0, 3, n)
+    d = data.LengthData("k", np.full(n, 100), (10 * (keys + 1)).astype(np.int64), keys)
+    res = train(d, d, H, TrainSettings(steps=30, batch=64, eval_every=10, hidden=(8,), key_buckets=4096,
+                                       key_dim=4, train_pairs=2048, val_pairs=512))
+    assert res.config.uses_keys
+    buckets = set(np.asarray(learned.key_bucket(np.arange(3, dtype=np.int32), 4096)).tolist())
+    unseen = next(k for k in range(100, 10_000) if int(learned.key_bucket(np.int32(k), 4096)) not in buckets)
+    j = np.array([0, 5, 9], np.int32)
+    table = learned.make_table(res.params, res.config)
+
+    def run(key):
+        f = RequestFeatures(np.full(3, 100, np.int32), j, np.full(3, key, np.int32), np.ones(3, np.int32))
+        return learned.predict_learned(table, f, H)
+
+    for a, b in zip(run(-1), run(unseen), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert not np.allclose(np.asarray(run(0)[0]), np.asarray(run(-1)[0]))  # a trained key does differ

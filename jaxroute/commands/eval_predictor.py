@@ -26,12 +26,12 @@ def register(subparsers) -> None:
     p = subparsers.add_parser(
         "eval-predictor",
         help="compare survival, exact-match and learned horizon predictors on a held-out split",
-        description="Fit survival and exact-match on the first 70%% of a workload (by arrival), load the learned "
-        "predictor from a checkpoint, and score all of them on the held-out last 15%% (the split "
+        description="Fit survival and exact-match on the first 70% of a workload (by arrival), load the learned "
+        "predictor from a checkpoint, and score all of them on the held-out last 15% (the split "
         "train-predictor never saw): auc = ROC AUC of p_fin for 'ends within H', mae = mean |mu_rem - "
         "remaining| over pairs that end within H. Query points are (request, step) pairs, each active "
         "decode step of a request equally likely. The held-out split is cut into --folds contiguous folds "
-        "whose scores give the 95%% CI. The paper's numbers are printed alongside.",
+        "whose scores give the 95% CI. The paper's numbers are printed alongside.",
     )
     p.add_argument("--workload", required=True, choices=WORKLOADS, help="requests to evaluate on")
     p.add_argument("--trace", metavar="PATH", help="trace file for azure-conv/azure-code (CSV) or mooncake (JSONL)")

@@ -18,9 +18,9 @@ def register(subparsers) -> None:
     p = subparsers.add_parser(
         "train-predictor",
         help="train the learned horizon predictor (termination classifier + remaining-steps regressor)",
-        description="Train the learned BR-H horizon predictor on the first 70%% of a workload (by arrival), "
-        "early-stop on the next 15%%, and save params, optimiser state and config with orbax. "
-        "The last 15%% stays held out for `jaxroute eval-predictor`. Writes loss_curve.png into the "
+        description="Train the learned BR-H horizon predictor on the first 70% of a workload (by arrival), "
+        "early-stop on the next 15%, and save params, optimiser state and config with orbax. "
+        "The last 15% stays held out for `jaxroute eval-predictor`. Writes loss_curve.png into the "
         "checkpoint directory and prints the validation AUC (ends within H) and MAE (remaining steps).",
     )
     p.add_argument("--workload", required=True, choices=WORKLOADS, help="requests to learn output lengths from")

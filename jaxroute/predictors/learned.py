@@ -15,8 +15,12 @@ Features (`LearnedConfig.features`):
   the strongest signal (it is all survival uses);
 - `key_embedding` (only where the workload has prompt keys): a learned embedding of
   the key hashed into `key_buckets` buckets (bucket 0 = unknown key). Hashing keeps
-  the table a fixed size for any number of keys; one-off keys that collide with a
-  template cost a little accuracy, which more buckets reduce.
+  the table a fixed size for any number of keys. Unknown keys map to the zero vector,
+  and so do keys never seen in training: embeddings start at zero and only buckets
+  that training keys hash to move. Training replaces a random `key_dropout` share of
+  keys by "unknown", so the zero vector learns the key-free (survival-like) answer
+  rather than whatever an untrained bucket would give. One-off keys that collide with
+  a trained bucket cost a little accuracy, which more buckets reduce.
 Each MLP has its own embedding and ReLU hidden layers (`hidden`).
 """
 
@@ -114,7 +118,8 @@ def _init_mlp(key: jax.Array, cfg: LearnedConfig) -> Params:
         layers.append({"w": w, "b": jnp.zeros((b,), jnp.float32)})
     net: Params = {"layers": layers}
     if cfg.uses_keys:
-        net["emb"] = 0.1 * jax.random.normal(keys[-1], (cfg.key_buckets + 1, cfg.key_dim), jnp.float32)
+        # Zero init: a bucket no training key hashes to stays exactly zero, i.e. "unknown key".
+        net["emb"] = jnp.zeros((cfg.key_buckets + 1, cfg.key_dim), jnp.float32)
     return net
 
 
@@ -138,7 +143,8 @@ def _inputs(net: Params, norm_mean: jax.Array, norm_std: jax.Array, feats: Reque
     x = (x - norm_mean) / norm_std
     if "emb" in net:
         emb = net["emb"]
-        x = jnp.concatenate([x, emb[key_bucket(feats.key_id, emb.shape[0] - 1)]], axis=-1)
+        b = key_bucket(feats.key_id, emb.shape[0] - 1)
+        x = jnp.concatenate([x, jnp.where((b > 0)[..., None], emb[b], 0.0)], axis=-1)  # unknown -> 0
     return x
 
 

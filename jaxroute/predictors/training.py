@@ -41,6 +41,7 @@ class TrainSettings:
     hidden: tuple[int, ...] = (64, 64)
     key_buckets: int = 16384
     key_dim: int = 8
+    key_dropout: float = 0.25  # share of training keys replaced by "unknown" (see learned.py)
     seed: int = 0
 
     def optimizer_config(self) -> dict:
@@ -72,8 +73,8 @@ def _to_device(p: Pairs):
     return p.features()
 
 
-@functools.partial(jax.jit, static_argnames=("horizon", "n_steps", "batch", "tx"))
-def _train_chunk(params, opt_state, key, pool, norm_mean, norm_std, *, horizon, n_steps, batch, tx):
+@functools.partial(jax.jit, static_argnames=("horizon", "n_steps", "batch", "tx", "key_dropout"))
+def _train_chunk(params, opt_state, key, pool, norm_mean, norm_std, *, horizon, n_steps, batch, tx, key_dropout):
     n = pool.generated.shape[0]
 
     def loss_fn(p, mb):
@@ -82,8 +83,11 @@ def _train_chunk(params, opt_state, key, pool, norm_mean, norm_std, *, horizon, 
 
     def body(carry, k):
         p, s = carry
-        idx = jax.random.randint(k, (batch,), 0, n)
+        k_idx, k_drop = jax.random.split(k)
+        idx = jax.random.randint(k_idx, (batch,), 0, n)
         mb = jax.tree_util.tree_map(lambda a: a[idx], pool)
+        drop = jax.random.uniform(k_drop, (batch,)) < key_dropout
+        mb = dataclasses.replace(mb, key_id=jnp.where(drop, -1, mb.key_id))
         loss, grads = jax.value_and_grad(loss_fn)(p, mb)
         updates, s = tx.update(grads, s, p)
         return (optax.apply_updates(p, updates), s), loss
@@ -103,6 +107,8 @@ def train(train_data: LengthData, val_data: LengthData, horizon: int, settings: 
     s = settings
     if s.steps < 1 or s.batch < 1 or s.eval_every < 1 or s.patience < 1:
         raise JaxrouteError("steps, batch, eval_every and patience must be >= 1")
+    if not 0.0 <= s.key_dropout < 1.0:
+        raise JaxrouteError(f"key_dropout must be in [0, 1), got {s.key_dropout}")
     if horizon < 1:
         raise JaxrouteError(f"horizon must be >= 1, got {horizon}")
     features = features or learned.feature_set(train_data.has_keys)
@@ -139,7 +145,7 @@ def train(train_data: LengthData, val_data: LengthData, horizon: int, settings: 
         n = min(s.eval_every, s.steps - step)
         key, k = jax.random.split(key)
         params, opt_state, tl = _train_chunk(params, opt_state, k, tpool, nm, ns, horizon=horizon, n_steps=n,
-                                             batch=s.batch, tx=tx)
+                                             batch=s.batch, tx=tx, key_dropout=s.key_dropout)
         step += n
         v, b, m = val_check(params)
         history.append({"step": step, "train_loss": float(tl), "val_loss": v, "val_bce": b, "val_mse": m})
