@@ -166,6 +166,8 @@ def test_mae_hand_worked():
     # stage 2 only looks at pairs that end within H: remaining 3 and 9 of 3, 9, 50 with H=10
     sc = horizon_scores(np.array([0.9, 0.6, 0.1]), np.array([4.0, 5.0, 7.0]), np.array([3, 9, 50]), 10)
     assert sc["auc"] == pytest.approx(1.0) and sc["mae"] == pytest.approx(2.5)
+    # c = (1-p) H + p mu = 4.6, 7.0, 9.7 against min(r, H) = 3, 9, 10
+    assert sc["c_mae"] == pytest.approx((1.6 + 2.0 + 0.3) / 3)
 
 
 def test_oracle_scores_perfectly():
@@ -173,7 +175,7 @@ def test_oracle_scores_perfectly():
     pairs = data.all_pairs(d)
     p, mu = base.predict_oracle(pairs.features(), 20)
     sc = horizon_scores(np.asarray(p), np.asarray(mu), pairs.remaining, 20)
-    assert sc["auc"] == 1.0 and sc["mae"] == 0.0
+    assert sc["auc"] == 1.0 and sc["mae"] == 0.0 and sc["c_mae"] == pytest.approx(0.0, abs=1e-5)
 
 
 # ----------------------------------------------------------------------------- bank and switch

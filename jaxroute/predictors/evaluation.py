@@ -3,6 +3,9 @@
 - Stage 1, `auc`: ROC AUC of p_fin for the event "ends within the next H steps"
   (remaining <= H), over (request, step) query pairs.
 - Stage 2, `mae`: mean |mu_rem - remaining| over the pairs that do end within H.
+- `c_mae`: mean |c - min(remaining, H)| over all pairs, where c = (1 - p_fin) H +
+  p_fin mu_rem is the horizon contribution BR-H actually consumes (an extra view:
+  it weighs both stages the way the router does).
 
 Both on host with NumPy (evaluation is not in a hot loop).
 """
@@ -50,6 +53,9 @@ def mae(pred: np.ndarray, target: np.ndarray, mask: np.ndarray | None = None) ->
 
 
 def horizon_scores(p_fin: np.ndarray, mu_rem: np.ndarray, remaining: np.ndarray, horizon: int) -> dict[str, float]:
-    """{'auc', 'mae'} of one predictor's outputs against the true remaining steps."""
-    ends = np.asarray(remaining) <= horizon
-    return {"auc": auc(p_fin, ends), "mae": mae(mu_rem, remaining, ends)}
+    """{'auc', 'mae', 'c_mae'} of one predictor's outputs against the true remaining steps."""
+    remaining = np.asarray(remaining)
+    ends = remaining <= horizon
+    p = np.asarray(p_fin, np.float64)
+    c = (1.0 - p) * horizon + p * np.asarray(mu_rem, np.float64)
+    return {"auc": auc(p, ends), "mae": mae(mu_rem, remaining, ends), "c_mae": mae(c, np.minimum(remaining, horizon))}
