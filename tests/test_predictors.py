@@ -263,3 +263,37 @@ def test_temporal_split_and_mooncake_keys():
 def test_unknown_workload():
     with pytest.raises(JaxrouteError, match="unknown workload"):
         data.load_lengths("nope")
+
+
+def test_training_requests_for_simulation_are_distinct_and_same_population():
+    from jaxroute.workloads.decode import make_decode_requests
+
+    sim = make_decode_requests("synthetic-prod", 300, seed=5)
+    tr = data.training_requests_for_simulation("synthetic-prod", 300, seed=5, n_train=500)
+    assert len(tr) == 500
+    sim_rows = set(zip(sim.prompt_tokens.tolist(), sim.output_tokens.tolist(), strict=True))
+    tr_rows = set(zip(tr.prompt_tokens.tolist(), tr.output_tokens.tolist(), strict=True))
+    assert len(sim_rows & tr_rows) <= 5  # no copied requests (a few coincidences of a template's lengths)
+    # the same template table: templates seen in both have similar typical outputs
+    shared = sorted(set(sim.key_id[sim.key_id < 200].tolist()) & set(tr.key_id[tr.key_id < 200].tolist()))
+    assert len(shared) >= 10
+    for k in shared[:10]:
+        a = np.median(sim.output_tokens[sim.key_id == k])
+        b = np.median(tr.output_tokens[tr.key_id == k])
+        assert abs(np.log(a / b)) < 0.5
+    # one-off keys never collide with the simulated ones
+    assert not (set(tr.key_id[tr.key_id >= 200].tolist()) & set(sim.key_id[sim.key_id >= 200].tolist()))
+
+
+def test_training_requests_for_trace_simulation_follow_the_simulated_ones():
+    from pathlib import Path
+
+    from jaxroute.workloads.decode import DEFAULT_TRACE_PATHS, make_decode_requests
+
+    if not Path(DEFAULT_TRACE_PATHS["azure-conv"]).exists():
+        pytest.skip("shared Azure trace not available")
+    tr = data.training_requests_for_simulation("azure-conv", 1000, n_train=600)
+    full = make_decode_requests("azure-conv", 1600)
+    np.testing.assert_array_equal(tr.output_tokens, full.output_tokens[1000:])
+    with pytest.raises(JaxrouteError, match="simulate at most"):
+        data.training_requests_for_simulation("azure-conv", data.trace_size("azure-conv", None) - 10)

@@ -136,6 +136,32 @@ def load_lengths(name: str, n: int | None = None, seed: int = 0, trace_path: str
     return from_requests(decode.make_decode_requests(name, n, seed=seed, trace_path=trace_path))
 
 
+def training_requests_for_simulation(name: str, n_sim: int, seed: int = 0, trace_path: str | Path | None = None,
+                                     n_train: int | None = None) -> LengthData:
+    """Requests to fit deployed predictors on, distinct from the n_sim simulated ones.
+
+    The simulation uses `make_decode_requests(name, n_sim, seed)`. Synthetic workloads
+    train on positions n_sim.. of a longer draw with the same seed (further requests of
+    the same population, so synthetic-prod's template table is the same); trace
+    workloads train on the trace requests that follow the simulated ones.
+    n_train defaults to max(n_sim, 4000) (what is left of a trace, if less).
+    """
+    if name not in decode.DECODE_WORKLOADS:
+        raise JaxrouteError(f"unknown decode workload '{name}'; choose from: {', '.join(decode.DECODE_WORKLOADS)}")
+    n_train = int(n_train or max(n_sim, 4000))
+    if name.startswith("synthetic"):
+        full = from_requests(decode.make_decode_requests(name, n_sim + n_train, seed=seed))
+        return full.slice(n_sim, n_sim + n_train)
+    total = trace_size(name, trace_path)
+    left = total - n_sim
+    if left < 200:
+        raise JaxrouteError(f"deployed predictors are fitted on trace requests after the {n_sim} simulated ones, "
+                            f"but {name} has only {total}; simulate at most {total - 200} requests")
+    n_train = min(n_train, left)
+    full = from_requests(decode.make_decode_requests(name, n_sim + n_train, seed=seed, trace_path=trace_path))
+    return full.slice(n_sim, n_sim + n_train)
+
+
 def temporal_split(data: LengthData, fractions=SPLIT_FRACTIONS) -> tuple[LengthData, LengthData, LengthData]:
     """(train, validation, test) by arrival order."""
     n = len(data)
