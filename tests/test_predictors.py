@@ -297,3 +297,15 @@ def test_training_requests_for_trace_simulation_follow_the_simulated_ones():
     np.testing.assert_array_equal(tr.output_tokens, full.output_tokens[1000:])
     with pytest.raises(JaxrouteError, match="simulate at most"):
         data.training_requests_for_simulation("azure-conv", data.trace_size("azure-conv", None) - 10)
+
+
+def test_bank_for_simulation_fits_on_distinct_requests():
+    from jaxroute.predictors.bank import bank_for_simulation
+
+    bank, names, ids = bank_for_simulation(["oracle", "survival", "exact"], "synthetic-prod", 200, 1, None, 16,
+                                           n_train=800)
+    assert names == ["oracle", "survival", "exact"] and len(bank) == 2
+    tr = data.training_requests_for_simulation("synthetic-prod", 200, 1, None, 800)
+    ref = fit_survival(tr.output_tokens, 16)
+    np.testing.assert_array_equal(np.asarray(bank[0].p_fin), np.asarray(ref.p_fin))
+    assert bank_for_simulation(["oracle", "none"], "synthetic-prod", 200, 1, None, 16)[0] == ()

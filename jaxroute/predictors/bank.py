@@ -85,3 +85,35 @@ def predict_pairs(bank: tuple, kind: int, pairs: Pairs, horizon: int, chunk: int
         p_out[start:start + m] = np.asarray(p)[:m]
         mu_out[start:start + m] = np.asarray(mu)[:m]
     return p_out, mu_out
+
+
+def bank_for_simulation(specs, workload: str, n_sim: int, seed: int, trace_path, horizon: int,
+                        n_train: int | None = None) -> tuple[tuple, list[str], np.ndarray]:
+    """`build_bank` for a decode simulation of `make_decode_requests(workload, n_sim, seed)`.
+
+    Survival and exact are fitted on requests distinct from the simulated ones
+    (`data.training_requests_for_simulation`); a learned checkpoint is checked against
+    the horizon and feature set, and a warning names a workload or seed it was not trained on.
+    """
+    from jaxroute.predictors.data import training_requests_for_simulation
+
+    parsed = [parse_spec(s) for s in specs]
+    if all(n in base.BUILTIN for n, _ in parsed):
+        return build_bank(specs, None, horizon)
+    train = training_requests_for_simulation(workload, n_sim, seed, trace_path, n_train)
+    for name, arg in parsed:
+        if name == "learned":
+            _warn_learned_provenance(arg, workload, seed)
+    return build_bank(specs, train, horizon)
+
+
+def _warn_learned_provenance(directory: str, workload: str, seed: int) -> None:
+    from jaxroute.commands._common import warn
+    from jaxroute.predictors import checkpoint
+
+    info = checkpoint.read_config(directory)[0].info
+    if info.get("workload") != workload:
+        warn(f"learned predictor {directory} was trained on '{info.get('workload')}', used on '{workload}'")
+    elif workload == "synthetic-prod" and info.get("seed") != seed:
+        warn(f"learned predictor {directory} was trained with seed {info.get('seed')}, the simulation uses "
+             f"seed {seed}: synthetic-prod's template table depends on the seed, so its key embeddings will not match")
