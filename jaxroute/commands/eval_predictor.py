@@ -36,18 +36,18 @@ def register(subparsers) -> None:
     )
     p.add_argument("--workload", required=True, choices=WORKLOADS, help="requests to evaluate on")
     p.add_argument("--trace", metavar="PATH", help="trace file for azure-conv/azure-code (CSV) or mooncake (JSONL)")
-    p.add_argument("--requests", type=positive_int, default=None,
+    p.add_argument("--requests", metavar="N", type=positive_int, default=None,
                    help="use the first N requests (default: 20000 for synthetic workloads, the whole trace "
                    "otherwise); use the same value and --seed as train-predictor so the splits line up")
-    p.add_argument("--horizon", type=positive_int, default=80, help="prediction horizon H (default 80)")
+    p.add_argument("--horizon", metavar="H", type=positive_int, default=80, help="prediction horizon H (default 80)")
     p.add_argument("--load", metavar="DIR", help="learned predictor checkpoint (from train-predictor --save); "
                    "without it only survival and exact are compared")
-    p.add_argument("--predictors", type=csv_list, default=None,
+    p.add_argument("--predictors", metavar="LIST", type=csv_list, default=None,
                    help=f"subset of {','.join(EVAL_KINDS)} to compare (default: all available)")
-    p.add_argument("--pairs", type=positive_int, default=20000,
+    p.add_argument("--pairs", metavar="N", type=positive_int, default=20000,
                    help="(request, step) pairs sampled per fold (default 20000)")
-    p.add_argument("--folds", type=positive_int, default=8, help="contiguous folds of the held-out split (default 8)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the synthetic workload and pair sampling (default 0)")
+    p.add_argument("--folds", metavar="K", type=positive_int, default=8, help="contiguous folds of the held-out split (default 8)")
+    p.add_argument("--seed", metavar="S", type=int, default=0, help="seed of the synthetic workload and pair sampling (default 0)")
     add_output_args(p, plot=False)
     p.set_defaults(func=run)
 

@@ -26,16 +26,16 @@ def register(subparsers) -> None:
     p.add_argument("--workload", required=True, choices=WORKLOADS, help="requests to learn output lengths from")
     p.add_argument("--trace", metavar="PATH", help="trace file for azure-conv/azure-code (CSV) or mooncake "
                    "(JSONL); default: ../shared/data/...")
-    p.add_argument("--requests", type=positive_int, default=None,
+    p.add_argument("--requests", metavar="N", type=positive_int, default=None,
                    help="use the first N requests (default: 20000 for synthetic workloads, the whole trace otherwise)")
-    p.add_argument("--horizon", type=positive_int, default=80, help="prediction horizon H in decode steps (default 80)")
+    p.add_argument("--horizon", metavar="H", type=positive_int, default=80, help="prediction horizon H in decode steps (default 80)")
     p.add_argument("--save", required=True, metavar="DIR", help="checkpoint directory (created; older steps replaced)")
-    p.add_argument("--steps", type=positive_int, default=2000, help="optimiser steps at most (default 2000)")
-    p.add_argument("--batch", type=positive_int, default=512, help="minibatch size in (request, step) pairs (default 512)")
-    p.add_argument("--lr", type=float, default=3e-3, help="peak AdamW learning rate (default 3e-3)")
-    p.add_argument("--patience", type=positive_int, default=5,
+    p.add_argument("--steps", metavar="N", type=positive_int, default=2000, help="optimiser steps at most (default 2000)")
+    p.add_argument("--batch", metavar="B", type=positive_int, default=512, help="minibatch size in (request, step) pairs (default 512)")
+    p.add_argument("--lr", metavar="LR", type=float, default=3e-3, help="peak AdamW learning rate (default 3e-3)")
+    p.add_argument("--patience", metavar="K", type=positive_int, default=5,
                    help="stop after this many validation checks (every 100 steps) without improvement (default 5)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the synthetic workload, pair sampling and init (default 0)")
+    p.add_argument("--seed", metavar="S", type=int, default=0, help="seed of the synthetic workload, pair sampling and init (default 0)")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     p.set_defaults(func=run)
 
