@@ -286,3 +286,31 @@ def batch_fn(optimizer: str, config: SelectorConfig):
 
     fn.__qualname__ = f"select.{optimizer}"
     return fn
+
+
+# ----------------------------------------------------------------------------- grids
+
+
+def run_optimizers(config: SelectorConfig, key, worlds: World, params_batch: SelectorParams, n_seeds: int,
+                   optimizers=OPTIMIZERS, progress: bool = False) -> dict:
+    """Run each optimizer on every (config row, seed, pool): {name: sim.GridResult with [C, S, P] metrics}.
+
+    One compiled call per optimizer (pools are vmapped inside, configs x seeds by the engine).
+    Seed s uses the same key for every optimizer, so rows are paired comparisons.
+    """
+    from jaxroute import sim
+
+    fns = {name: batch_fn(check_optimizer(name), config) for name in optimizers}  # validates first
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(fns), desc="optimizers", unit="opt", leave=False)
+    out = {}
+    for name, fn in fns.items():
+        out[name] = sim.run_batch_fn(fn, key, worlds, params_batch, n_seeds)
+        if bar is not None:
+            bar.update(1)
+    if bar is not None:
+        bar.close()
+    return out

@@ -1,0 +1,181 @@
+"""`jaxroute select`: which model should each module of a compound AI system use (LLMSelector, lecture §4)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import jax
+import numpy as np
+
+from jaxroute import report
+from jaxroute.commands._common import (
+    add_output_args,
+    check_overflow,
+    choose,
+    csv_list,
+    positive_int,
+    show_progress,
+)
+from jaxroute.errors import JaxrouteError
+from jaxroute.selector import optimizers as opt
+from jaxroute.selector import world as wl
+from jaxroute.selector.systems import SYSTEMS, get_system
+
+METRICS = ("test_accuracy", "train_accuracy", "allocations_evaluated")
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "select",
+        help="model selection for compound AI systems: LLMSelector vs greedy, random, exhaustive, best single",
+        description="Choose a model for every module of a compound AI system in LLMSelector's toy world "
+        "(lecture §4): K models with a general level and a per-skill specialty, questions with a "
+        "difficulty, per-(model, question) luck shared across skills. Every optimizer runs on all pools "
+        "and seeds in one compiled call. Rows: mean over pools, 95%% CI over seeds.",
+    )
+    p.add_argument("--system", default="locate-solve", metavar="NAME",
+                   help=f"compound system: {', '.join(SYSTEMS)} (default locate-solve)")
+    p.add_argument("--world", default="lecture", metavar="KIND",
+                   help="lecture: the constructed five-model locate-solve case (A locates, B solves, C is a "
+                   "middling generalist; C+C is a local optimum); random: random pools (default lecture)")
+    p.add_argument("--start", metavar="X,Y,...",
+                   help="initial allocation, one model letter per module (e.g. C,C); default: random per run")
+    p.add_argument("--models", type=positive_int, default=5, metavar="K",
+                   help="models per random pool (the lecture world always has 5) (default 5)")
+    p.add_argument("--pools", type=positive_int, default=10, metavar="P",
+                   help="independent worlds (random pools, or question draws of the lecture world) (default 10)")
+    p.add_argument("--seeds", type=positive_int, default=4, metavar="S",
+                   help="optimizer seeds: random start, diagnoser errors, random-search draws (default 4)")
+    p.add_argument("--diagnoser-accuracy", type=float, default=1.0, metavar="Q",
+                   help="probability that the diagnoser's verdict on a wrong answer is right (default 1.0)")
+    p.add_argument("--gamma", type=float, default=1.0, metavar="G",
+                   help="weight of end-to-end correctness in LLMSelector's module score (default 1.0)")
+    p.add_argument("--blind-spot", type=float, default=1.0, metavar="F",
+                   help="self-refine: the critic's catch probability is multiplied by F when it is the "
+                   "generator's model (0.3 = the lecture's blind spot; default 1.0 = none)")
+    p.add_argument("--prices", metavar="P1,P2,...",
+                   help="price per call of each model (default: A 5, B 3, C 1, D 0.5, E 0.2 for the lecture "
+                   "world, 1 each for random pools); reported as cost_per_question")
+    p.add_argument("--cost-lambda", type=float, default=0.0, metavar="L",
+                   help="LLMSelector subtracts L * price / max price from each candidate's score (exercise 7)")
+    p.add_argument("--optimizers", default=",".join(opt.OPTIMIZERS), metavar="LIST",
+                   help=f"comma list from: {', '.join(opt.OPTIMIZERS)} (default all)")
+    p.add_argument("--train", type=positive_int, default=100, metavar="N", help="training questions (default 100)")
+    p.add_argument("--test", type=positive_int, default=100, metavar="N", help="test questions (default 100)")
+    p.add_argument("--threshold", action="store_true",
+                   help="deterministic success (ability - difficulty + luck > 0) instead of the sigmoid draw")
+    p.add_argument("--max-rounds", type=positive_int, default=400, metavar="R",
+                   help="cap on LLMSelector / greedy rounds; a run that hits it is flagged as overflow (default 400)")
+    p.add_argument("--seed", type=int, default=0, help="root random seed (default 0)")
+    add_output_args(p)
+    p.set_defaults(func=run)
+
+
+def _check_range(value: float, flag: str, lo: float, hi: float) -> None:
+    if not (lo <= value <= hi):
+        raise JaxrouteError(f"{flag} must be in [{lo}, {hi}], got {value}")
+
+
+def build(args):
+    """Validate the arguments; return (system, config, worlds, params) for the run."""
+    system = get_system(args.system)
+    world_kind = choose([args.world], ("lecture", "random"), "world")[0]
+    optimizers = choose(csv_list(args.optimizers), opt.OPTIMIZERS, "optimizer")
+    _check_range(args.diagnoser_accuracy, "--diagnoser-accuracy", 0.0, 1.0)
+    _check_range(args.blind_spot, "--blind-spot", 0.0, 1.0)
+    if args.cost_lambda < 0 or args.gamma < 0:
+        raise JaxrouteError("--gamma and --cost-lambda must be >= 0")
+    key_world = jax.random.fold_in(jax.random.key(args.seed), 0)
+    if world_kind == "lecture":
+        if system.name != "locate-solve":
+            raise JaxrouteError(f"--world lecture is the constructed locate-solve case; use --world random "
+                                f"for {system.name}")
+        if args.models != 5:
+            raise JaxrouteError("--world lecture always has 5 models (A-E); --models applies to --world random")
+        n_models = 5
+        worlds = wl.lecture_worlds(key_world, args.pools, args.train, args.test, threshold=args.threshold)
+        default_prices = wl.LECTURE_PRICES
+    else:
+        if not 2 <= args.models <= len(wl.MODEL_NAMES):
+            raise JaxrouteError(f"--models must be between 2 and {len(wl.MODEL_NAMES)}, got {args.models}")
+        n_models = args.models
+        worlds = wl.random_worlds(key_world, args.pools, n_models, system.n_skills, args.train, args.test,
+                                  threshold=args.threshold)
+        default_prices = np.ones(n_models, np.float32)
+    if "exhaustive" in optimizers:
+        opt.check_exhaustive(n_models, system.n_modules)
+    start = None if args.start is None else wl.parse_allocation(args.start, n_models, system.n_modules)
+    prices = default_prices
+    if args.prices is not None:
+        try:
+            prices = np.array([float(x) for x in csv_list(args.prices)], np.float32)
+        except ValueError:
+            raise JaxrouteError(f"--prices expects numbers, got '{args.prices}'") from None
+        if prices.shape != (n_models,) or np.any(prices <= 0):
+            raise JaxrouteError(f"--prices needs {n_models} positive numbers (one per model), got '{args.prices}'")
+    params = opt.make_params(n_models, system.n_modules, start=start, price=prices,
+                             diagnoser_accuracy=args.diagnoser_accuracy, gamma=args.gamma,
+                             cost_lambda=args.cost_lambda, blind_spot=args.blind_spot)
+    config = opt.SelectorConfig(system, n_models, max_rounds=args.max_rounds)
+    return system, config, worlds, params, optimizers
+
+
+def most_common_allocation(grid) -> str:
+    """The final allocation found most often over seeds and pools, with its share."""
+    allocs = np.asarray(grid.metrics["allocation"]).reshape(-1, grid.metrics["allocation"].shape[-1])
+    counts = Counter(wl.allocation_name(a) for a in allocs)
+    name, n = counts.most_common(1)[0]
+    return f"{name} ({n}/{len(allocs)})"
+
+
+def run(args) -> int:
+    from jaxroute import sim
+
+    system, config, worlds, params, optimizers = build(args)
+    key = jax.random.fold_in(jax.random.key(args.seed), 1)
+    grids = opt.run_optimizers(config, key, worlds, sim.stack_params([params]), args.seeds, optimizers,
+                               progress=show_progress(args))
+    param_row = {"start": args.start or "random", "diagnoser_accuracy": args.diagnoser_accuracy,
+                 "gamma": args.gamma, "blind_spot": args.blind_spot, "cost_lambda": args.cost_lambda}
+    records, modes = [], {}
+    for name, grid in grids.items():
+        (rec,) = report.records_from_grid(grid, [(name, param_row)], list(METRICS) + ["cost_per_question", "rounds"])
+        records.append(rec)
+        modes[name] = most_common_allocation(grid)
+    check_overflow(records, args, f"a search hit --max-rounds {args.max_rounds}; raise it")
+    print(f"{system.name} ({', '.join(system.module_names)}), world {args.world}, "
+          f"{config.n_models} models, {args.pools} pools x {args.seeds} seeds, q = {args.diagnoser_accuracy}")
+    print(report.format_table(records, list(METRICS) + ["cost_per_question"],
+                              extra={"most common allocation": lambda r: modes[r.policy]}))
+    config_json = {"system": system.name, "world": args.world, "models": config.n_models, "pools": args.pools,
+                   "seeds": args.seeds, "train_questions": args.train, "test_questions": args.test,
+                   "threshold": args.threshold, "max_rounds": args.max_rounds, "seed": args.seed,
+                   "prices": np.asarray(params.price).tolist(),
+                   "most_common_allocation": modes,
+                   "ci": "mean over pools per seed; 95% Student-t CI over seeds"}
+    if args.out:
+        path = report.write_results(args.out, "select", config_json, records)
+        print(f"wrote {path}")
+    if getattr(args, "plot", None):
+        _plot(records, args.plot, f"{system.name}, world {args.world}")
+    return 0
+
+
+def _plot(records, path: str, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    names = [r.policy for r in records]
+    means = [r.metrics["test_accuracy"].mean for r in records]
+    errs = [r.metrics["test_accuracy"].half_width for r in records]
+    ax.bar(names, means, yerr=errs, capsize=4, color="tab:blue")
+    ax.set_ylabel("test accuracy")
+    ax.set_ylim(0, 1)
+    ax.set_title(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    print(f"wrote {path}")
