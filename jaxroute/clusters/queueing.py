@@ -3,15 +3,17 @@
 Time is measured in mean service times. Requests arrive as a Poisson process of
 rate load * N; the router picks a server with one of the classic policies
 (`jaxroute.routers.classic`); each server serves its queue first come, first
-served. One `lax.scan` step is one arrival.
+served. One `lax.scan` step handles a block of B consecutive arrivals.
 
-State per server (Lindley form, so float32 stays accurate over long runs):
-- `work`: time until the server is free (the work left), which is also the
-  response time a new job would see before its own service;
-- `ring`: the time left until departure of the last K jobs sent to it. The
-  queue length is the count of positive entries. Overwriting an entry that is
-  still positive means the server held >= K jobs: the run sets `overflow` when
-  the policy reads queue lengths (for random / rr / lwl the ring is never read).
+State per server:
+- `free`: the time it becomes free; the work left is max(free - now, 0);
+- `ring`: the departure times of the last K jobs sent to it. The queue length
+  is the count of entries later than now. Overwriting an entry that is still
+  in the future means the server held >= K jobs: the run sets `overflow` when
+  the policy reads queue lengths (random / rr / lwl never read the ring).
+Times are kept relative to the start of the current block of B arrivals and
+rebased once per block, so float32 stays accurate over long runs while each
+arrival only reads the ring and writes one slot.
 
 Stale mode (Mitzenmacher 2000): a board of queue lengths is refreshed at times
 0, T, 2T, ...; JSQ and power-of-d read the board instead of the true lengths.
@@ -73,38 +75,47 @@ def dispatch_params(policy: str = "jsq", load: float = 0.9, service: str = "exp"
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class RequestDraws:
-    """The random inputs of one arrival (shared by the jitted model and the test reference)."""
+    """The random inputs of arrivals (shared by the jitted model and the test reference)."""
 
-    gap: jax.Array  # () float32 time since the previous arrival
-    service: jax.Array  # () float32 service time of this request
-    picks: jax.Array  # [D] int32 servers sampled uniformly with replacement
+    gap: jax.Array  # [...] float32 time since the previous arrival
+    service: jax.Array  # [...] float32 service time of the request
+    picks: jax.Array  # [..., D] int32 servers sampled uniformly with replacement
 
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class QueueState:
+    """Times are relative to the start of the current block of arrivals (rebased once per block)."""
+
     key: jax.Array  # () PRNG key of this seed
-    arrivals: jax.Array  # () int32 requests routed so far (= step index)
-    work: jax.Array  # [N] float32 time until each server is free
-    ring: jax.Array  # [N, K] float32 time left until departure of the last K jobs per server
+    block: jax.Array  # () int32 blocks of arrivals processed (= scan step)
+    arrivals: jax.Array  # () int32 requests routed so far
+    free: jax.Array  # [N] float32 time each server becomes free (may be < 0: idle)
+    ring: jax.Array  # [K, N] float32 departure times of the last K jobs sent to each server
     assigned: jax.Array  # [N] int32 jobs sent to each server
     board: jax.Array  # [N] int32 stale queue-length snapshot
     board_age: jax.Array  # () float32 time since the last board refresh
-    response: jax.Array  # [R] float32 response time of each request
+    response: jax.Array  # [R / B, B] float32 response time of each request
     overflow: jax.Array  # () bool a ring that the policy reads was overrun
     tails: jax.Array  # [I] float32 sum over arrivals of the fraction of servers with >= i jobs
 
 
 @dataclasses.dataclass(frozen=True)
 class QueueingModel:
-    """Static configuration: shapes and sizes (changing any of them recompiles)."""
+    """Static configuration: shapes and sizes (changing any of them recompiles).
+
+    One scan step handles a block of `block` consecutive arrivals: their random draws
+    come from one vectorised call, and times are rebased once per block (so per-arrival
+    work touches the ring read-only except for one slot).
+    """
 
     n_servers: int = 16
     n_requests: int = 50_000
     warmup: int = 0  # requests discarded from the metrics
-    ring: int = 32  # K: ring capacity per server (max queue length the router can count)
+    ring: int = 16  # K: ring capacity per server (max queue length the router can count)
     max_d: int = 2  # D: samples drawn per request (power-of-d uses the first d)
     tail_levels: int = 0  # I: record the fraction of servers with >= 1..I jobs (fresh lengths)
+    block: int = 8  # B: arrivals per scan step
 
     def __post_init__(self):
         if self.n_servers < 1:
@@ -114,100 +125,136 @@ class QueueingModel:
         if not 0 <= self.warmup < self.n_requests:
             raise JaxrouteError(f"warmup must leave at least one request (warmup={self.warmup}, "
                                 f"requests={self.n_requests})")
-        if self.ring < 1 or self.max_d < 1:
-            raise JaxrouteError("ring and max_d must be >= 1")
+        if self.ring < 1 or self.max_d < 1 or self.block < 1:
+            raise JaxrouteError("ring, max_d and block must be >= 1")
+
+    @property
+    def n_blocks(self) -> int:
+        return -(-self.n_requests // self.block)
 
     def num_steps(self, workload=None) -> int:
-        return self.n_requests
+        return self.n_blocks
 
-    def draws(self, key: jax.Array, index: jax.Array, params: DispatchParams) -> RequestDraws:
-        """Random inputs of arrival `index`: one counter-based key per arrival."""
-        u = jax.random.uniform(jax.random.fold_in(key, index), (2 + self.max_d,))
+    def block_draws(self, key: jax.Array, block: jax.Array, params: DispatchParams) -> RequestDraws:
+        """Random inputs of the B arrivals of block `block` (one counter-based key per block)."""
+        u = jax.random.uniform(jax.random.fold_in(key, block), (self.block, 2 + self.max_d))
         rate = params.load * self.n_servers
-        gap = -jnp.log1p(-u[0]) / rate
-        svc = service_lib.service_time(params.service, u[1])
-        picks = jnp.minimum((u[2:] * self.n_servers).astype(jnp.int32), self.n_servers - 1)
+        gap = -jnp.log1p(-u[:, 0]) / rate
+        svc = service_lib.service_time(params.service, u[:, 1])
+        picks = jnp.minimum((u[:, 2:] * self.n_servers).astype(jnp.int32), self.n_servers - 1)
         return RequestDraws(gap=gap, service=svc, picks=picks)
+
+    def all_draws(self, key: jax.Array, params: DispatchParams) -> RequestDraws:
+        """The draws of every arrival of a run, [R] leading axis (for references and tests)."""
+        blocks = jax.vmap(lambda b: self.block_draws(key, b, params))(jnp.arange(self.n_blocks))
+        return jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:])[: self.n_requests], blocks)
 
     def init(self, key: jax.Array, workload, params: DispatchParams) -> QueueState:
         n, k = self.n_servers, self.ring
         return QueueState(
             key=key,
+            block=jnp.int32(0),
             arrivals=jnp.int32(0),
-            work=jnp.zeros(n, jnp.float32),
-            ring=jnp.zeros((n, k), jnp.float32),
+            free=jnp.zeros(n, jnp.float32),
+            ring=jnp.zeros((k, n), jnp.float32),
             assigned=jnp.zeros(n, jnp.int32),
             board=jnp.zeros(n, jnp.int32),
             board_age=jnp.float32(0.0),
-            response=jnp.zeros(self.n_requests, jnp.float32),
+            response=jnp.zeros((self.n_blocks, self.block), jnp.float32),
             overflow=jnp.bool_(False),
             tails=jnp.zeros(self.tail_levels, jnp.float32),
         )
 
-    def step(self, state: QueueState, workload, params: DispatchParams) -> QueueState:
+    def _arrival(self, carry: dict, gap, svc, picks, index, params: DispatchParams):
+        """Route one arrival at block time carry['now'] + gap; returns (carry, response)."""
         n, k = self.n_servers, self.ring
-        i = state.arrivals
-        active = i < self.n_requests
-        dr = self.draws(state.key, i, params)
+        active = index < self.n_requests  # padded arrivals past the end change nothing
+        gap = jnp.where(active, gap, 0.0)
+        now = carry["now"] + gap
 
         # Board refresh: boundaries at multiples of T; the last one in (t_prev, t] is `age` before now.
         stale = params.stale > 0
         period = jnp.where(stale, params.stale, 1.0)
-        age = state.board_age + dr.gap
-        crossed = stale & (age >= period)
+        age = carry["age"] + gap
+        crossed = active & stale & (age >= period)
         age = jnp.where(crossed, jax.lax.rem(age, period), age)
         # Queue lengths at the refresh instant (stale) or now (fresh): jobs departing after it.
-        since_prev = jnp.where(crossed, jnp.maximum(dr.gap - age, 0.0), dr.gap)
-        counted = jnp.sum(state.ring > since_prev, axis=1, dtype=jnp.int32)  # [N]
-        board = jnp.where(crossed, counted, state.board)
-        queue_view = jnp.where(stale, board, counted)
-
-        work = jnp.maximum(state.work - dr.gap, 0.0)
-        ring_left = state.ring - dr.gap
-        view = classic.RouterView(queue=queue_view, work=work, picks=dr.picks, d=params.d,
-                                  rr_index=i % n, tie_offset=dr.picks[0])
+        instant = jnp.where(crossed, jnp.maximum(now - age, now - gap), now)
+        ring = carry["ring"]
+        counted = jnp.sum(ring > instant, axis=0, dtype=jnp.int32)  # [N]
+        board = jnp.where(crossed, counted, carry["board"])
+        free = carry["free"]
+        view = classic.RouterView(queue=jnp.where(stale, board, counted), work=jnp.maximum(free - now, 0.0),
+                                  picks=picks, d=params.d, rr_index=index % n, tie_offset=picks[0])
         server = classic.route(params.policy, view)
 
-        chosen = jnp.arange(n, dtype=jnp.int32) == server  # [N]
-        response = jnp.sum(jnp.where(chosen, work, 0.0)) + dr.service
-        slot = state.assigned % k  # [N]
-        write = chosen[:, None] & (jnp.arange(k, dtype=jnp.int32)[None, :] == slot[:, None])  # [N, K]
-        overrun = jnp.any(write & (ring_left > 0.0))
-        reads_queue = jnp.asarray(classic.USES_QUEUE_LENGTH)[params.policy]
+        chosen = (jnp.arange(n, dtype=jnp.int32) == server) & active  # [N]
+        finish = jnp.maximum(jnp.sum(jnp.where(chosen, free, 0.0)), now) + svc
+        slot = carry["assigned"] % k  # [N]
+        write = (jnp.arange(k, dtype=jnp.int32)[:, None] == slot[None, :]) & chosen[None, :]  # [K, N]
+        overrun = jnp.any(write & (ring > now)) & jnp.asarray(classic.USES_QUEUE_LENGTH)[params.policy]
 
-        tails = state.tails
+        tails = carry["tails"]
         if self.tail_levels:
-            fresh = jnp.sum(state.ring > dr.gap, axis=1, dtype=jnp.int32)
+            fresh = jnp.sum(ring > now, axis=0, dtype=jnp.int32)
             levels = jnp.arange(1, self.tail_levels + 1, dtype=jnp.int32)
             frac = jnp.mean((fresh[:, None] >= levels[None, :]).astype(jnp.float32), axis=0)
-            tails = tails + jnp.where(active & (i >= self.warmup), frac, 0.0)
+            tails = tails + jnp.where(active & (index >= self.warmup), frac, 0.0)
 
-        def keep(new, old):
-            return jnp.where(active, new, old)
+        carry = dict(
+            now=now,
+            age=age,
+            free=jnp.where(chosen, finish, free),
+            ring=jnp.where(write, finish, ring),
+            assigned=carry["assigned"] + chosen.astype(jnp.int32),
+            board=board,
+            overflow=carry["overflow"] | overrun,
+            tails=tails,
+            arrivals=carry["arrivals"] + active.astype(jnp.int32),
+        )
+        return carry, finish - now
 
+    def step(self, state: QueueState, workload, params: DispatchParams) -> QueueState:
+        dr = self.block_draws(state.key, state.block, params)
+        carry = dict(now=jnp.float32(0.0), age=state.board_age, free=state.free, ring=state.ring,
+                     assigned=state.assigned, board=state.board, overflow=state.overflow, tails=state.tails,
+                     arrivals=state.arrivals)
+        responses = []
+        for j in range(self.block):  # unrolled: B arrivals per scan step
+            carry, r = self._arrival(carry, dr.gap[j], dr.service[j], dr.picks[j],
+                                     state.block * self.block + j, params)
+            responses.append(r)
+        now = carry["now"]
+        row = jnp.minimum(state.block, self.n_blocks - 1)
+        done = state.block >= self.n_blocks
+        response = jax.lax.dynamic_update_slice(
+            state.response, jnp.where(done, state.response[row], jnp.stack(responses))[None], (row, 0))
         return QueueState(
             key=state.key,
-            arrivals=keep(i + 1, i),
-            work=keep(jnp.where(chosen, response, work), state.work),
-            ring=keep(jnp.where(write, response, ring_left), state.ring),
-            assigned=keep(state.assigned + chosen.astype(jnp.int32), state.assigned),
-            board=keep(board, state.board),
-            board_age=keep(age, state.board_age),
-            response=state.response.at[i].set(response, mode="drop"),
-            overflow=state.overflow | (active & overrun & reads_queue),
-            tails=tails,
+            block=state.block + 1,
+            arrivals=carry["arrivals"],
+            free=carry["free"] - now,  # rebase to the next block's start
+            ring=carry["ring"] - now,
+            assigned=carry["assigned"],
+            board=carry["board"],
+            board_age=carry["age"],
+            response=response,
+            overflow=carry["overflow"],
+            tails=carry["tails"],
         )
 
     def metrics(self, state: QueueState, workload, params: DispatchParams) -> dict[str, jax.Array]:
-        mask = jnp.arange(self.n_requests) >= self.warmup
+        response = state.response.reshape(-1)
+        index = jnp.arange(response.shape[0])
+        mask = (index >= self.warmup) & (index < self.n_requests)
         out = {
-            "mean_response": metrics_lib.masked_mean(state.response, mask),
-            "p99_response": metrics_lib.masked_quantile(state.response, mask, 0.99),
+            "mean_response": metrics_lib.masked_mean(response, mask),
+            "p99_response": metrics_lib.masked_quantile(response, mask, 0.99),
             "overflow": state.overflow,
             # Every arrival went to exactly one server (a lost one-hot update would show here).
-            "conservation_error": jnp.minimum(state.arrivals, self.n_requests) - jnp.sum(state.assigned),
+            "conservation_error": state.arrivals - jnp.sum(state.assigned),
         }
-        counted = jnp.maximum(jnp.minimum(state.arrivals, self.n_requests) - self.warmup, 1)
+        counted = jnp.maximum(state.arrivals - self.warmup, 1)
         for level in range(1, self.tail_levels + 1):
             out[f"frac_ge_{level}"] = state.tails[level - 1] / counted
         return out

@@ -33,11 +33,14 @@ class RouterView:
 
 
 def argmin_random_tie(values: jax.Array, tie_offset: jax.Array) -> jax.Array:
-    """Index of the minimum; among ties, the first index at or after `tie_offset` (cyclically)."""
+    """Index of the minimum; among ties, the first index at or after `tie_offset` (cyclically).
+
+    Two plain min-reductions (no variadic argmin), which vectorise well on CPU.
+    """
     n = values.shape[0]
-    tied = values == jnp.min(values)
     rank = (jnp.arange(n, dtype=jnp.int32) - tie_offset) % n
-    return jnp.argmin(jnp.where(tied, rank, n)).astype(jnp.int32)
+    first = jnp.min(jnp.where(values == jnp.min(values), rank, n))
+    return ((first + tie_offset) % n).astype(jnp.int32)
 
 
 def best_of_sampled(values_at_picks: jax.Array, d: jax.Array) -> jax.Array:
