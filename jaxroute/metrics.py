@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -31,6 +32,46 @@ def masked_quantile(x: jnp.ndarray, mask: jnp.ndarray, q: float) -> jnp.ndarray:
     x_lo = xs[lo]
     x_hi = xs[hi]
     val = x_lo + (x_hi - x_lo) * frac
+    return jnp.where(n > 0, val, 0.0)
+
+
+def _order_key(x: jnp.ndarray) -> jnp.ndarray:
+    """float32 -> uint32 whose unsigned order is the float order (NaN excluded)."""
+    bits = jax.lax.bitcast_convert_type(x.astype(jnp.float32), jnp.int32)
+    bits = jnp.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
+    return jax.lax.bitcast_convert_type(bits, jnp.uint32) ^ jnp.uint32(0x80000000)
+
+
+def _from_order_key(k: jnp.ndarray) -> jnp.ndarray:
+    bits = jax.lax.bitcast_convert_type(k ^ jnp.uint32(0x80000000), jnp.int32)
+    bits = jnp.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
+    return jax.lax.bitcast_convert_type(bits, jnp.float32)
+
+
+def masked_quantile_select(x: jnp.ndarray, mask: jnp.ndarray, q: float) -> jnp.ndarray:
+    """Same value as `masked_quantile` (float32), found by bisection instead of a sort.
+
+    32 counting passes over x find the exact order statistics; on CPU, vmapped over
+    thousands of long rows, this is several times faster than sorting each row.
+    Not differentiable.
+    """
+    keys = _order_key(x)
+    n = jnp.sum(mask)
+    pos = q * jnp.maximum(n - 1, 0).astype(jnp.float32)
+    rank = jnp.floor(pos).astype(jnp.int32)  # 0-based order statistic below the quantile
+
+    def body(_, bounds):
+        lo, hi = bounds  # invariant: the answer is in [lo, hi]
+        mid = lo + (hi - lo) // 2
+        enough = jnp.sum(mask & (keys <= mid)) >= rank + 1
+        return jnp.where(enough, lo, mid + 1), jnp.where(enough, mid, hi)
+
+    lo, _ = jax.lax.fori_loop(0, 32, body, (jnp.uint32(0), jnp.uint32(0xFFFFFFFF)))
+    x_lo = _from_order_key(lo)
+    at_or_below = jnp.sum(mask & (keys <= lo))
+    above = jnp.min(jnp.where(mask & (keys > lo), x.astype(jnp.float32), jnp.inf))
+    x_hi = jnp.where((at_or_below >= rank + 2) | (rank + 1 >= n), x_lo, above)
+    val = x_lo + (x_hi - x_lo) * (pos - rank)
     return jnp.where(n > 0, val, 0.0)
 
 

@@ -64,9 +64,8 @@ def simulate_dispatch(gaps, services, picks, policy, n_servers, stale=0.0, d=2, 
         elif policy == "jsq":
             s = _first_min_from(seen, pk[0])
         elif policy == "pod":
-            cand = pk[:d]
-            vals = [seen[c] for c in cand]
-            s = cand[vals.index(min(vals))]
+            cand = set(pk[:d])
+            s = _first_min_from([seen[c] if c in cand else math.inf for c in range(n_servers)], pk[0])
         elif policy == "lwl":
             s = _first_min_from(work, pk[0])
         else:

@@ -137,3 +137,18 @@ def test_bad_static_config_raises():
         QueueingModel(n_servers=0)
     with pytest.raises(JaxrouteError):
         QueueingModel(n_requests=10, warmup=10)
+
+
+@pytest.mark.parametrize("n", [1, 2, 7, 100, 1001])
+def test_quantile_by_bisection_equals_sorting(n):
+    from jaxroute.metrics import masked_quantile, masked_quantile_select
+
+    key = jax.random.key(n)
+    x = jax.random.normal(key, (n,)) * 30.0
+    x = jnp.where(jnp.arange(n) % 3 == 0, jnp.round(x), x)  # some ties
+    mask = jax.random.bernoulli(jax.random.fold_in(key, 1), 0.7, (n,))
+    for q in (0.0, 0.37, 0.99, 1.0):
+        np.testing.assert_allclose(masked_quantile_select(x, mask, q), masked_quantile(x, mask, q), rtol=1e-6)
+        assert np.isclose(masked_quantile_select(x, mask, q),
+                          np.quantile(np.asarray(x)[np.asarray(mask)], q) if np.asarray(mask).any() else 0.0,
+                          rtol=1e-5)

@@ -1,9 +1,15 @@
 """Classic dispatch policies as pure functions of what the router sees.
 
-Every policy has the same signature, `policy(view) -> server index`, so a
-comparison selects among them with `lax.switch(policy_id, POLICIES, view)`:
-one compiled program for all of them. Arrays are dense and small (one entry
-per server), and choices are made with one-hot masks instead of gathers.
+Every policy has the same signature, `score(view) -> [N] float32`: the router
+sends the request to the lowest-scoring server, breaking ties by scanning
+cyclically from a random start (the first sampled server). A comparison selects
+among policies with `lax.switch(policy_id, SCORES, view)`: one compiled program
+for all of them. Arrays are dense and small (one entry per server), built with
+masks instead of gathers or scatters.
+
+Tie rules: JSQ and LWL take, among tied servers, the first at or after a
+random start index; power-of-d picks among its tied samples the same way, so for
+d = 2 a tie goes to the first sample.
 """
 
 from __future__ import annotations
@@ -52,33 +58,41 @@ def best_of_sampled(values_at_picks: jax.Array, d: jax.Array) -> jax.Array:
     return jnp.argmin(key).astype(jnp.int32)
 
 
-def random_policy(v: RouterView) -> jax.Array:
-    return v.picks[0]
+# Each policy scores every server; the router takes the lowest score, ties broken from a random
+# start index. Scoring (cheap, elementwise) is what `lax.switch` selects, so a batch that mixes
+# policies pays for one argmin, not five.
 
 
-def round_robin(v: RouterView) -> jax.Array:
-    return v.rr_index
+def random_score(v: RouterView) -> jax.Array:
+    return (_servers(v) != v.picks[0]).astype(jnp.float32)
 
 
-def join_shortest_queue(v: RouterView) -> jax.Array:
-    return argmin_random_tie(v.queue, v.tie_offset)
+def round_robin_score(v: RouterView) -> jax.Array:
+    return (_servers(v) != v.rr_index).astype(jnp.float32)
 
 
-def power_of_d(v: RouterView) -> jax.Array:
-    n = v.queue.shape[0]
-    hit = v.picks[:, None] == jnp.arange(n, dtype=jnp.int32)[None, :]  # [D, N]
-    sampled = jnp.sum(jnp.where(hit, v.queue[None, :], 0), axis=1)  # [D]
-    j = best_of_sampled(sampled, v.d)
-    return jnp.sum(jnp.where(jnp.arange(v.picks.shape[0]) == j, v.picks, 0)).astype(jnp.int32)
+def shortest_queue_score(v: RouterView) -> jax.Array:
+    return v.queue.astype(jnp.float32)
 
 
-def least_work_left(v: RouterView) -> jax.Array:
-    return argmin_random_tie(v.work, v.tie_offset)
+def power_of_d_score(v: RouterView) -> jax.Array:
+    """Queue length at the first d sampled servers; the others are never chosen."""
+    used = jnp.arange(v.picks.shape[0], dtype=jnp.int32)[:, None] < v.d  # [D, 1]
+    sampled = jnp.any((v.picks[:, None] == _servers(v)[None, :]) & used, axis=0)  # [N]
+    return jnp.where(sampled, v.queue.astype(jnp.float32), jnp.inf)
 
 
-POLICIES = (random_policy, round_robin, join_shortest_queue, power_of_d, least_work_left)
+def least_work_score(v: RouterView) -> jax.Array:
+    return v.work
+
+
+def _servers(v: RouterView) -> jax.Array:
+    return jnp.arange(v.queue.shape[0], dtype=jnp.int32)
+
+
+SCORES = (random_score, round_robin_score, shortest_queue_score, power_of_d_score, least_work_score)
 
 
 def route(policy: jax.Array, view: RouterView) -> jax.Array:
-    """The server chosen by policy id `policy` (traced int32)."""
-    return jax.lax.switch(policy, POLICIES, view)
+    """The server chosen by policy id `policy` (traced int32): the lowest score, random ties."""
+    return argmin_random_tie(jax.lax.switch(policy, SCORES, view), view.tie_offset)
