@@ -59,7 +59,11 @@ def register(subparsers) -> None:
     p.add_argument("--cost-lambda", type=float, default=0.0, metavar="L",
                    help="LLMSelector subtracts L * price / max price from each candidate's score (exercise 7)")
     p.add_argument("--optimizers", default=",".join(opt.OPTIMIZERS), metavar="LIST",
-                   help=f"comma list from: {', '.join(opt.OPTIMIZERS)} (default all)")
+                   help=f"comma list from: {', '.join(opt.OPTIMIZERS + opt.EXTRA_OPTIMIZERS)} (default: "
+                   f"{', '.join(opt.OPTIMIZERS)}; llmselector_downgrade then moves modules to cheaper models, "
+                   "exercise 7)")
+    p.add_argument("--downgrade-tolerance", type=float, default=0.0, metavar="T",
+                   help="llmselector_downgrade: largest train-accuracy drop accepted for a cheaper model (default 0)")
     p.add_argument("--train", type=positive_int, default=100, metavar="N", help="training questions (default 100)")
     p.add_argument("--test", type=positive_int, default=100, metavar="N", help="test questions (default 100)")
     p.add_argument("--threshold", action="store_true",
@@ -80,28 +84,22 @@ def build(args):
     """Validate the arguments; return (system, config, worlds, params) for the run."""
     system = get_system(args.system)
     world_kind = choose([args.world], ("lecture", "random"), "world")[0]
-    optimizers = choose(csv_list(args.optimizers), opt.OPTIMIZERS, "optimizer")
+    optimizers = choose(csv_list(args.optimizers), opt.OPTIMIZERS + opt.EXTRA_OPTIMIZERS, "optimizer")
     _check_range(args.diagnoser_accuracy, "--diagnoser-accuracy", 0.0, 1.0)
     _check_range(args.blind_spot, "--blind-spot", 0.0, 1.0)
-    if args.cost_lambda < 0 or args.gamma < 0:
-        raise JaxrouteError("--gamma and --cost-lambda must be >= 0")
-    key_world = jax.random.fold_in(jax.random.key(args.seed), 0)
+    if args.cost_lambda < 0 or args.gamma < 0 or args.downgrade_tolerance < 0:
+        raise JaxrouteError("--gamma, --cost-lambda and --downgrade-tolerance must be >= 0")
     if world_kind == "lecture":
         if system.name != "locate-solve":
             raise JaxrouteError(f"--world lecture is the constructed locate-solve case; use --world random "
                                 f"for {system.name}")
         if args.models != 5:
             raise JaxrouteError("--world lecture always has 5 models (A-E); --models applies to --world random")
-        n_models = 5
-        worlds = wl.lecture_worlds(key_world, args.pools, args.train, args.test, threshold=args.threshold)
-        default_prices = wl.LECTURE_PRICES
+        n_models, default_prices = 5, wl.LECTURE_PRICES
     else:
         if not 2 <= args.models <= len(wl.MODEL_NAMES):
             raise JaxrouteError(f"--models must be between 2 and {len(wl.MODEL_NAMES)}, got {args.models}")
-        n_models = args.models
-        worlds = wl.random_worlds(key_world, args.pools, n_models, system.n_skills, args.train, args.test,
-                                  threshold=args.threshold)
-        default_prices = np.ones(n_models, np.float32)
+        n_models, default_prices = args.models, np.ones(args.models, np.float32)
     if "exhaustive" in optimizers:
         opt.check_exhaustive(n_models, system.n_modules)
     start = None if args.start is None else wl.parse_allocation(args.start, n_models, system.n_modules)
@@ -115,8 +113,15 @@ def build(args):
             raise JaxrouteError(f"--prices needs {n_models} positive numbers (one per model), got '{args.prices}'")
     params = opt.make_params(n_models, system.n_modules, start=start, price=prices,
                              diagnoser_accuracy=args.diagnoser_accuracy, gamma=args.gamma,
-                             cost_lambda=args.cost_lambda, blind_spot=args.blind_spot)
+                             cost_lambda=args.cost_lambda, blind_spot=args.blind_spot,
+                             downgrade_tolerance=args.downgrade_tolerance)
     config = opt.SelectorConfig(system, n_models, max_rounds=args.max_rounds)
+    key_world = jax.random.fold_in(jax.random.key(args.seed), 0)
+    if world_kind == "lecture":
+        worlds = wl.lecture_worlds(key_world, args.pools, args.train, args.test, threshold=args.threshold)
+    else:
+        worlds = wl.random_worlds(key_world, args.pools, n_models, system.n_skills, args.train, args.test,
+                                  threshold=args.threshold)
     return system, config, worlds, params, optimizers
 
 
@@ -136,7 +141,8 @@ def run(args) -> int:
     grids = opt.run_optimizers(config, key, worlds, sim.stack_params([params]), args.seeds, optimizers,
                                progress=show_progress(args))
     param_row = {"start": args.start or "random", "diagnoser_accuracy": args.diagnoser_accuracy,
-                 "gamma": args.gamma, "blind_spot": args.blind_spot, "cost_lambda": args.cost_lambda}
+                 "gamma": args.gamma, "blind_spot": args.blind_spot, "cost_lambda": args.cost_lambda,
+                 "downgrade_tolerance": args.downgrade_tolerance}
     records, modes = [], {}
     for name, grid in grids.items():
         (rec,) = report.records_from_grid(grid, [(name, param_row)], list(METRICS) + ["cost_per_question", "rounds"])

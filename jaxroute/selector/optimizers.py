@@ -20,6 +20,9 @@ Optimizers (names are the `policy` of a result row):
   uniformly from the K^L allocations; keeps the best on the training set.
 - `exhaustive`: all K^L allocations (K^L <= MAX_EXHAUSTIVE); first best on the training set.
 - `best_single`: the best allocation that uses one model for every module (K evaluated).
+- `llmselector_downgrade` (exercise 7, not in the default set): llmselector, then one pass
+  over the modules that moves each to the cheapest model whose allocation keeps the training
+  accuracy within `downgrade_tolerance` of the converged one (K more evaluations per module).
 
 A search loop that reaches `max_rounds` without meeting its stopping rule reports
 `overflow = True` (the CLI refuses to print such a table without --allow-overflow).
@@ -42,6 +45,7 @@ from jaxroute.errors import JaxrouteError
 from jaxroute.selector.world import Questions, World
 
 OPTIMIZERS = ("llmselector", "greedy", "random_search", "exhaustive", "best_single")
+EXTRA_OPTIMIZERS = ("llmselector_downgrade",)  # exercise 7; not run by default
 MAX_EXHAUSTIVE = 10**6  # K^L allocations; K <= 10 and L <= 6 on a GPU
 
 
@@ -56,6 +60,7 @@ class SelectorParams:
     gamma: jax.Array | float = 1.0  # weight of end-to-end correctness in the module score
     cost_lambda: jax.Array | float = 0.0  # weight of price_k / max price subtracted from the score
     blind_spot: jax.Array | float = 1.0  # self-refine: catch-probability factor when critic == generator
+    downgrade_tolerance: jax.Array | float = 0.0  # llmselector_downgrade: allowed train-accuracy drop
 
 
 def make_params(n_models: int, n_modules: int, start=None, price=None, **kw) -> SelectorParams:
@@ -244,7 +249,22 @@ def best_single(key, world: World, params: SelectorParams, config: SelectorConfi
     return allocs[jnp.argmax(acc)], jnp.int32(config.n_models), jnp.int32(0), jnp.bool_(False)
 
 
-_FUNCTIONS = {"llmselector": llmselector, "greedy": greedy, "random_search": random_search,
+def llmselector_downgrade(key, world: World, params: SelectorParams, config: SelectorConfig):
+    system, n_models = config.system, config.n_models
+    alloc, evaluated, rounds, capped = llmselector(key, world, params, config)
+    acc_of = jax.vmap(lambda a: accuracy(system, a, world.ability, world.train, params))
+    floor = accuracy(system, alloc, world.ability, world.train, params) - params.downgrade_tolerance - 1e-6
+
+    def downgrade(module, alloc):
+        cands = candidates(alloc, module, n_models)
+        acceptable = acc_of(cands) >= floor  # the current model always is
+        return cands[jnp.argmin(jnp.where(acceptable, params.price, jnp.inf))]
+
+    alloc = jax.lax.fori_loop(0, system.n_modules, downgrade, alloc)
+    return alloc, evaluated + n_models * system.n_modules, rounds, capped
+
+
+_FUNCTIONS = {"llmselector": llmselector, "llmselector_downgrade": llmselector_downgrade, "greedy": greedy, "random_search": random_search,
               "exhaustive": exhaustive, "best_single": best_single}
 
 
@@ -265,7 +285,7 @@ def run_one(optimizer: str, key, world: World, params: SelectorParams, config: S
 
 def check_optimizer(name: str) -> str:
     if name not in _FUNCTIONS:
-        raise JaxrouteError(f"unknown optimizer '{name}'; choose from: {', '.join(OPTIMIZERS)}")
+        raise JaxrouteError(f"unknown optimizer '{name}'; choose from: {', '.join(OPTIMIZERS + EXTRA_OPTIMIZERS)}")
     return name
 
 

@@ -40,9 +40,10 @@ def success_prob(ability: jax.Array, questions: Questions) -> jax.Array:
     return jax.nn.sigmoid(logits)
 
 
-def _succeeds(model: jax.Array, skill: int, prob: jax.Array, questions: Questions, factor=1.0) -> jax.Array:
-    """[N] bool: the world's shared draw u[model] against factor * P(success)."""
-    return questions.uniform[model] < factor * prob[model, skill]
+def _succeeds(model: jax.Array, skill: int, ability: jax.Array, questions: Questions, factor=1.0) -> jax.Array:
+    """[N] bool: the world's shared draw u[model] against factor * P(success) (only this row is computed)."""
+    prob = jax.nn.sigmoid(ability[model, skill] - questions.difficulty + questions.luck[model])
+    return questions.uniform[model] < factor * prob
 
 
 def _plurality(a: jax.Array, b: jax.Array, c: jax.Array) -> jax.Array:
@@ -58,9 +59,8 @@ class LocateSolve:
     module_names: tuple[str, ...] = ("locate", "solve")
 
     def outcome(self, alloc, ability, questions: Questions, blind_spot=1.0):
-        prob = success_prob(ability, questions)
-        locate = _succeeds(alloc[0], 0, prob, questions)
-        solve = _succeeds(alloc[1], 1, prob, questions)
+        locate = _succeeds(alloc[0], 0, ability, questions)
+        solve = _succeeds(alloc[1], 1, ability, questions)
         return locate & solve, jnp.stack([locate, solve])
 
 
@@ -72,11 +72,10 @@ class SelfRefine:
     module_names: tuple[str, ...] = ("generator", "critic", "refiner")
 
     def outcome(self, alloc, ability, questions: Questions, blind_spot=1.0):
-        prob = success_prob(ability, questions)
-        draft = _succeeds(alloc[0], 0, prob, questions)
+        draft = _succeeds(alloc[0], 0, ability, questions)
         factor = jnp.where(alloc[1] == alloc[0], blind_spot, 1.0)
-        catch = _succeeds(alloc[1], 1, prob, questions, factor)
-        fix = _succeeds(alloc[2], 2, prob, questions)
+        catch = _succeeds(alloc[1], 1, ability, questions, factor)
+        fix = _succeeds(alloc[2], 2, ability, questions)
         correct = draft | (catch & fix)
         module_ok = jnp.stack([draft, draft | catch, draft | ~catch | fix])
         return correct, module_ok
@@ -89,20 +88,19 @@ class Debate:
     n_skills: int = 2
     module_names: tuple[str, ...] = ("gen1", "gen2", "gen3", "debater1", "debater2", "debater3")
 
-    def initial_answers(self, alloc, prob, questions: Questions) -> jax.Array:
+    def initial_answers(self, alloc, ability, questions: Questions) -> jax.Array:
         """[3, N] int32: 0 = correct, else the generator model's wrong answer."""
         return jnp.stack([
-            jnp.where(_succeeds(alloc[j], 0, prob, questions), 0, questions.wrong_answer[alloc[j]])
+            jnp.where(_succeeds(alloc[j], 0, ability, questions), 0, questions.wrong_answer[alloc[j]])
             for j in range(3)
         ])
 
     def outcome(self, alloc, ability, questions: Questions, blind_spot=1.0):
-        prob = success_prob(ability, questions)
-        answers = self.initial_answers(alloc, prob, questions)
+        answers = self.initial_answers(alloc, ability, questions)
         has_correct = jnp.any(answers == 0, axis=0)
         herd = _plurality(answers[0], answers[1], answers[2])
         picks = jnp.stack([
-            jnp.where(_succeeds(alloc[3 + d], 1, prob, questions) & has_correct, 0, herd) for d in range(3)
+            jnp.where(_succeeds(alloc[3 + d], 1, ability, questions) & has_correct, 0, herd) for d in range(3)
         ])
         final = _plurality(picks[0], picks[1], picks[2])
         correct = final == 0
