@@ -10,7 +10,8 @@ State per server:
 - `ring`: the departure times of the last K jobs sent to it. The queue length
   is the count of entries later than now. Overwriting an entry that is still
   in the future means the server held >= K jobs: the run sets `overflow` when
-  the policy reads queue lengths (random / rr / lwl never read the ring).
+  the policy reads queue lengths (random / rr / lwl never read the ring) or
+  tail statistics are recorded.
 Times are kept relative to the start of the current block of B arrivals and
 rebased once per block, so float32 stays accurate over long runs while each
 arrival only reads the ring and writes one slot.
@@ -192,7 +193,9 @@ class QueueingModel:
         finish = jnp.maximum(jnp.sum(jnp.where(chosen, free, 0.0)), now) + svc
         slot = carry["assigned"] % k  # [N]
         write = (jnp.arange(k, dtype=jnp.int32)[:, None] == slot[None, :]) & chosen[None, :]  # [K, N]
-        overrun = jnp.any(write & (ring > now)) & jnp.asarray(classic.USES_QUEUE_LENGTH)[params.policy]
+        overrun = jnp.any(write & (ring > now))
+        if not self.tail_levels:  # the tail statistics read the ring whatever the policy
+            overrun = overrun & jnp.asarray(classic.USES_QUEUE_LENGTH)[params.policy]
 
         tails = carry["tails"]
         if self.tail_levels:
@@ -306,8 +309,7 @@ class BinsModel:
 
     def draws(self, key: jax.Array, index: jax.Array) -> jax.Array:
         """[D] int32 bins sampled for ball `index`."""
-        u = jax.random.uniform(jax.random.fold_in(key, index), (self.max_d,))
-        return jnp.minimum((u * self.n).astype(jnp.int32), self.n - 1)
+        return jax.random.randint(jax.random.fold_in(key, index), (self.max_d,), 0, self.n, dtype=jnp.int32)
 
     def init(self, key, workload, params: BinsParams) -> BinsState:
         return BinsState(key=key, balls=jnp.int32(0), loads=jnp.zeros(self.n, jnp.int32))
