@@ -31,7 +31,7 @@ def register(subparsers) -> None:
         description="Choose a model for every module of a compound AI system in LLMSelector's toy world "
         "(lecture §4): K models with a general level and a per-skill specialty, questions with a "
         "difficulty, per-(model, question) luck shared across skills. Every optimizer runs on all pools "
-        "and seeds in one compiled call. Rows: mean over pools, 95%% CI over seeds.",
+        "and seeds in one compiled call. Rows: mean over pools, 95 % CI over seeds.",
     )
     p.add_argument("--system", default="locate-solve", metavar="NAME",
                    help=f"compound system: {', '.join(SYSTEMS)} (default locate-solve)")
@@ -151,7 +151,8 @@ def run(args) -> int:
     check_overflow(records, args, f"a search hit --max-rounds {args.max_rounds}; raise it")
     print(f"{system.name} ({', '.join(system.module_names)}), world {args.world}, "
           f"{config.n_models} models, {args.pools} pools x {args.seeds} seeds, q = {args.diagnoser_accuracy}")
-    print(report.format_table(records, list(METRICS) + ["cost_per_question"],
+    priced = args.world.lower() == "lecture" or args.prices is not None
+    print(report.format_table(records, list(METRICS) + (["cost_per_question"] if priced else []),
                               extra={"most common allocation": lambda r: modes[r.policy]}))
     config_json = {"system": system.name, "world": args.world, "models": config.n_models, "pools": args.pools,
                    "seeds": args.seeds, "train_questions": args.train, "test_questions": args.test,

@@ -23,6 +23,7 @@ purpose, and the train and test splits are drawn from separate keys.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import string
 
 import jax
@@ -112,6 +113,7 @@ def random_ability(key: jax.Array, n_models: int, n_skills: int, *, general_std:
     return general + specialty
 
 
+@functools.partial(jax.jit, static_argnums=(1, 2, 3, 4, 5, 6))
 def random_worlds(key: jax.Array, n_pools: int, n_models: int, n_skills: int, n_train: int, n_test: int,
                   threshold: bool = False) -> World:
     """`n_pools` independent random pools stacked on a leading axis (every leaf gets [P, ...])."""
@@ -120,7 +122,7 @@ def random_worlds(key: jax.Array, n_pools: int, n_models: int, n_skills: int, n_
         k_a, k_q = jax.random.split(k)
         return make_world(k_q, random_ability(k_a, n_models, n_skills), n_train, n_test, threshold=threshold)
 
-    return jax.jit(jax.vmap(one))(jax.random.split(key, n_pools))
+    return jax.vmap(one)(jax.random.split(key, n_pools))
 
 
 # The lecture's constructed five-model case (skills: 0 = locate, 1 = solve).
@@ -138,10 +140,11 @@ LECTURE_ABILITY = np.array(
     ],
     dtype=np.float32,
 )
-LECTURE_QUESTIONS = {"difficulty_std": 1.0, "luck_std": 1.0}
+LECTURE_QUESTIONS = {"difficulty_std": 1.0, "luck_std": 1.0}  # question draws of the lecture world
 LECTURE_PRICES = np.array([5.0, 3.0, 1.0, 0.5, 0.2], dtype=np.float32)  # exercise 7
 
 
+@functools.partial(jax.jit, static_argnums=(1, 2, 3, 4))
 def lecture_worlds(key: jax.Array, n_pools: int, n_train: int = 100, n_test: int = 100,
                    threshold: bool = False) -> World:
     """`n_pools` draws of questions for the constructed five-model case, stacked on [P, ...]."""
@@ -150,7 +153,7 @@ def lecture_worlds(key: jax.Array, n_pools: int, n_train: int = 100, n_test: int
     def one(k):
         return make_world(k, ability, n_train, n_test, threshold=threshold, **LECTURE_QUESTIONS)
 
-    return jax.jit(jax.vmap(one))(jax.random.split(key, n_pools))
+    return jax.vmap(one)(jax.random.split(key, n_pools))
 
 
 def pool(worlds: World, p: int) -> World:
