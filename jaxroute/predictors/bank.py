@@ -117,3 +117,24 @@ def _warn_learned_provenance(directory: str, workload: str, seed: int) -> None:
     elif workload == "synthetic-prod" and info.get("seed") != seed:
         warn(f"learned predictor {directory} was trained with seed {info.get('seed')}, the simulation uses "
              f"seed {seed}: synthetic-prod's template table depends on the seed, so its key embeddings will not match")
+
+
+def train_learned_for_simulation(save_dir, workload: str, n_sim: int, seed: int, trace_path, horizon: int,
+                                 settings=None, n_train: int | None = None, progress: bool = False) -> str:
+    """Train and save a learned predictor on the same requests `bank_for_simulation` fits on.
+
+    The training requests (distinct from the simulated ones) are split by arrival: the
+    first 80 % train, the last 20 % early-stop. Returns the spec 'learned:DIR'.
+    """
+    from jaxroute.predictors import checkpoint
+    from jaxroute.predictors.data import training_requests_for_simulation
+    from jaxroute.predictors.training import TrainSettings, train
+
+    reqs = training_requests_for_simulation(workload, n_sim, seed, trace_path, n_train)
+    cut = int(0.8 * len(reqs))
+    info = {"workload": workload, "requests": len(reqs), "seed": seed, "trace": str(trace_path) if trace_path else None,
+            "split": f"training_requests_for_simulation(n_sim={n_sim})"}
+    res = train(reqs.slice(0, cut), reqs.slice(cut, len(reqs)), horizon, settings or TrainSettings(seed=seed),
+                progress=progress, info=info)
+    checkpoint.save(save_dir, res.params, res.opt_state, res.config, res.best_step)
+    return f"learned:{save_dir}"
