@@ -50,6 +50,9 @@ def run(args: argparse.Namespace) -> int:
         raise JaxrouteError(f"--lr must be a positive number, got {args.lr}")
     reqs = data.load_lengths(args.workload, args.requests, args.seed, args.trace)
     tr, va, _ = data.temporal_split(reqs)
+    if len(tr) < 20 or len(va) < 5:
+        raise JaxrouteError(f"{len(reqs)} requests are too few to train on (70% train, 15% validation); "
+                            "use --requests 200 or more")
     settings = TrainSettings(steps=args.steps, batch=args.batch, lr=args.lr, patience=args.patience, seed=args.seed)
     info = {"workload": args.workload, "requests": len(reqs), "seed": args.seed,
             "trace": str(args.trace) if args.trace else None}
