@@ -79,31 +79,42 @@ def make_params(policy: str = "rr", rate: float = 1.0, stale_s: float = 0.0, kv_
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
+class Replica:
+    """One replica's local state (a row of the cluster arrays)."""
+
+    cached: jax.Array  # [M+1] bool segment in the cache
+    refcnt: jax.Array  # [M+1] int32 running requests locking the segment
+    last_use: jax.Array  # [M+1] float32 LRU stamp
+    pending: jax.Array  # [M+1] int32 unfinished requests dispatched here that contain the segment
+    tree: jax.Array  # [M+1] bool SGLang approximate tree (insert on dispatch, never evicted)
+    queue: jax.Array  # [Q] int32 request ids waiting locally (-1 = empty)
+    run_req: jax.Array  # [B] int32 running request ids (-1 = empty slot)
+    run_pos: jax.Array  # [B] int32 prompt tokens already in KV (cached + computed)
+    run_gen: jax.Array  # [B] int32 output tokens generated
+    run_nseg: jax.Array  # [B] int32 leading prompt segments locked in the cache
+    run_res: jax.Array  # [B] int32 private KV tokens held (prompt not yet in the cache + output)
+    run_seq: jax.Array  # [B] int32 admission stamp (prefill budget order)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
 class ReplicaState:
     req: RequestTable  # this seed's requests
-    next_req: jax.Array  # [] int32 index of the next arrival
+    rep: Replica  # every field with a leading [G] axis
+    next_req: jax.Array  # [] int32 index of the next arrival (= requests routed, the rr counter)
     now: jax.Array  # [] float32 time of the last event
     clock: jax.Array  # [G] float32 when each replica starts its next iteration (+inf = idle)
-    queue: jax.Array  # [G, Q] int32 request ids waiting locally (-1 = empty)
-    run_req: jax.Array  # [G, B] int32 running request ids (-1 = empty slot)
-    run_pos: jax.Array  # [G, B] int32 prompt tokens already in KV (cached + computed)
-    run_gen: jax.Array  # [G, B] int32 output tokens generated
-    run_nseg: jax.Array  # [G, B] int32 leading prompt segments locked in the cache
-    run_res: jax.Array  # [G, B] int32 private KV tokens held (uncomputed-into-cache prompt + output)
-    run_seq: jax.Array  # [G, B] int32 admission stamp (prefill budget order)
     n_admitted: jax.Array  # [] int32
-    cached: jax.Array  # [G, M+1] bool segment in replica g's cache
-    refcnt: jax.Array  # [G, M+1] int32 running requests locking the segment
-    last_use: jax.Array  # [G, M+1] float32 LRU stamp
-    pending: jax.Array  # [G, M+1] int32 unfinished requests dispatched to g that contain the segment
-    view_present: jax.Array  # [G, M+1] bool router's record (snapshot + dispatches since)
-    view_inflight: jax.Array  # [G] float32
+    inflight: jax.Array  # [G] float32 requests dispatched and unfinished
+    inflight_tok: jax.Array  # [G] float32 their prompt + output tokens
+    tree_size: jax.Array  # [G] float32 tokens in SGLang's tree per replica
+    copies: jax.Array  # [M+1] int32 replicas caching each segment
+    cache_tok: jax.Array  # [G] int32 cached tokens per replica
+    unique_tok: jax.Array  # [] int32 tokens of segments cached somewhere
+    view_present: jax.Array  # [G, M+1] bool stale router record (only with stale_view)
+    view_inflight: jax.Array  # [G] float32 stale loads (only with stale_view)
     view_tokens: jax.Array  # [G] float32
     view_time: jax.Array  # [] float32 time of the last snapshot
-    inflight: jax.Array  # [G] float32 live requests in flight
-    inflight_tok: jax.Array  # [G] float32 live prompt + output tokens in flight
-    tree: jax.Array  # [G, M+1] bool SGLang approximate tree (insert on dispatch)
-    tree_size: jax.Array  # [G] float32 tokens in the tree per replica
     rec_replica: jax.Array  # [N] int32 (-1 = not routed)
     rec_admit: jax.Array  # [N] float32 (inf = not yet)
     rec_first: jax.Array  # [N] float32 first-token time
@@ -121,8 +132,24 @@ def leading_match(present: jax.Array, seg_ids: jax.Array, seg_tok: jax.Array) ->
     return jnp.sum(lead * (seg_tok > 0), axis=-1), jnp.sum(lead * seg_tok, axis=-1)
 
 
-def _set_row(x, g, row):
-    return x.at[g].set(row)
+def _evict_lru(evictable: jax.Array, last_use: jax.Array, depth: jax.Array, seg_len: jax.Array,
+               deficit: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(mask, tokens) of segments to evict: least recently used first, deeper first on ties (leaves
+    before their parents, which are touched whenever a child is), then lowest id; until `deficit`."""
+
+    def body(c):
+        ev, out, freed = c
+        lu = jnp.where(ev, last_use, INF)
+        cand = ev & (lu == jnp.min(lu))
+        cand &= depth == jnp.max(jnp.where(cand, depth, -1))
+        k = jnp.argmax(cand)
+        return ev.at[k].set(False), out.at[k].set(True), freed + seg_len[k]
+
+    def cond(c):
+        return (c[2] < deficit) & jnp.any(c[0])
+
+    _, out, freed = jax.lax.while_loop(cond, body, (evictable, jnp.zeros_like(evictable), jnp.int32(0)))
+    return out, freed
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,6 +162,8 @@ class ReplicaCluster:
     max_queue: int = 256  # Q: local queue per replica
     max_admit: int = 4  # admissions per iteration
     local_order: str = "fcfs"  # or "lpm"
+    stale_view: bool = False  # keep a router snapshot refreshed every params.stale_s seconds
+    leap: int = 32  # pure-decode iterations a replica may take in one step (0 = none; exact either way)
 
     def __post_init__(self):
         if self.n_replicas < 1 or self.chunk < 1 or self.max_running < 1 or self.max_queue < 1 or self.max_admit < 1:
@@ -154,14 +183,16 @@ class ReplicaCluster:
         f = lambda shape, v: jnp.full(shape, v, jnp.float32)
         i = lambda shape, v: jnp.full(shape, v, jnp.int32)
         b = lambda shape: jnp.zeros(shape, bool)
+        vm1 = m1 if self.stale_view else 1
+        rep = Replica(cached=b((G, m1)), refcnt=i((G, m1), 0), last_use=f((G, m1), 0.0), pending=i((G, m1), 0),
+                      tree=b((G, m1)), queue=i((G, Q), -1), run_req=i((G, B), -1), run_pos=i((G, B), 0),
+                      run_gen=i((G, B), 0), run_nseg=i((G, B), 0), run_res=i((G, B), 0), run_seq=i((G, B), 0))
         return ReplicaState(
-            req=req, next_req=jnp.int32(0), now=jnp.float32(0), clock=f((G,), INF), queue=i((G, Q), -1),
-            run_req=i((G, B), -1), run_pos=i((G, B), 0), run_gen=i((G, B), 0), run_nseg=i((G, B), 0),
-            run_res=i((G, B), 0), run_seq=i((G, B), 0), n_admitted=jnp.int32(0),
-            cached=b((G, m1)), refcnt=i((G, m1), 0), last_use=f((G, m1), 0.0), pending=i((G, m1), 0),
-            view_present=b((G, m1)), view_inflight=f((G,), 0.0), view_tokens=f((G,), 0.0),
-            view_time=jnp.float32(-INF), inflight=f((G,), 0.0), inflight_tok=f((G,), 0.0),
-            tree=b((G, m1)), tree_size=f((G,), 0.0),
+            req=req, rep=rep, next_req=jnp.int32(0), now=jnp.float32(0), clock=f((G,), INF),
+            n_admitted=jnp.int32(0), inflight=f((G,), 0.0), inflight_tok=f((G,), 0.0), tree_size=f((G,), 0.0),
+            copies=i((m1,), 0), cache_tok=i((G,), 0), unique_tok=jnp.int32(0),
+            view_present=b((G, vm1)), view_inflight=f((G,), 0.0), view_tokens=f((G,), 0.0),
+            view_time=jnp.float32(-INF),
             rec_replica=i((n,), -1), rec_admit=f((n,), INF), rec_first=f((n,), INF), rec_finish=f((n,), INF),
             rec_cached=i((n,), 0), rep_area=jnp.float32(0), rep_time=jnp.float32(0), overflow=jnp.bool_(False))
 
@@ -169,168 +200,248 @@ class ReplicaCluster:
         return (state.next_req >= state.req.arrival_s.shape[0]) & jnp.all(jnp.isinf(state.clock))
 
     def step(self, state: ReplicaState, workload, params: ReplicaParams) -> ReplicaState:
-        n = state.req.arrival_s.shape[0]
-        a = jnp.where(state.next_req < n, state.req.arrival_s[jnp.minimum(state.next_req, n - 1)], INF)
-        m = jnp.min(state.clock)
+        """One event. Both kinds are computed on one replica's row and the right one is kept, so a
+        batched (vmapped) step costs O(row), not O(whole state)."""
+        s, r = state, state.req
+        n = r.arrival_s.shape[0]
+        i = jnp.minimum(s.next_req, n - 1)
+        a = jnp.where(s.next_req < n, r.arrival_s[i], INF)
+        m = jnp.min(s.clock)
         t = jnp.minimum(a, m)
-        branch = jnp.where(jnp.isinf(t), 0, jnp.where(a <= m, 1, 2))
-        state = self._account(state, t)
-        return jax.lax.switch(branch, [lambda s: s, lambda s: self._route(s, params, a),
-                                       lambda s: self._iterate(s, params)], state)
+        live = jnp.isfinite(t)
+        is_route = live & (a <= m)
+        is_iter = live & ~is_route
 
-    # ------------------------------------------------------------------ events
+        # time-averaged replication factor over [now, t)
+        has = s.unique_tok > 0
+        dt_ev = jnp.where(live, t - s.now, 0.0)
+        ratio = jnp.sum(s.cache_tok) / jnp.maximum(s.unique_tok, 1)
+        rep_area = s.rep_area + jnp.where(has, ratio * dt_ev, 0.0)
+        rep_time = s.rep_time + jnp.where(has, dt_ev, 0.0)
 
-    def _account(self, s: ReplicaState, t: jax.Array) -> ReplicaState:
-        """Integrate the replication factor up to event time t (no-op when the run is done)."""
-        tok = s.cached * s.req.seg_len[None, :]
-        total = jnp.sum(tok)
-        unique = jnp.sum(jnp.any(s.cached, axis=0) * s.req.seg_len)
-        dt = jnp.where(jnp.isinf(t), 0.0, t - s.now)
-        has = unique > 0
-        ratio = total / jnp.maximum(unique, 1)
-        return dataclasses.replace(
-            s, now=jnp.where(jnp.isinf(t), s.now, t),
-            rep_area=s.rep_area + jnp.where(has, ratio * dt, 0.0), rep_time=s.rep_time + jnp.where(has, dt, 0.0))
-
-    def _route(self, s: ReplicaState, params: ReplicaParams, t: jax.Array) -> ReplicaState:
-        r = s.req
-        i = s.next_req
+        # ---- routing decision for request i (used only if is_route)
         segs, tok = r.seg_ids[i], r.seg_tok[i]
-        prompt = jnp.sum(tok)
+        prompt = r.prompt_tok[i]
         size = (prompt + r.out_tok[i]).astype(jnp.float32)
-        out_seg = r.out_seg[i]
-        refresh = t >= s.view_time + params.stale_s
-        present = jnp.where(refresh, s.cached | (s.pending > 0), s.view_present)
-        v_inf = jnp.where(refresh, s.inflight, s.view_inflight)
-        v_tok = jnp.where(refresh, s.inflight_tok, s.view_tokens)
-        v_time = jnp.where(refresh, t, s.view_time)
-        _, match = leading_match(present, segs, tok)
-        _, tmatch = leading_match(s.tree, segs, tok)
+        all_segs = jnp.concatenate([segs, r.out_seg[i][None]])
+        if self.stale_view:
+            refresh = is_route & (a >= s.view_time + params.stale_s)
+            v_present = jnp.where(refresh, s.rep.cached | (s.rep.pending > 0), s.view_present)
+            v_inf = jnp.where(refresh, s.inflight, s.view_inflight)
+            v_tok = jnp.where(refresh, s.inflight_tok, s.view_tokens)
+            present = v_present[:, segs]
+        else:
+            v_inf, v_tok = s.inflight, s.inflight_tok
+            present = s.rep.cached[:, segs] | (s.rep.pending[:, segs] > 0)
+        _, match = leading_match(present, jnp.arange(segs.shape[0]), tok)
+        _, tmatch = leading_match(s.rep.tree[:, segs], jnp.arange(segs.shape[0]), tok)
         view = routers.RouterView(v_inf, v_tok, match.astype(jnp.float32), tmatch.astype(jnp.float32),
-                                  s.tree_size, prompt.astype(jnp.float32), i)
-        g = routers.route(params.policy, view, params.router)
-        # dispatch: local queue, loads, insert on dispatch into the router's records
-        q = s.queue[g]
-        free = q < 0
-        slot = jnp.argmax(free)
-        ok = jnp.any(free)
-        queue = s.queue.at[g, slot].set(jnp.where(ok, i, q[slot]))
-        all_segs = jnp.concatenate([segs, out_seg[None]])
-        new_tree = ~s.tree[g, all_segs] & (all_segs < r.seg_len.shape[0] - 1)
-        return dataclasses.replace(
-            s, next_req=i + 1, queue=queue, overflow=s.overflow | ~ok,
-            clock=s.clock.at[g].set(jnp.where(jnp.isinf(s.clock[g]), t, s.clock[g])),
-            inflight=s.inflight.at[g].add(1.0), inflight_tok=s.inflight_tok.at[g].add(size),
-            pending=s.pending.at[g, all_segs].add(1),
-            view_present=present.at[g, all_segs].set(True), view_inflight=v_inf.at[g].add(1.0),
-            view_tokens=v_tok.at[g].add(size), view_time=v_time,
-            tree=s.tree.at[g, all_segs].set(True),
-            tree_size=s.tree_size.at[g].add(jnp.sum(new_tree * r.seg_len[all_segs]).astype(jnp.float32)),
-            rec_replica=s.rec_replica.at[i].set(g))
+                                  s.tree_size, prompt.astype(jnp.float32), s.next_req)
+        g_route = routers.route(params.policy, view, params.router)
+        g = jnp.where(is_route, g_route, jnp.argmin(s.clock))
+        row = jax.tree.map(lambda x: x[g], s.rep)
 
-    def _iterate(self, s: ReplicaState, params: ReplicaParams) -> ReplicaState:
-        r = s.req
-        g = jnp.argmin(s.clock)
-        t = s.clock[g]
+        # ---- route: enqueue + insert on dispatch
+        free_q = row.queue < 0
+        q_ok = jnp.any(free_q)
+        qslot = jnp.argmax(free_q)
+        new_tree = ~row.tree[all_segs] & (all_segs < r.seg_len.shape[0] - 1)
+        routed = dataclasses.replace(
+            row, queue=row.queue.at[qslot].set(jnp.where(q_ok, i, row.queue[qslot])),
+            pending=row.pending.at[all_segs].add(1), tree=row.tree.at[all_segs].set(True))
+
+        # ---- iterate
+        it, side = self._iterate_row(row, r, m, params, s.n_admitted, a)
+
+        pick = lambda x0, xr, xi: jnp.where(is_route, xr, jnp.where(is_iter, xi, x0))
+        new_row = jax.tree.map(pick, row, routed, it)
+        rep = jax.tree.map(lambda x, v: x.at[g].set(v), s.rep, new_row)
+
+        # cache accounting for the replication factor
+        d = new_row.cached.astype(jnp.int32) - row.cached.astype(jnp.int32)
+        copies = s.copies + d
+        unique_tok = s.unique_tok + jnp.sum(((copies > 0).astype(jnp.int32) - (s.copies > 0)) * r.seg_len)
+        cache_tok = s.cache_tok.at[g].add(jnp.sum(d * r.seg_len))
+
+        # replica-level vectors
+        clock_r = jnp.where(jnp.isinf(s.clock[g]), a, s.clock[g])
+        clock = s.clock.at[g].set(pick(s.clock[g], clock_r, side["clock"]))
+        d_inf = jnp.where(is_route, 1.0, jnp.where(is_iter, -side["n_fin"], 0.0))
+        d_tok = jnp.where(is_route, size, jnp.where(is_iter, -side["tok_fin"], 0.0))
+        tree_add = jnp.where(is_route, jnp.sum(new_tree * r.seg_len[all_segs]).astype(jnp.float32), 0.0)
+        out = dict(
+            rep=rep, now=jnp.where(live, t, s.now), clock=clock, copies=copies, unique_tok=unique_tok,
+            cache_tok=cache_tok, rep_area=rep_area, rep_time=rep_time,
+            next_req=s.next_req + is_route, n_admitted=jnp.where(is_iter, side["n_admitted"], s.n_admitted),
+            inflight=s.inflight.at[g].add(d_inf), inflight_tok=s.inflight_tok.at[g].add(d_tok),
+            tree_size=s.tree_size.at[g].add(tree_add),
+            overflow=s.overflow | (is_route & ~q_ok) | (is_iter & side["overflow"]),
+        )
+        if self.stale_view:
+            vp = v_present.at[g, all_segs].set(v_present[g, all_segs] | is_route)
+            out.update(view_present=vp, view_inflight=v_inf.at[g].add(jnp.where(is_route, 1.0, 0.0)),
+                       view_tokens=v_tok.at[g].add(jnp.where(is_route, size, 0.0)),
+                       view_time=jnp.where(refresh, a, s.view_time))
+        # per-request records: point updates (out-of-range index n = no update)
+        nowhere = n
+        out.update(
+            rec_replica=s.rec_replica.at[jnp.where(is_route, i, nowhere)].set(g, mode="drop"),
+            rec_admit=s.rec_admit.at[jnp.where(is_iter & side["adm_go"], side["adm_id"], nowhere)].set(m, mode="drop"),
+            rec_cached=s.rec_cached.at[jnp.where(is_iter & side["adm_go"], side["adm_id"], nowhere)].set(
+                side["adm_tok"], mode="drop"),
+            rec_first=s.rec_first.at[jnp.where(is_iter & side["first"], side["rid"], nowhere)].set(
+                side["t_end"], mode="drop"),
+            rec_finish=s.rec_finish.at[jnp.where(is_iter & side["finished"], side["rid"], nowhere)].set(
+                side["t_end"], mode="drop"),
+        )
+        return dataclasses.replace(s, **out)
+
+    def _iterate_row(self, row: Replica, r: RequestTable, t: jax.Array, params: ReplicaParams,
+                     n_admitted: jax.Array, next_arrival: jax.Array):
+        """One iteration of one replica starting at time t: (new row, side outputs).
+
+        Event leaping (exact): after this iteration, if it had no event (no first token, no segment
+        completed, no finish) and the next iterations cannot admit anything (a prefilling request
+        still fills the whole chunk, or the queue is empty or blocked by memory/slots, which only a
+        finish frees), up to `leap` further iterations run in this step. They stop at the first
+        one that completes a segment or finishes a request (included), and never start at or after
+        the next arrival, so the events are exactly those of stepping one by one.
+        """
         m1 = r.seg_len.shape[0]
         seg_len = r.seg_len
-        prompt_all = jnp.sum(r.seg_tok, axis=1)  # [N]
         cap = params.kv_capacity
-        # LRU eviction order of this replica (valid for the whole admission phase: admissions only
-        # lock segments, and locked segments are never evictable).
-        ids = jnp.arange(m1)
-        order = jnp.lexsort((ids, -r.seg_depth, s.last_use[g]))
+        A = self.max_admit
+        cache_tok = jnp.sum(row.cached * seg_len)
+        unlocked_tok = jnp.sum((row.cached & (row.refcnt == 0)) * seg_len)
 
-        row = dict(cached=s.cached[g], refcnt=s.refcnt[g], last_use=s.last_use[g], queue=s.queue[g],
-                   run_req=s.run_req[g], run_pos=s.run_pos[g], run_gen=s.run_gen[g], run_nseg=s.run_nseg[g],
-                   run_res=s.run_res[g], run_seq=s.run_seq[g], n_admitted=s.n_admitted, stop=jnp.bool_(False),
-                   overflow=s.overflow, rec_admit=s.rec_admit, rec_cached=s.rec_cached)
-
-        def admit(_, c):
-            running = c["run_req"] >= 0
-            rid = jnp.maximum(c["run_req"], 0)
-            remaining = jnp.where(running, prompt_all[rid] - c["run_pos"], 0)
-            qv = c["queue"] >= 0
-            qid = jnp.maximum(c["queue"], 0)
+        def admit(k, c):
+            rw = c["row"]
+            running = rw.run_req >= 0
+            rid = jnp.maximum(rw.run_req, 0)
+            remaining = jnp.where(running, r.prompt_tok[rid] - rw.run_pos, 0)
+            qv = rw.queue >= 0
+            qid = jnp.maximum(rw.queue, 0)
             if self.local_order == "lpm":
-                _, qmatch = leading_match(c["cached"], r.seg_ids[qid], r.seg_tok[qid])  # [Q]
+                _, qmatch = leading_match(rw.cached, r.seg_ids[qid], r.seg_tok[qid])  # [Q]
                 best = qv & (qmatch == jnp.max(jnp.where(qv, qmatch, -1)))
-                qslot = jnp.argmin(jnp.where(best, c["queue"], jnp.iinfo(jnp.int32).max))
+                qslot = jnp.argmin(jnp.where(best, rw.queue, jnp.iinfo(jnp.int32).max))
             else:
-                qslot = jnp.argmin(jnp.where(qv, c["queue"], jnp.iinfo(jnp.int32).max))
+                qslot = jnp.argmin(jnp.where(qv, rw.queue, jnp.iinfo(jnp.int32).max))
             has = jnp.any(qv)
             cand = qid[qslot]
             segs, tok = r.seg_ids[cand], r.seg_tok[cand]
-            nmatch, mtok = leading_match(c["cached"], segs, tok)
-            need = prompt_all[cand] - mtok + r.out_tok[cand]
-            used = jnp.sum(c["cached"] * seg_len) + jnp.sum(c["run_res"])
-            free = cap - used
+            nmatch, mtok = leading_match(rw.cached, segs, tok)
+            need = r.prompt_tok[cand] - mtok + r.out_tok[cand]
+            free = cap - c["cache_tok"] - jnp.sum(rw.run_res)
             pos = jnp.arange(segs.shape[0])
-            in_prefix = jnp.zeros(m1, bool).at[segs].max(pos < nmatch)
-            evictable = c["cached"] & (c["refcnt"] == 0) & ~in_prefix
-            fits = need <= free + jnp.sum(evictable * seg_len)
+            in_prefix = pos < nmatch
+            prefix_unlocked = in_prefix & (rw.refcnt[segs] == 0)
+            evictable_tok = c["unlocked_tok"] - jnp.sum(prefix_unlocked * tok)
+            fits = need <= free + evictable_tok
             free_slot = ~running
             has_slot = jnp.any(free_slot)
             budget = jnp.sum(remaining) < self.chunk
             go = ~c["stop"] & has & budget & has_slot & fits
             full = ~c["stop"] & has & budget & fits & ~has_slot
-            # evict LRU (leaves first) until the request fits
-            deficit = jnp.maximum(need - free, 0)
-            ev_sorted = evictable[order]
-            len_sorted = seg_len[order] * ev_sorted
-            before = jnp.cumsum(len_sorted) - len_sorted
-            evict = jnp.zeros(m1, bool).at[order].set(ev_sorted & (before < deficit)) & go
-            lock = (pos < nmatch) & go
+            blocked = ~c["stop"] & has & budget & (~fits | ~has_slot)
+            lock = in_prefix & go
+            refcnt = rw.refcnt.at[segs].add(lock.astype(jnp.int32))
+            deficit = jnp.where(go, jnp.maximum(need - free, 0), 0)
+            evict, freed = _evict_lru(rw.cached & (refcnt == 0), rw.last_use, r.seg_depth, seg_len, deficit)
             slot = jnp.argmax(free_slot)
             upd = lambda x, v: x.at[slot].set(jnp.where(go, v, x[slot]))
-            return dict(
-                cached=c["cached"] & ~evict,
-                refcnt=c["refcnt"].at[segs].add(lock.astype(jnp.int32)),
-                last_use=c["last_use"].at[segs].set(jnp.where(lock, t, c["last_use"][segs])),
-                queue=c["queue"].at[qslot].set(jnp.where(go, -1, c["queue"][qslot])),
-                run_req=upd(c["run_req"], cand), run_pos=upd(c["run_pos"], mtok), run_gen=upd(c["run_gen"], 0),
-                run_nseg=upd(c["run_nseg"], nmatch), run_res=upd(c["run_res"], need),
-                run_seq=upd(c["run_seq"], c["n_admitted"]), n_admitted=c["n_admitted"] + go,
-                stop=c["stop"] | ~go, overflow=c["overflow"] | full,
-                rec_admit=c["rec_admit"].at[cand].set(jnp.where(go, t, c["rec_admit"][cand])),
-                rec_cached=c["rec_cached"].at[cand].set(jnp.where(go, mtok, c["rec_cached"][cand])))
+            rw = dataclasses.replace(
+                rw, cached=rw.cached & ~evict, refcnt=refcnt,
+                last_use=rw.last_use.at[segs].set(jnp.where(lock, t, rw.last_use[segs])),
+                queue=rw.queue.at[qslot].set(jnp.where(go, -1, rw.queue[qslot])),
+                run_req=upd(rw.run_req, cand), run_pos=upd(rw.run_pos, mtok), run_gen=upd(rw.run_gen, 0),
+                run_nseg=upd(rw.run_nseg, nmatch), run_res=upd(rw.run_res, need),
+                run_seq=upd(rw.run_seq, c["n_admitted"]))
+            return dict(row=rw, n_admitted=c["n_admitted"] + go, stop=c["stop"] | ~go,
+                        blocked=c["blocked"] | blocked, overflow=c["overflow"] | full,
+                        cache_tok=c["cache_tok"] - freed,
+                        unlocked_tok=c["unlocked_tok"] - freed - jnp.sum(jnp.where(go, prefix_unlocked * tok, 0)),
+                        adm_go=c["adm_go"].at[k].set(go), adm_id=c["adm_id"].at[k].set(cand),
+                        adm_tok=c["adm_tok"].at[k].set(mtok))
 
-        c = jax.lax.fori_loop(0, self.max_admit, admit, row)
+        c0 = dict(row=row, n_admitted=n_admitted, stop=jnp.bool_(False), blocked=jnp.bool_(False),
+                  overflow=jnp.bool_(False), cache_tok=cache_tok, unlocked_tok=unlocked_tok,
+                  adm_go=jnp.zeros(A, bool), adm_id=jnp.zeros(A, jnp.int32), adm_tok=jnp.zeros(A, jnp.int32))
+        c = jax.lax.fori_loop(0, A, admit, c0)
+        rw = c["row"]
 
-        # ---- the batch
-        running = c["run_req"] >= 0
-        rid = jnp.maximum(c["run_req"], 0)
-        prompt = jnp.where(running, prompt_all[rid], 0)
-        pos, gen = c["run_pos"], c["run_gen"]
+        # ---- the batch: prefill chunks in admission order share `chunk`; finished prefills decode
+        running = rw.run_req >= 0
+        rid = jnp.maximum(rw.run_req, 0)
+        prompt = jnp.where(running, r.prompt_tok[rid], 0)
+        pos, gen = rw.run_pos, rw.run_gen
         remaining = prompt - pos
         prefilling = running & (remaining > 0)
         decoding = running & (remaining == 0)
-        rank = jnp.argsort(jnp.where(prefilling, c["run_seq"], jnp.iinfo(jnp.int32).max))
-        rem_sorted = jnp.where(prefilling, remaining, 0)[rank]
-        before = jnp.cumsum(rem_sorted) - rem_sorted
-        alloc = jnp.zeros_like(pos).at[rank].set(jnp.clip(self.chunk - before, 0, rem_sorted))
+        rem = jnp.where(prefilling, remaining, 0)
+        earlier = rw.run_seq[None, :] < rw.run_seq[:, None]  # [B, B]: j admitted before i
+        before = jnp.sum(earlier * rem[None, :], axis=1)
+        alloc = jnp.clip(self.chunk - before, 0, rem)
         dt = cost_models.step_time(params.cost, alloc.astype(jnp.float32), pos.astype(jnp.float32), alloc > 0,
                                    (prompt + gen).astype(jnp.float32), decoding)
         t_end = t + dt
         new_pos = pos + alloc
-
-        # ---- segments completed by this iteration enter the cache
-        segs = r.seg_ids[rid]  # [B, S]
-        tok = r.seg_tok[rid]
-        seg_end = jnp.cumsum(tok, axis=1)
-        spos = jnp.arange(segs.shape[1])[None, :]
-        nseg_new = jnp.where(running, jnp.sum((seg_end <= new_pos[:, None]) & (tok > 0), axis=1), 0)
-        newly = (spos >= c["run_nseg"][:, None]) & (spos < nseg_new[:, None]) & running[:, None]
-        touch_ins = (spos < nseg_new[:, None]) & jnp.any(newly, axis=1, keepdims=True)
-        cached = c["cached"].at[segs].max(newly)
-        refcnt = c["refcnt"].at[segs].add(newly.astype(jnp.int32))
-        run_res = c["run_res"] - jnp.sum(newly * tok, axis=1)
-        last_use = c["last_use"].at[segs].max(jnp.where(touch_ins, t_end, -INF))
-
-        # ---- tokens and finishes
         first = prefilling & (new_pos >= prompt)
         new_gen = gen + (first | decoding)
         out = r.out_tok[rid]
+
+        segs, tok = r.seg_ids[rid], r.seg_tok[rid]  # [B, S]
+        seg_end = jnp.cumsum(tok, axis=1)
+        spos = jnp.arange(segs.shape[1])[None, :]
+
+        def completed_segments(p):
+            return jnp.where(running, jnp.sum((seg_end <= p[:, None]) & (tok > 0), axis=1), 0)
+
+        # ---- event leap: further iterations in which nothing but token counts change
+        if self.leap > 0:
+            big = jnp.iinfo(jnp.int32).max
+            left = jnp.where(decoding, out - new_gen, big)  # iterations until each decoder finishes
+            first_fin = jnp.min(left)
+            pre = running & (new_pos < prompt)  # still prefilling
+            has_f = jnp.any(pre)
+            f = jnp.argmin(jnp.where(pre, rw.run_seq, big))  # the one that gets the whole chunk
+            rem_f = prompt[f] - new_pos[f]
+            bound = jnp.min(jnp.where((seg_end[f] > new_pos[f]) & (tok[f] > 0), seg_end[f], big))
+            j_seg = (bound - new_pos[f] + self.chunk - 1) // self.chunk  # iteration completing a segment
+            eventless = (~jnp.any(first) & jnp.all(completed_segments(new_pos) == rw.run_nseg)
+                         & (first_fin > 0))
+            # admission stays impossible: the chunk is full (rem_f > chunk), or the queue is empty or
+            # blocked by memory/slots (which only a finish can free)
+            quiet = eventless & (has_f | (jnp.any(decoding) & (~jnp.any(rw.queue >= 0) | c["blocked"])))
+            j = jnp.arange(1, self.leap + 1)
+            is_f = (jnp.arange(pos.shape[0]) == f) & has_f
+            ctx = (prompt + new_gen).astype(jnp.float32)
+            alloc_f = jnp.where(is_f, self.chunk, 0).astype(jnp.float32)
+
+            def dt_j(jj):
+                shift = (jj - 1).astype(jnp.float32)
+                return cost_models.step_time(params.cost, alloc_f, new_pos.astype(jnp.float32) + shift * alloc_f,
+                                             alloc_f > 0, ctx + shift, decoding)
+
+            dts = jax.vmap(dt_j)(j)
+            ends = t_end + jnp.cumsum(dts)
+            prefill_ok = ~has_f | ((rem_f - (j - 1) * self.chunk > self.chunk) & (j <= j_seg))
+            ok = quiet & (j <= first_fin) & (ends - dts < next_arrival) & prefill_ok
+            k = jnp.sum(ok)  # ok is a prefix of j
+            t_end = jnp.where(k > 0, ends[jnp.maximum(k - 1, 0)], t_end)
+            new_gen = new_gen + jnp.where(decoding, k, 0)
+            new_pos = new_pos + jnp.where(is_f, k * self.chunk, 0)
+
+        # ---- segments completed by this iteration enter the cache (locked), prefix touched
+        nseg_new = completed_segments(new_pos)
+        newly = (spos >= rw.run_nseg[:, None]) & (spos < nseg_new[:, None]) & running[:, None]
+        touch = (spos < nseg_new[:, None]) & jnp.any(newly, axis=1, keepdims=True)
+        cached = rw.cached.at[segs].max(newly)
+        refcnt = rw.refcnt.at[segs].add(newly.astype(jnp.int32))
+        run_res = rw.run_res - jnp.sum(newly * tok, axis=1)
+        last_use = rw.last_use.at[segs].max(jnp.where(touch, t_end, -INF))
+
+        # ---- finishes
         finished = running & (new_gen >= out)
         fin_seg = finished[:, None] & (tok > 0)
         refcnt = refcnt.at[segs].add(-fin_seg.astype(jnp.int32))
@@ -339,31 +450,18 @@ class ReplicaCluster:
         keep_out = finished & (out_seg < m1 - 1)
         cached = cached.at[out_seg].max(keep_out)
         last_use = last_use.at[out_seg].max(jnp.where(keep_out, t_end, -INF))
-        run_res = jnp.where(finished, 0, run_res)
-        safe = jnp.where(running, c["run_req"], r.arrival_s.shape[0])  # out-of-range ids are dropped
-        rec_first = s.rec_first.at[jnp.where(first, safe, r.arrival_s.shape[0])].set(t_end, mode="drop")
-        rec_finish = s.rec_finish.at[jnp.where(finished, safe, r.arrival_s.shape[0])].set(t_end, mode="drop")
-        # router-side bookkeeping of finished requests
         all_segs = jnp.concatenate([segs, out_seg[:, None]], axis=1)
-        fin_all = jnp.concatenate([fin_seg | (finished[:, None] & (tok == 0)), finished[:, None]], axis=1)
-        pending_g = s.pending[g].at[all_segs].add(-fin_all.astype(jnp.int32))
-        n_fin = jnp.sum(finished).astype(jnp.float32)
-        tok_fin = jnp.sum(jnp.where(finished, prompt + out, 0)).astype(jnp.float32)
-
-        run_req = jnp.where(finished, -1, c["run_req"])
-        busy = jnp.any(run_req >= 0) | jnp.any(c["queue"] >= 0)
-        return dataclasses.replace(
-            s, clock=s.clock.at[g].set(jnp.where(busy, t_end, INF)),
-            queue=_set_row(s.queue, g, c["queue"]),
-            run_req=_set_row(s.run_req, g, run_req), run_pos=_set_row(s.run_pos, g, new_pos),
-            run_gen=_set_row(s.run_gen, g, new_gen), run_nseg=_set_row(s.run_nseg, g, nseg_new),
-            run_res=_set_row(s.run_res, g, run_res), run_seq=_set_row(s.run_seq, g, c["run_seq"]),
-            n_admitted=c["n_admitted"], cached=_set_row(s.cached, g, cached),
-            refcnt=_set_row(s.refcnt, g, refcnt), last_use=_set_row(s.last_use, g, last_use),
-            pending=_set_row(s.pending, g, pending_g),
-            inflight=s.inflight.at[g].add(-n_fin), inflight_tok=s.inflight_tok.at[g].add(-tok_fin),
-            rec_admit=c["rec_admit"], rec_cached=c["rec_cached"], rec_first=rec_first, rec_finish=rec_finish,
-            overflow=c["overflow"])
+        pending = rw.pending.at[all_segs].add(-jnp.broadcast_to(finished[:, None], all_segs.shape).astype(jnp.int32))
+        run_req = jnp.where(finished, -1, rw.run_req)
+        busy = jnp.any(run_req >= 0) | jnp.any(rw.queue >= 0)
+        new_row = dataclasses.replace(
+            rw, cached=cached, refcnt=refcnt, last_use=last_use, pending=pending, run_req=run_req,
+            run_pos=new_pos, run_gen=new_gen, run_nseg=nseg_new, run_res=jnp.where(finished, 0, run_res))
+        side = dict(clock=jnp.where(busy, t_end, INF), t_end=t_end, n_admitted=c["n_admitted"],
+                    overflow=c["overflow"], adm_go=c["adm_go"], adm_id=c["adm_id"], adm_tok=c["adm_tok"],
+                    rid=rid, first=first, finished=finished, n_fin=jnp.sum(finished).astype(jnp.float32),
+                    tok_fin=jnp.sum(jnp.where(finished, prompt + out, 0)).astype(jnp.float32))
+        return new_row, side
 
     # ------------------------------------------------------------------ results
 
@@ -371,14 +469,14 @@ class ReplicaCluster:
         r = state.req
         n = r.arrival_s.shape[0]
         done = jnp.isfinite(state.rec_finish)
-        prompt = jnp.sum(r.seg_tok, axis=1)
+        prompt = r.prompt_tok
         lat = state.rec_finish - r.arrival_s
         ttft = state.rec_first - r.arrival_s
         multi = done & (r.out_tok > 1)
         tpot = (state.rec_finish - state.rec_first) / jnp.maximum(r.out_tok - 1, 1)
         arrived = state.next_req
-        in_queue = jnp.sum(state.queue >= 0)
-        running = jnp.sum(state.run_req >= 0)
+        in_queue = jnp.sum(state.rep.queue >= 0)
+        running = jnp.sum(state.rep.run_req >= 0)
         completed = jnp.sum(done)
         routed = jnp.maximum(jnp.sum(state.rec_replica >= 0), 1)
         share = jnp.max(jnp.sum(state.rec_replica[None, :] == jnp.arange(self.n_replicas)[:, None], axis=1)) / routed

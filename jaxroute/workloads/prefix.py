@@ -61,6 +61,7 @@ class RequestTable:
     out_seg: jax.Array  # [N] int32 segment id the output becomes in the cache (n_segments = not kept)
     seg_len: jax.Array  # [n_segments + 1] int32 tokens of each segment id (dummy last = 0)
     seg_depth: jax.Array  # [n_segments + 1] int32 position of each id in any prompt (tree depth)
+    prompt_tok: jax.Array  # [N] int32 prompt tokens (sum of seg_tok)
 
 
 def _zipf(n: int, s: float) -> np.ndarray:
@@ -141,7 +142,8 @@ class SyntheticPrefixWorkload:
         seg_depth = jnp.concatenate([self.shared_depth, self.unit_slot_depth[units].reshape(-1), zero])
         return RequestTable(arr[order].astype(jnp.float32), seg_ids, tok.astype(jnp.int32),
                             self.unit_out[u, r].astype(jnp.int32), out_seg,
-                            seg_len.astype(jnp.int32), seg_depth.astype(jnp.int32))
+                            seg_len.astype(jnp.int32), seg_depth.astype(jnp.int32),
+                            jnp.sum(tok, axis=1).astype(jnp.int32))
 
 
 @dataclasses.dataclass
@@ -333,7 +335,8 @@ def _trace_workload(name: str, trace: Trace, segs: list[list[tuple[int, int]]], 
     steps = int(n + sum(math.ceil(int(p) / chunk) + int(o) - 1 for p, o in zip(trace.prompt_tokens, out, strict=True)))
     table = RequestTable(jnp.asarray(trace.arrival_s, jnp.float32), jnp.asarray(ids), jnp.asarray(tok),
                          jnp.asarray(out), jnp.full((n,), n_seg, jnp.int32),
-                         jnp.asarray(np.append(seg_len, 0), jnp.int32), jnp.asarray(np.append(depth, 0), jnp.int32))
+                         jnp.asarray(np.append(seg_len, 0), jnp.int32), jnp.asarray(np.append(depth, 0), jnp.int32),
+                         jnp.asarray(tok.sum(1), jnp.int32))
     return TracePrefixWorkload(table, name=name, native_rate=native, n_segments=n_seg, step_total=steps)
 
 
