@@ -77,7 +77,8 @@ def item_041(args, key):
     print(f"C+C train {cc.mean():.2f} (lecture 0.45); A+C {ac.mean():.2f} (0.44); C+B {cb.mean():.2f} (0.44); "
           f"A+B {ab.mean():.2f} (pool means)")
     print(f"C+C is a local optimum (no single swap is better) in {local_opt.sum()}/{len(cc)} pools "
-          f"(strictly better than every swap in {strict.sum()}); A+B is the train optimum in {best_is_ab.sum()}/{len(cc)}")
+          f"(strictly: A+C < C+C in {(ac < cc).sum()}, C+B < C+C in {(cb < cc).sum()}, both in {strict.sum()}; "
+          f"otherwise ties); A+B is the train optimum in {best_is_ab.sum()}/{len(cc)}")
 
     # every start x q in {1, 0.8}: one compiled call per optimizer
     qs = (1.0, 0.8)
