@@ -88,10 +88,22 @@ def make_params(policy: str, *, n_workers: int, dispatch: str | None = None, pre
                 alpha: float = DEFAULT_ALPHA, beta: float | None = None, gamma: float = DEFAULT_GAMMA,
                 arrival: str = "saturated", rate: float = 1.0) -> DecodeParams:
     """Params for one row; beta defaults to G; dispatch defaults to the policy's own mode."""
+    from jaxroute.errors import JaxrouteError
+
+    pid = balance.policy_id(policy)
+    if dispatch is not None and dispatch not in balance.DISPATCH_MODES:
+        raise JaxrouteError(f"unknown dispatch mode '{dispatch}'; choose from: {', '.join(balance.DISPATCH_MODES)}")
+    if arrival not in ARRIVALS:
+        raise JaxrouteError(f"unknown arrival mode '{arrival}'; choose from: {', '.join(ARRIVALS)}")
+    if arrival == "poisson" and not (math.isfinite(rate) and rate > 0):
+        raise JaxrouteError(f"Poisson arrival rate must be positive and finite, got {rate}")
+    for name, v in (("alpha", alpha), ("beta", beta), ("gamma", gamma)):
+        if v is not None and not (math.isfinite(v) and v >= 0):
+            raise JaxrouteError(f"BR-H {name} must be a finite non-negative number, got {v}")
     disp = balance.default_dispatch(policy) if dispatch is None else balance.DISPATCH_MODES.index(dispatch)
     f32 = lambda x: jnp.asarray(x, jnp.float32)
     i32 = lambda x: jnp.asarray(x, jnp.int32)
-    return DecodeParams(i32(balance.policy_id(policy)), i32(disp), i32(predictor), f32(alpha),
+    return DecodeParams(i32(pid), i32(disp), i32(predictor), f32(alpha),
                         f32(n_workers if beta is None else beta), f32(gamma), i32(ARRIVALS.index(arrival)), f32(rate))
 
 
@@ -444,6 +456,9 @@ class DPDecodeModel:
             "overflow_steps": incomplete,
             "overflow": st.kv_overflow | incomplete,
             "conservation_error": (req_err + tok_err).astype(jnp.int32),
+            "request_worker": st.worker_of,
+            "request_admit_s": st.admit_t,
+            "request_finish_s": jnp.where(done, st.finish_t, -1.0),
             "trace_kv": st.trace_kv,
             "trace_t": st.trace_t,
         }

@@ -35,6 +35,10 @@ DISPATCH_MODES = ("immediate", "pooled")
 
 
 def policy_id(name: str) -> int:
+    if name not in POLICIES:
+        from jaxroute.errors import JaxrouteError
+
+        raise JaxrouteError(f"unknown decode policy '{name}'; choose from: {', '.join(POLICIES)}")
     return POLICIES.index(name)
 
 

@@ -1,0 +1,294 @@
+"""Slow, plain-Python reference of the decode DP barrier simulator and its routers.
+
+It follows the rules in jaxroute/clusters/dp_decode.py and jaxroute/routers/balance.py
+step by step with Python lists, so the jitted model can be checked against it exactly on
+small cases. Random draws (router coin flips, Poisson gaps) come from the same JAX keys;
+time is accumulated in float32 like the model; per-worker step times come from the shared
+cost model. BR-0/BR-H scores are computed directly from their definitions.
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+
+from jaxroute import cost_models
+from jaxroute.routers import balance
+
+F32 = np.float32
+
+
+def _score(x, margins_g, took_g, alpha, beta, d):
+    """F = α (1ᵀd) x - β Σ_h d_h (x - (m_{g,h} - took_g))_+ (definition, with this step's own bindings)."""
+    pen = sum(dh * max(x - (m - took_g), 0.0) for m, dh in zip(margins_g, d, strict=True))
+    return alpha * sum(d) * x - beta * pen
+
+
+def _choose(policy, key, counts, kv, rr_next, eligible, single):
+    g = len(counts)
+    if policy in (balance.RANDOM, balance.P2C):
+        u = np.asarray(jax.random.uniform(key, (g,)))
+        u = [float(u[i]) if eligible[i] else -1.0 for i in range(g)]
+        first = int(np.argmax(u))
+        if policy == balance.RANDOM:
+            return first
+        u2 = [(-1.0 if i == first else u[i]) for i in range(g)]
+        second = int(np.argmax(u2))
+        if u[second] < 0:
+            second = first
+        return second if counts[second] < counts[first] else first
+    elig = [i for i in range(g) if eligible[i]]
+    if policy == balance.RR:
+        return min(elig, key=lambda i: (i - rr_next) % g)
+    if policy == balance.JSQ:
+        return min(elig, key=lambda i: (counts[i], i))
+    if policy == balance.LEAST_KV:
+        return min(elig, key=lambda i: (kv[i], i))
+    best = max(single[i] for i in elig)
+    return min(i for i in elig if single[i] == best)
+
+
+def _pick_worker(free, took, m0, allowed):
+    cands = [g for g in range(len(free)) if allowed[g]]
+    if not cands:
+        return None
+    top = max(free[g] for g in cands)
+    cands = [g for g in cands if free[g] == top]
+    best = max(m0[g] - took[g] for g in cands)
+    return min(g for g in cands if m0[g] - took[g] == best)
+
+
+def balance_dispatch_ref(pool_s, loads_h, free, room, alpha, beta, d, window, max_iters):
+    """Two-stage BalanceRoute binding. pool_s: list of prompt sizes (oldest first). Returns assign list."""
+    g_n = len(loads_h)
+    hzn = len(d)
+    env = [max(loads_h[g][h] for g in range(g_n)) for h in range(hzn)]
+    margins = [[env[h] - loads_h[g][h] for h in range(hzn)] for g in range(g_n)]
+    m0 = [margins[g][0] for g in range(g_n)]
+    free, room = list(free), list(room)
+    took = [0.0] * g_n
+    assign = [-1] * len(pool_s)
+    if sum(free) >= len(pool_s):  # stage 1
+        blocked = [False] * g_n
+        it = 0
+        while it < max_iters and any(a < 0 for a in assign) and any(free[g] > 0 and not blocked[g] for g in range(g_n)):
+            g = _pick_worker(free, took, m0, [free[i] > 0 and not blocked[i] for i in range(g_n)])
+            best, best_f = None, -np.inf
+            for i, s in enumerate(pool_s):
+                if assign[i] < 0 and s <= room[g]:
+                    f = _score(s, margins[g], took[g], alpha, beta, d)
+                    if f > best_f:
+                        best, best_f = i, f
+            if best is None:
+                blocked[g] = True
+            else:
+                assign[best] = g
+                free[g] -= 1
+                room[g] -= pool_s[best]
+                took[g] += pool_s[best]
+            it += 1
+        return assign
+    done = [False] * g_n
+    for _ in range(g_n):  # stage 2
+        g = _pick_worker(free, took, m0, [free[i] > 0 and not done[i] for i in range(g_n)])
+        if g is None:
+            break
+        waiting = [i for i in range(len(pool_s)) if assign[i] < 0][:window]
+        best, best_f, single, single_f = (), -np.inf, None, -np.inf
+        for r in range(2 ** window):  # subsets in bitmask order, first maximum wins
+            members = [waiting[j] for j in range(window) if (r >> j) & 1 and j < len(waiting)]
+            if any((r >> j) & 1 for j in range(len(waiting), window)):
+                continue
+            ds = sum(pool_s[i] for i in members)
+            if len(members) > free[g] or ds > room[g]:
+                continue
+            f = _score(ds, margins[g], took[g], alpha, beta, d)
+            if f > best_f:
+                best, best_f = tuple(members), f
+            if len(members) == 1 and f > single_f:
+                single, single_f = members[0], f
+        chosen = list(best) if best_f > 0 else ([single] if single is not None else [])
+        for i in chosen:
+            assign[i] = g
+            free[g] -= 1
+            room[g] -= pool_s[i]
+            took[g] += pool_s[i]
+        done[g] = True
+    return assign
+
+
+def predicted_loads_ref(slots, gen, prompt, output, horizon, predictor):
+    """Direct L_g(k+h) = Σ (s + j + h) * presence(h); oracle or none predictor only."""
+    out = []
+    for g in range(len(slots)):
+        row = []
+        for h in range(horizon + 1):
+            tot = 0.0
+            for r, j in zip(slots[g], gen[g], strict=True):
+                if r is None:
+                    continue
+                rem = output[r] - j
+                if h == 0:
+                    pres = 1.0
+                elif predictor == 0:  # none: p_fin = 0
+                    pres = 1.0
+                else:  # oracle: p_fin = [rem <= H], mu = rem
+                    p = 1.0 if rem <= horizon else 0.0
+                    mu = rem if rem <= horizon else 0.0
+                    pres = (1 - p) + p * min(max(mu - h, 0.0), 1.0)
+                tot += (prompt[r] + j + h) * pres
+            row.append(tot)
+        out.append(row)
+    return out
+
+
+def simulate(key, prompt, output, trace_arrival, *, n_workers, slots, pool, window, horizon, r_max, kv_capacity,
+             max_steps, cost, collective_s, policy, dispatch, predictor=1, alpha=1.0, beta=None, gamma=0.95,
+             arrival=0, rate=1.0):
+    """Run the reference; returns per-request (worker, admit_t, finish_t, done) and metrics."""
+    n, g_n = len(prompt), n_workers
+    beta = float(n_workers) if beta is None else beta
+    key, k_arr = jax.random.split(key)
+    gaps = jax.random.exponential(k_arr, (n,)) / max(rate, 1e-12)
+    poisson_t = np.asarray(jax.numpy.cumsum(gaps) - gaps[0], np.float32)
+    arr = [F32(0.0)] * n if arrival == 0 else ([F32(x) for x in poisson_t] if arrival == 1 else
+                                               [F32(x) for x in trace_arrival])
+    if policy == balance.BR0:
+        a, b, d = 1.0, float(n_workers), [1.0] + [0.0] * horizon
+    else:
+        a, b, d = alpha, beta, [float(F32(gamma) ** F32(h)) for h in range(horizon + 1)]
+    t = F32(0.0)
+    next_in, rr = 0, 0
+    pool_ids: list[int] = []
+    queues: list[list[int]] = [[] for _ in range(g_n)]
+    slot = [[None] * slots for _ in range(g_n)]
+    gen = [[0] * slots for _ in range(g_n)]
+    admit_t, finish_t = [0.0] * n, [0.0] * n
+    done, worker_of = [False] * n, [-1] * n
+    tokens_out = steps = 0
+    sum_imb = sum_idle = 0.0
+    kv_overflow = False
+    pooled = dispatch == balance.POOLED
+
+    def loads():
+        return [float(sum(prompt[r] + j for r, j in zip(slot[g], gen[g], strict=True) if r is not None))
+                for g in range(g_n)]
+
+    def place(ids, workers):
+        for rid, w in zip(ids, workers, strict=True):
+            s = slot[w].index(None)
+            slot[w][s], gen[w][s] = rid, 0
+            admit_t[rid], worker_of[rid] = float(t), w
+
+    for _ in range(max_steps):
+        if all(done):
+            break
+        key, k_in, k_out = jax.random.split(key, 3)
+        n_arrived = sum(1 for x in arr if x <= t)
+        n_act = [sum(r is not None for r in slot[g]) for g in range(g_n)]
+        load = loads()
+        lh = predicted_loads_ref(slot, gen, prompt, output, horizon, predictor)
+        take = max(0, min(n_arrived - next_in, pool - len(pool_ids) - sum(map(len, queues))))
+        if pooled:
+            pool_ids += list(range(next_in, next_in + take))
+        else:
+            q_load = [float(sum(prompt[r] for r in queues[g])) for g in range(g_n)]
+            lhq = [[lh[g][h] + q_load[g] for h in range(horizon + 1)] for g in range(g_n)]
+            env = [max(lhq[g][h] for g in range(g_n)) for h in range(horizon + 1)]
+            margins = [[env[h] - lhq[g][h] for h in range(horizon + 1)] for g in range(g_n)]
+            counts = [n_act[g] + len(queues[g]) for g in range(g_n)]
+            kv = [load[g] + q_load[g] for g in range(g_n)]
+            took = [0.0] * g_n
+            k = k_in
+            for i in range(take):
+                k, sub = jax.random.split(k)
+                rid = next_in + i
+                s = float(prompt[rid])
+                single = [_score(s, margins[g], took[g], a, b, d) for g in range(g_n)]
+                gi = _choose(policy, sub, counts, kv, rr, [True] * g_n, single)
+                queues[gi].append(rid)
+                counts[gi] += 1
+                kv[gi] += s
+                took[gi] += s
+                rr = (gi + 1) % g_n
+        next_in += take
+        free = [min(slots - n_act[g], r_max) for g in range(g_n)]
+        room = [kv_capacity - load[g] for g in range(g_n)]
+        if pooled:
+            sizes = [float(prompt[r]) for r in pool_ids]
+            if policy in (balance.BR0, balance.BRH):
+                assign = balance_dispatch_ref(sizes, lh, free, room, a, b, d, window, g_n * r_max)
+            else:
+                assign = [-1] * len(pool_ids)
+                counts, kv = [float(c) for c in n_act], list(load)
+                k, it = k_out, 0
+                while it < g_n * r_max and any(x < 0 for x in assign):
+                    head = assign.index(-1)
+                    elig = [free[g] > 0 and sizes[head] <= room[g] for g in range(g_n)]
+                    if not any(elig):
+                        break
+                    k, sub = jax.random.split(k)
+                    gi = _choose(policy, sub, counts, kv, rr, elig, [0.0] * g_n)
+                    assign[head] = gi
+                    counts[gi] += 1
+                    kv[gi] += sizes[head]
+                    free[gi] -= 1
+                    room[gi] -= sizes[head]
+                    rr = (gi + 1) % g_n
+                    it += 1
+            chosen = [(r, w) for r, w in zip(pool_ids, assign, strict=True) if w >= 0]
+            place([r for r, _ in chosen], [w for _, w in chosen])
+            pool_ids = [r for r, w in zip(pool_ids, assign, strict=True) if w < 0]
+        else:
+            for g in range(g_n):
+                took_kv, admitted = 0, []
+                for j, rid in enumerate(queues[g][:r_max]):
+                    if j >= free[g] or took_kv + prompt[rid] > room[g]:
+                        break
+                    took_kv += prompt[rid]
+                    admitted.append(rid)
+                place(admitted, [g] * len(admitted))
+                queues[g] = queues[g][len(admitted):]
+        # decode
+        n_act = [sum(r is not None for r in slot[g]) for g in range(g_n)]
+        load = loads()
+        any_active = sum(n_act) > 0
+        waiting = len(pool_ids) + sum(map(len, queues))
+        if any_active:
+            per = [F32(cost_models.decode_step_time(cost, F32(n_act[g]), F32(load[g]) / F32(max(n_act[g], 1))))
+                   for g in range(g_n)]
+            dt = F32(max(per) + F32(collective_s))
+            t_end = F32(t + dt)
+            m = max(load)
+            sum_imb += m - min(load)
+            sum_idle += g_n * m - sum(load)
+            steps += 1
+            for g in range(g_n):
+                for s_i in range(slots):
+                    r = slot[g][s_i]
+                    if r is None:
+                        continue
+                    gen[g][s_i] += 1
+                    tokens_out += 1
+                    if gen[g][s_i] >= output[r]:
+                        finish_t[r], done[r] = float(t_end), True
+                        slot[g][s_i], gen[g][s_i] = None, 0
+            kv_overflow |= any(x > kv_capacity for x in loads())
+            t = t_end
+        elif waiting == 0 and next_in < n:
+            t = max(t, arr[next_in])
+    tp = np.array([(finish_t[i] - admit_t[i]) / output[i] for i in range(n) if done[i]])
+    makespan = max([finish_t[i] for i in range(n) if done[i]], default=0.0)
+    return {
+        "worker": np.array(worker_of), "admit_t": np.array(admit_t), "finish_t": np.array(finish_t),
+        "done": np.array(done), "imbalance_tokens": sum_imb / max(steps, 1),
+        "barrier_idle_tokens": sum_idle / max(steps, 1), "steps": steps, "tokens_out": tokens_out,
+        "tpot_p95_s": float(np.percentile(tp, 95)) if len(tp) else 0.0,
+        "throughput_tok_s": tokens_out / max(makespan, 1e-9), "kv_overflow": kv_overflow,
+    }
+
+
+def subsets(window):
+    """All subsets of range(window) in bitmask order (for tests)."""
+    return [tuple(j for j in range(window) if (r >> j) & 1) for r in range(2 ** window)]
+
