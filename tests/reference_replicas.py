@@ -1,0 +1,322 @@
+"""Slow, obviously-correct reference of the replica cluster: a real radix tree + LRU per replica.
+
+Plain Python objects and loops, one request at a time. It consumes a realised `RequestTable`
+(same random draws as the jitted model) and uses `cost_models.step_time` for iteration times, so
+per-request times can be compared exactly (float32 arithmetic, like the jitted model).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import numpy as np
+
+from jaxroute import cost_models
+
+F32 = np.float32
+POLICIES = ("rr", "least_load", "least_tokens", "affinity", "threshold", "cache_guard", "sglang_cache_aware")
+
+
+@dataclasses.dataclass
+class Node:
+    seg: int
+    tokens: int
+    depth: int
+    parent: Node | None
+    children: dict = dataclasses.field(default_factory=dict)
+    refcnt: int = 0
+    last_use: float = 0.0
+
+
+class RadixCache:
+    """One replica's prefix cache: a tree of segments; LRU eviction of unlocked leaves."""
+
+    def __init__(self):
+        self.root = Node(-1, 0, -1, None)
+        self.nodes: dict[int, Node] = {}
+        self.n_evicted = 0
+
+    def match(self, segs) -> list[Node]:
+        path, node = [], self.root
+        for sid, _ in segs:
+            child = node.children.get(sid)
+            if child is None:
+                break
+            path.append(child)
+            node = child
+        return path
+
+    def insert(self, parent: Node, sid: int, tokens: int, depth: int) -> Node:
+        node = parent.children.get(sid)
+        if node is None:
+            node = Node(sid, tokens, depth, parent)
+            parent.children[sid] = node
+            self.nodes[sid] = node
+        return node
+
+    def tokens(self) -> int:
+        return sum(n.tokens for n in self.nodes.values())
+
+    def evictable_tokens(self, exclude: set) -> int:
+        return sum(n.tokens for n in self.nodes.values() if n.refcnt == 0 and n.seg not in exclude)
+
+    def evict_one(self, exclude: set) -> None:
+        leaves = [n for n in self.nodes.values() if n.refcnt == 0 and not n.children and n.seg not in exclude]
+        victim = min(leaves, key=lambda n: (n.last_use, -n.depth, n.seg))
+        del victim.parent.children[victim.seg]
+        del self.nodes[victim.seg]
+        self.n_evicted += 1
+
+    def is_prefix_closed(self) -> bool:
+        return all(n.parent is self.root or (n.parent.seg in self.nodes and self.nodes[n.parent.seg] is n.parent)
+                   for n in self.nodes.values())
+
+
+@dataclasses.dataclass
+class Running:
+    rid: int
+    pos: int  # prompt tokens in KV
+    gen: int = 0
+    nseg: int = 0  # leading segments locked
+    res: int = 0  # private tokens
+    seq: int = 0
+
+
+class Replica:
+    def __init__(self, B, Q):
+        self.cache = RadixCache()
+        self.slots: list[Running | None] = [None] * B
+        self.queue: list[int] = []  # request ids
+        self.Q = Q
+        self.clock = np.inf
+
+
+def _route(policy, G, inflight, tokens, match, tmatch, tsize, prompt, rr, rp):
+    least = int(np.argmin(inflight))
+
+    def best(m):
+        mx = max(m)
+        cands = [g for g in range(G) if m[g] == mx]
+        return min(cands, key=lambda g: (inflight[g], g))
+
+    def imbalanced(a, r):
+        hi, lo = max(inflight), min(inflight)
+        return hi - lo > a and hi > r * lo
+
+    def threshold():
+        b = best(match)
+        return b if match[b] >= rp["theta"] * prompt else least
+
+    if policy == "rr":
+        return rr % G
+    if policy == "least_load":
+        return least
+    if policy == "least_tokens":
+        return int(np.argmin(tokens))
+    if policy == "affinity":
+        return best(match)
+    if policy == "threshold":
+        return threshold()
+    if policy == "cache_guard":
+        return least if imbalanced(rp["guard_abs"], rp["guard_rel"]) else threshold()
+    if policy == "sglang_cache_aware":
+        if imbalanced(rp["sgl_balance_abs"], rp["sgl_balance_rel"]):
+            return least
+        b = best(tmatch)
+        return b if tmatch[b] / max(prompt, 1) > rp["sgl_cache_threshold"] else int(np.argmin(tsize))
+    raise ValueError(policy)
+
+
+def simulate(table, *, G, cap, policy, cost, chunk=512, B=64, Q=256, max_admit=4, local="fcfs",
+             router=None, stale=0.0, check=None):
+    """Run the reference; returns per-request records and a list of invariant violations."""
+    rp = dict(theta=0.5, guard_abs=8.0, guard_rel=1.5, sgl_cache_threshold=0.3, sgl_balance_abs=64.0,
+              sgl_balance_rel=1.5)
+    rp.update(router or {})
+    arrival = np.asarray(table.arrival_s, np.float32)
+    seg_ids, seg_tok = np.asarray(table.seg_ids), np.asarray(table.seg_tok)
+    out_tok, out_seg = np.asarray(table.out_tok), np.asarray(table.out_seg)
+    seg_len, seg_depth = np.asarray(table.seg_len), np.asarray(table.seg_depth)
+    dummy = len(seg_len) - 1
+    N = len(arrival)
+    segs = [[(int(a), int(b)) for a, b in zip(seg_ids[i], seg_tok[i], strict=True) if b > 0] for i in range(N)]
+    prompt = [sum(b for _, b in s) for s in segs]
+    step_time = jax.jit(cost_models.step_time)
+
+    reps = [Replica(B, Q) for _ in range(G)]
+    inflight = [0.0] * G
+    tokens = [0.0] * G
+    dispatched: list[dict[int, int]] = [dict() for _ in range(G)]  # insert-on-dispatch record (counts)
+    tree: list[set] = [set() for _ in range(G)]
+    rec = dict(replica=np.full(N, -1), admit=np.full(N, np.inf, F32), first=np.full(N, np.inf, F32),
+               finish=np.full(N, np.inf, F32), cached=np.zeros(N, np.int64))
+    violations, overflow = [], False
+    stats = dict(evicted=0, blocked_by_memory=0)
+    snap = None  # stale router view: (present sets, inflight, tokens, time)
+    nxt, rr, n_admitted = 0, 0, 0
+
+    def view_match(g, i, present):
+        m = 0
+        for sid, t in segs[i]:
+            if not present(g, sid):
+                break
+            m += t
+        return m
+
+    def used(rep):
+        return rep.cache.tokens() + sum(s.res for s in rep.slots if s is not None)
+
+    while True:
+        a = arrival[nxt] if nxt < N else np.inf
+        gmin = int(np.argmin([r.clock for r in reps]))
+        m = reps[gmin].clock
+        if a == np.inf and m == np.inf:
+            break
+        if a <= m:  # route
+            i = nxt
+            if stale > 0:
+                if snap is None or a >= snap[3] + F32(stale):
+                    snap = ([set(reps[g].cache.nodes) | {k for k, v in dispatched[g].items() if v > 0}
+                             for g in range(G)], list(inflight), list(tokens), a)
+                present = snap[0]
+                match = [view_match(g, i, lambda g, s, present=present: s in present[g]) for g in range(G)]
+                v_inf, v_tok = snap[1], snap[2]
+            else:
+                match = [view_match(g, i, lambda g, s: s in reps[g].cache.nodes or dispatched[g].get(s, 0) > 0)
+                         for g in range(G)]
+                v_inf, v_tok = inflight, tokens
+            tmatch = [view_match(g, i, lambda g, s: s in tree[g]) for g in range(G)]
+            tsize = [sum(int(seg_len[s]) for s in tree[g]) for g in range(G)]
+            g = _route(policy, G, v_inf, v_tok, match, tmatch, tsize, prompt[i], rr, rp)
+            if stale > 0:  # the router knows its own dispatches at once
+                snap[0][g].update(s for s, _ in segs[i])
+                if out_seg[i] != dummy:
+                    snap[0][g].add(int(out_seg[i]))
+                snap[1][g] += 1
+                snap[2][g] += prompt[i] + int(out_tok[i])
+            rep = reps[g]
+            if len(rep.queue) >= Q:
+                overflow = True
+            else:
+                rep.queue.append(i)
+            if rep.clock == np.inf:
+                rep.clock = a
+            inflight[g] += 1
+            tokens[g] += prompt[i] + int(out_tok[i])
+            for sid, _ in segs[i] + ([(int(out_seg[i]), 0)] if out_seg[i] != dummy else []):
+                dispatched[g][sid] = dispatched[g].get(sid, 0) + 1
+                tree[g].add(sid)
+            rec["replica"][i] = g
+            rr += 1
+            nxt += 1
+            continue
+
+        # ---- one iteration on replica gmin
+        g, rep, t = gmin, reps[gmin], F32(m)
+        for _ in range(max_admit):
+            if not rep.queue:
+                break
+            if local == "lpm":
+                cache = rep.cache
+                cand = min(rep.queue, key=lambda i: (-sum(n.tokens for n in cache.match(segs[i])), i))
+            else:
+                cand = min(rep.queue)
+            path = rep.cache.match(segs[cand])
+            mtok = sum(n.tokens for n in path)
+            need = prompt[cand] - mtok + int(out_tok[cand])
+            pending_prefill = sum(prompt[s.rid] - s.pos for s in rep.slots if s is not None)
+            if pending_prefill >= chunk:
+                break
+            exclude = {n.seg for n in path}
+            free = cap - used(rep)
+            if need > free + rep.cache.evictable_tokens(exclude):
+                stats["blocked_by_memory"] += 1
+                break
+            if all(s is not None for s in rep.slots):
+                overflow = True
+                break
+            while cap - used(rep) < need:
+                rep.cache.evict_one(exclude)
+            for n in path:
+                n.refcnt += 1
+                n.last_use = t
+            slot = rep.slots.index(None)
+            rep.slots[slot] = Running(cand, mtok, 0, len(path), need, n_admitted)
+            n_admitted += 1
+            rep.queue.remove(cand)
+            rec["admit"][cand] = t
+            rec["cached"][cand] = mtok
+
+        # batch
+        B_ = len(rep.slots)
+        alloc = np.zeros(B_, np.int64)
+        budget = chunk
+        prefilling = sorted([k for k, s in enumerate(rep.slots) if s is not None and s.pos < prompt[s.rid]],
+                            key=lambda k: rep.slots[k].seq)
+        for k in prefilling:
+            s = rep.slots[k]
+            alloc[k] = min(budget, prompt[s.rid] - s.pos)
+            budget -= alloc[k]
+        pos = np.array([s.pos if s else 0 for s in rep.slots], np.float32)
+        dec = np.array([s is not None and s.pos == prompt[s.rid] for s in rep.slots])
+        ctx = np.array([(prompt[s.rid] + s.gen) if s else 0 for s in rep.slots], np.float32)
+        dt = step_time(cost, alloc.astype(np.float32), pos, alloc > 0, ctx, dec)
+        t_end = F32(t + F32(dt))
+        for k, s in enumerate(rep.slots):
+            if s is None:
+                continue
+            was_decoding = dec[k]
+            s.pos += int(alloc[k])
+            # completed segments enter the cache
+            end, node, done_segs = 0, rep.cache.root, 0
+            for d, (_, tk) in enumerate(segs[s.rid]):
+                end += tk
+                if end > s.pos:
+                    break
+                done_segs = d + 1
+            if done_segs > s.nseg:
+                node = rep.cache.root
+                for d, (sid, tk) in enumerate(segs[s.rid][:done_segs]):
+                    node = rep.cache.insert(node, sid, tk, int(seg_depth[sid]))
+                    if d >= s.nseg:
+                        node.refcnt += 1
+                        s.res -= tk
+                    node.last_use = t_end
+                s.nseg = done_segs
+            if not was_decoding and s.pos == prompt[s.rid]:
+                rec["first"][s.rid] = t_end
+                s.gen = 1
+            elif was_decoding:
+                s.gen += 1
+        for k, s in enumerate(rep.slots):
+            if s is None or s.gen < out_tok[s.rid]:
+                continue
+            i = s.rid
+            rec["finish"][i] = t_end
+            node = rep.cache.root
+            for sid, _ in segs[i]:
+                node = node.children[sid]
+                node.refcnt -= 1
+                node.last_use = t_end
+            if out_seg[i] != dummy:
+                o = rep.cache.insert(node, int(out_seg[i]), int(seg_len[out_seg[i]]), int(seg_depth[out_seg[i]]))
+                o.last_use = t_end
+            for sid, _ in segs[i] + ([(int(out_seg[i]), 0)] if out_seg[i] != dummy else []):
+                dispatched[g][sid] -= 1
+            inflight[g] -= 1
+            tokens[g] -= prompt[i] + int(out_tok[i])
+            rep.slots[k] = None
+        busy = any(s is not None for s in rep.slots) or rep.queue
+        rep.clock = t_end if busy else np.inf
+        # invariants
+        if used(rep) > cap:
+            violations.append(f"replica {g} uses {used(rep)} > {cap} tokens at {t_end}")
+        if not rep.cache.is_prefix_closed():
+            violations.append(f"replica {g} cache not prefix-closed at {t_end}")
+        if check is not None:
+            check(g, rep, t_end)
+    rec["overflow"] = overflow
+    stats["evicted"] = sum(r.cache.n_evicted for r in reps)
+    rec["stats"] = stats
+    return rec, violations

@@ -1,0 +1,212 @@
+"""Replica cluster with prefix caches: exact match with the radix-tree reference, invariants, flags."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxroute import sim
+from jaxroute.clusters import replicas as R
+from jaxroute.errors import JaxrouteError
+from jaxroute.workloads import prefix as W
+from tests import reference_replicas as ref
+
+# Small workloads with tight KV capacities: admission waits for memory and the LRU evicts.
+CASES = {
+    "toolbench": (lambda: W.toolbench(60, n_tools=8, tool_mean=1500), 6000, 30.0),
+    "agent": (lambda: W.agent(60, n_envs=4, turns=3, think_s=0.5), 8000, 8.0),
+    "programming": (lambda: W.programming(48, n_problems=20, problem_mean=1500, samples=4), 9000, 10.0),
+}
+
+
+def _compare(case, policy, G=3, B=8, Q=64, local="fcfs", stale=0.0, leap=32, key=1, theta=0.5):
+    make, cap, rate = CASES[case]
+    wl = make()
+    model = R.ReplicaCluster(n_replicas=G, max_running=B, max_queue=Q, local_order=local, stale_view=stale > 0,
+                             leap=leap)
+    p = R.make_params(policy, rate=rate, kv_capacity=cap, stale_s=stale, theta=theta)
+    st = R.run_single(model, jax.random.key(key), wl, p)
+    got = R.records(st)
+    want, violations = ref.simulate(st.req, G=G, cap=cap, policy=policy, cost=p.cost, B=B, Q=Q, local=local,
+                                    stale=stale, router={"theta": theta})
+    assert violations == []
+    np.testing.assert_array_equal(got["replica"], want["replica"])
+    np.testing.assert_array_equal(got["cached_tokens"], want["cached"])
+    for a, b in (("admit_s", "admit"), ("first_token_s", "first"), ("finish_s", "finish")):
+        np.testing.assert_allclose(got[a], want[b], rtol=1e-6)
+    m = model.metrics(st, wl, p)
+    assert bool(m["overflow"]) == want["overflow"]
+    assert int(m["conservation_error"]) == 0
+    prompt = got["prompt_tokens"]
+    np.testing.assert_allclose(float(m["hit_rate"]), want["cached"].sum() / prompt.sum(), rtol=1e-5)
+    return want["stats"], m
+
+
+@pytest.mark.parametrize("policy", ref.POLICIES)
+def test_matches_reference_toolbench_under_memory_pressure(policy):
+    stats, _ = _compare("toolbench", policy)
+    assert stats["evicted"] > 0  # the LRU was exercised
+    assert stats["blocked_by_memory"] > 0  # admission waited for memory
+
+
+@pytest.mark.parametrize("policy", ["rr", "least_load", "threshold", "sglang_cache_aware"])
+def test_matches_reference_multi_turn_agent(policy):
+    stats, m = _compare("agent", policy)
+    assert stats["evicted"] > 0
+
+
+@pytest.mark.parametrize("policy", ["least_tokens", "affinity", "cache_guard"])
+def test_matches_reference_parallel_samples(policy):
+    _compare("programming", policy)
+
+
+def test_matches_reference_lpm_and_stale_view():
+    _compare("toolbench", "threshold", local="lpm")
+    _compare("agent", "cache_guard", stale=2.0)
+    _compare("toolbench", "sglang_cache_aware", stale=0.5, local="lpm")
+
+
+def test_event_leaping_changes_nothing():
+    make, cap, rate = CASES["agent"]
+    wl = make()
+    p = R.make_params("threshold", rate=rate, kv_capacity=cap)
+    a = R.records(R.run_single(R.ReplicaCluster(n_replicas=3, leap=0), jax.random.key(3), wl, p))
+    b = R.records(R.run_single(R.ReplicaCluster(n_replicas=3, leap=32), jax.random.key(3), wl, p))
+    for k in a:
+        np.testing.assert_allclose(a[k], b[k], rtol=1e-6)
+
+
+def _parents(req) -> np.ndarray:
+    """Parent segment of every segment id (-1 for roots), from the prompts."""
+    ids, tok = np.asarray(req.seg_ids), np.asarray(req.seg_tok)
+    parent = np.full(len(np.asarray(req.seg_len)), -2)
+    for row, t in zip(ids, tok, strict=True):
+        prev = -1
+        for s, n in zip(row, t, strict=True):
+            if n == 0:
+                break
+            assert parent[s] in (-2, prev), "a segment id with two parents"
+            parent[s] = prev
+            prev = s
+    out_seg, last = np.asarray(req.out_seg), [row[t > 0][-1] for row, t in zip(ids, tok, strict=True)]
+    for o, lst in zip(out_seg, last, strict=True):
+        if o < len(parent) - 1:
+            parent[o] = lst
+    return parent
+
+
+def test_cache_invariants_during_a_run():
+    """Cached tokens + private tokens never exceed capacity; every cached segment's parent is cached."""
+    make, cap, rate = CASES["agent"]
+    wl = make()
+    model = R.ReplicaCluster(n_replicas=2, max_running=8, max_queue=64)
+    p = R.make_params("rr", rate=rate, kv_capacity=cap)
+    state = model.init(jax.random.key(5), wl, p)
+    parent = _parents(state.req)
+    step = jax.jit(lambda s: sim.scan_steps(model, s, wl, p, 25))
+    seg_len = np.asarray(state.req.seg_len)
+    for _ in range(40):
+        state = step(state)
+        cached = np.asarray(state.rep.cached)
+        used = (cached * seg_len).sum(1) + np.asarray(state.rep.run_res).sum(1)
+        assert (used <= cap).all()
+        for g in range(cached.shape[0]):
+            for s in np.nonzero(cached[g])[0]:
+                assert parent[s] == -1 or cached[g, parent[s]], f"segment {s} cached without its parent"
+        np.testing.assert_array_equal(np.asarray(state.copies), cached.sum(0))
+        assert int(model.metrics(state, wl, p)["conservation_error"]) == 0
+    assert bool(model.is_done(state))
+
+
+def test_overflow_flags():
+    make, cap, rate = CASES["toolbench"]
+    wl = make()
+    p = R.make_params("affinity", rate=rate, kv_capacity=50_000)
+    m = R.ReplicaCluster(n_replicas=2, max_running=2, max_queue=64)
+    st = R.run_single(m, jax.random.key(0), wl, p)
+    assert bool(m.metrics(st, wl, p)["overflow"])  # running set full while memory had room
+    m = R.ReplicaCluster(n_replicas=2, max_running=64, max_queue=2)
+    st = R.run_single(m, jax.random.key(0), wl, p)
+    met = m.metrics(st, wl, p)
+    assert bool(met["overflow"])  # a local queue was full
+    m = R.ReplicaCluster(n_replicas=2, max_running=64, max_queue=64)
+    met = m.metrics(R.run_single(m, jax.random.key(0), wl, p), wl, p)
+    assert not bool(met["overflow"]) and int(met["conservation_error"]) == 0
+
+
+def test_incomplete_run_is_flagged():
+    make, cap, rate = CASES["toolbench"]
+    wl = make()
+    model = R.ReplicaCluster(n_replicas=2)
+    p = R.make_params("rr", rate=rate, kv_capacity=cap)
+    state = jax.jit(lambda: sim.scan_steps(model, model.init(jax.random.key(0), wl, p), wl, p, 30))()
+    m = model.metrics(state, wl, p)
+    assert bool(m["overflow"]) and int(m["conservation_error"]) == 0
+
+
+def test_compiles_once_for_policies_and_theta_sweep():
+    make, cap, rate = CASES["toolbench"]
+    wl = make()
+    model = R.ReplicaCluster(n_replicas=2, max_queue=64)
+    rows = [R.make_params(pol, rate=rate, kv_capacity=cap) for pol in ref.POLICIES]
+    rows += [R.make_params("threshold", rate=rate, kv_capacity=cap, theta=th) for th in (0.1, 0.9)]
+    before = dict(sim.TRACE_COUNTS)
+    grid = sim.run_grid(model, jax.random.key(0), wl, sim.stack_params(rows), 2, chunk=400)
+    assert sim.TRACE_COUNTS.get("ReplicaCluster.chunk", 0) - before.get("ReplicaCluster.chunk", 0) == 1
+    assert (grid.metrics["conservation_error"] == 0).all()
+    # batched rows equal the single runs
+    single = R.run_single(model, jax.random.split(jax.random.key(0), 2)[1], wl, rows[4])
+    np.testing.assert_allclose(grid.metrics["mean_latency_s"][4, 1],
+                               float(model.metrics(single, wl, rows[4])["mean_latency_s"]), rtol=1e-5)
+
+
+def test_policies_behave_as_described():
+    """Pure affinity herds on the shared system prompt; load-only routers replicate the cache."""
+    wl = W.toolbench(150, n_tools=30, tool_mean=1500, sys_tokens=13)
+    model = R.ReplicaCluster(n_replicas=4, max_queue=150)
+    res = {}
+    for pol in ("rr", "affinity", "threshold"):
+        p = R.make_params(pol, rate=20.0, kv_capacity=30_000)
+        res[pol] = model.metrics(R.run_single(model, jax.random.key(0), wl, p), wl, p)
+    assert float(res["affinity"]["max_replica_share"]) == 1.0
+    assert float(res["rr"]["replication_factor"]) > 1.2
+    assert float(res["threshold"]["hit_rate"]) > float(res["rr"]["hit_rate"])
+
+
+def test_bad_input():
+    with pytest.raises(JaxrouteError, match="unknown policy"):
+        R.make_params("jsq")
+    with pytest.raises(JaxrouteError, match="staleness"):
+        R.make_params("rr", stale_s=-1)
+    with pytest.raises(JaxrouteError, match="local order"):
+        R.ReplicaCluster(local_order="lifo")
+    with pytest.raises(JaxrouteError, match=">= 1"):
+        R.ReplicaCluster(n_replicas=0)
+    with pytest.raises(JaxrouteError, match="holds only"):
+        W.check_fits(W.longdoc(10), 10_000)
+
+
+def test_records_are_consistent():
+    make, cap, rate = CASES["programming"]
+    wl = make()
+    model = R.ReplicaCluster(n_replicas=3)
+    p = R.make_params("cache_guard", rate=rate, kv_capacity=cap)
+    rec = R.records(R.run_single(model, jax.random.key(2), wl, p))
+    assert (rec["arrival_s"] <= rec["admit_s"]).all()
+    assert (rec["admit_s"] < rec["first_token_s"]).all()
+    assert (rec["first_token_s"] <= rec["finish_s"]).all()
+    assert ((rec["replica"] >= 0) & (rec["replica"] < 3)).all()
+    assert ((rec["cached_tokens"] >= 0) & (rec["cached_tokens"] < rec["prompt_tokens"] + 1)).all()
+    # parallel samples share their problem: most samples after the first find it cached
+    assert (rec["cached_tokens"] > 0).mean() > 0.5
+
+
+def test_params_are_vmappable_pytrees():
+    p = R.make_params("threshold", theta=0.3)
+    leaves = jax.tree.leaves(p)
+    assert all(isinstance(x, jax.Array) for x in leaves)
+    q = dataclasses.replace(p, router=dataclasses.replace(p.router, theta=jnp.float32(0.7)))
+    stacked = sim.stack_params([p, q])
+    assert stacked.router.theta.shape == (2,)
