@@ -94,6 +94,7 @@ class QueueState:
     free: jax.Array  # [N] float32 time each server becomes free (may be < 0: idle)
     ring: jax.Array  # [K, N] float32 departure times of the last K jobs sent to each server
     assigned: jax.Array  # [N] int32 jobs sent to each server
+    cursor: jax.Array  # [N] int32 ring slot the next job of each server goes to (assigned mod K)
     board: jax.Array  # [N] int32 stale queue-length snapshot
     board_age: jax.Array  # () float32 time since the last board refresh
     response: jax.Array  # [R / B, B] float32 response time of each request
@@ -159,6 +160,7 @@ class QueueingModel:
             free=jnp.zeros(n, jnp.float32),
             ring=jnp.zeros((k, n), jnp.float32),
             assigned=jnp.zeros(n, jnp.int32),
+            cursor=jnp.zeros(n, jnp.int32),
             board=jnp.zeros(n, jnp.int32),
             board_age=jnp.float32(0.0),
             response=jnp.zeros((self.n_blocks, self.block), jnp.float32),
@@ -191,8 +193,9 @@ class QueueingModel:
 
         chosen = (jnp.arange(n, dtype=jnp.int32) == server) & active  # [N]
         finish = jnp.maximum(jnp.sum(jnp.where(chosen, free, 0.0)), now) + svc
-        slot = carry["assigned"] % k  # [N]
+        slot = carry["cursor"]  # [N]
         write = (jnp.arange(k, dtype=jnp.int32)[:, None] == slot[None, :]) & chosen[None, :]  # [K, N]
+        next_slot = jnp.where(slot + 1 == k, 0, slot + 1)
         overrun = jnp.any(write & (ring > now))
         if not self.tail_levels:  # the tail statistics read the ring whatever the policy
             overrun = overrun & jnp.asarray(classic.USES_QUEUE_LENGTH)[params.policy]
@@ -210,6 +213,7 @@ class QueueingModel:
             free=jnp.where(chosen, finish, free),
             ring=jnp.where(write, finish, ring),
             assigned=carry["assigned"] + chosen.astype(jnp.int32),
+            cursor=jnp.where(chosen, next_slot, slot),
             board=board,
             overflow=carry["overflow"] | overrun,
             tails=tails,
@@ -220,7 +224,7 @@ class QueueingModel:
     def step(self, state: QueueState, workload, params: DispatchParams) -> QueueState:
         dr = self.block_draws(state.key, state.block, params)
         carry = dict(now=jnp.float32(0.0), age=state.board_age, free=state.free, ring=state.ring,
-                     assigned=state.assigned, board=state.board, overflow=state.overflow, tails=state.tails,
+                     assigned=state.assigned, cursor=state.cursor, board=state.board, overflow=state.overflow, tails=state.tails,
                      arrivals=state.arrivals)
         responses = []
         for j in range(self.block):  # unrolled: B arrivals per scan step
@@ -239,6 +243,7 @@ class QueueingModel:
             free=carry["free"] - now,  # rebase to the next block's start
             ring=carry["ring"] - now,
             assigned=carry["assigned"],
+            cursor=carry["cursor"],
             board=carry["board"],
             board_age=carry["age"],
             response=response,

@@ -44,9 +44,10 @@ def argmin_random_tie(values: jax.Array, tie_offset: jax.Array) -> jax.Array:
     Two plain min-reductions (no variadic argmin), which vectorise well on CPU.
     """
     n = values.shape[0]
-    rank = (jnp.arange(n, dtype=jnp.int32) - tie_offset) % n
-    first = jnp.min(jnp.where(values == jnp.min(values), rank, n))
-    return ((first + tie_offset) % n).astype(jnp.int32)
+    shifted = jnp.arange(n, dtype=jnp.int32) - tie_offset  # rank = shifted mod n, without a division
+    rank = jnp.where(shifted < 0, shifted + n, shifted)
+    first = jnp.min(jnp.where(values == jnp.min(values), rank, n)) + tie_offset
+    return jnp.where(first >= n, first - n, first).astype(jnp.int32)
 
 
 def best_of_sampled(values_at_picks: jax.Array, d: jax.Array) -> jax.Array:
