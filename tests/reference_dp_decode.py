@@ -148,7 +148,11 @@ def simulate(key, prompt, output, trace_arrival, *, n_workers, slots, pool, wind
     """Run the reference; returns per-request (worker, admit_t, finish_t, done) and metrics."""
     n, g_n = len(prompt), n_workers
     beta = float(n_workers) if beta is None else beta
-    key, k_arr = jax.random.split(key)
+    key, k_arr, k_perm = jax.random.split(key, 3)
+    if arrival != 2:  # saturated / Poisson: this seed's random order of the requests
+        perm = np.asarray(jax.random.permutation(k_perm, n))
+        prompt = [prompt[i] for i in perm]
+        output = [output[i] for i in perm]
     gaps = jax.random.exponential(k_arr, (n,)) / max(rate, 1e-12)
     poisson_t = np.asarray(jax.numpy.cumsum(gaps) - gaps[0], np.float32)
     arr = [F32(0.0)] * n if arrival == 0 else ([F32(x) for x in poisson_t] if arrival == 1 else

@@ -15,6 +15,8 @@ L_g(k) = Σ_{i active on g} (s_i + j_i) (prompt plus tokens generated so far). O
    emitted its output length. Step time = max_g decode_step_time(batch_g, L_g) + collective
    overhead. When nothing is active the clock jumps to the next arrival (no barrier step).
 
+Seeds: saturated and Poisson runs take the workload's requests in a per-seed random order
+(trace replays keep the trace order), so every seed is a different replay.
 Assignment is sticky (no migration). Metrics average over barrier steps: imbalance_tokens
 (max - min load), barrier_idle_tokens (I = G*M - Σ L), and per request TPOT = (finish - admit) /
 output tokens, i.e. the mean barrier-step time over the request's life.
@@ -128,6 +130,9 @@ class DecodeState:
     event: jax.Array  # [] int32 events processed (scan iterations that did something)
     steps: jax.Array  # [] int32 barrier steps
     arrival_t: jax.Array  # [N] float32 when each request's prefill completes
+    prompt: jax.Array  # [N] int32 prompt tokens, in this run's arrival order
+    output: jax.Array  # [N] int32 output tokens, same order
+    key_id: jax.Array  # [N] int32 prompt keys, same order
     next_in: jax.Array  # [] int32 requests taken in by the proxy (a prefix of arrival order)
     pool: jax.Array  # [P] int32 request ids waiting in the prompt pool, oldest first, -1 empty
     queue: jax.Array  # [G, P] int32 local FCFS queues (immediate), oldest first, -1 empty
@@ -193,7 +198,10 @@ class DPDecodeModel:
 
     def init(self, key, wl: DecodeWorkload, params: DecodeParams) -> DecodeState:
         n, g, s, p = self.n_requests, self.n_workers, self.slots, self.pool
-        key, k_arr = jax.random.split(key)
+        key, k_arr, k_perm = jax.random.split(key, 3)
+        # Per-seed variation: saturated and Poisson runs take the requests in a random order;
+        # trace replays keep the trace's order and timestamps.
+        perm = jnp.where(params.arrival == TRACE, jnp.arange(n), jax.random.permutation(k_perm, n))
         gaps = jax.random.exponential(k_arr, (n,)) / jnp.maximum(params.rate, 1e-12)
         poisson_t = jnp.cumsum(gaps) - gaps[0]
         arrival_t = jnp.select([params.arrival == SATURATED, params.arrival == POISSON],
@@ -201,6 +209,7 @@ class DPDecodeModel:
         f0, i0 = jnp.float32(0.0), jnp.int32(0)
         return DecodeState(
             key=key, t=f0, event=i0, steps=i0, arrival_t=arrival_t, next_in=i0,
+            prompt=wl.prompt[perm], output=wl.output[perm], key_id=wl.key_id[perm],
             pool=jnp.full((p,), -1, jnp.int32), queue=jnp.full((g, p), -1, jnp.int32), rr_next=i0,
             slot_req=jnp.full((g, s), -1, jnp.int32), slot_gen=jnp.zeros((g, s), jnp.int32),
             admit_t=jnp.zeros((n,), jnp.float32), finish_t=jnp.zeros((n,), jnp.float32),
@@ -215,7 +224,7 @@ class DPDecodeModel:
     def loads(self, st: DecodeState, wl: DecodeWorkload) -> jax.Array:
         """[G] float32 KV load of the active requests: Σ (s_i + j_i)."""
         active = st.slot_req >= 0
-        ctx = wl.prompt[jnp.maximum(st.slot_req, 0)] + st.slot_gen
+        ctx = st.prompt[jnp.maximum(st.slot_req, 0)] + st.slot_gen
         return jnp.sum(jnp.where(active, ctx, 0), axis=1).astype(jnp.float32)
 
     def predicted_loads(self, st: DecodeState, wl: DecodeWorkload, params: DecodeParams) -> jax.Array:
@@ -230,13 +239,13 @@ class DPDecodeModel:
         rid = jnp.maximum(st.slot_req, 0).reshape(-1)
         active = (st.slot_req >= 0).reshape(-1)
         gen = st.slot_gen.reshape(-1)
-        feats = predictors.RequestFeatures(prompt_len=wl.prompt[rid], generated=gen, key_id=wl.key_id[rid],
-                                           remaining=wl.output[rid] - gen)
+        feats = predictors.RequestFeatures(prompt_len=st.prompt[rid], generated=gen, key_id=st.key_id[rid],
+                                           remaining=st.output[rid] - gen)
         p_fin, mu = predictors.predict(wl.bank, params.predictor, feats, hzn)
         act = active.astype(jnp.float32)
         p_fin = jnp.clip(p_fin, 0.0, 1.0) * act
         mu = jnp.maximum(mu, 0.0)
-        c = (wl.prompt[rid] + gen).astype(jnp.float32) * act
+        c = (st.prompt[rid] + gen).astype(jnp.float32) * act
         worker = jnp.repeat(jnp.arange(g), self.slots)
         q = jnp.minimum(jnp.floor(mu), hzn + 1).astype(jnp.int32)  # presence 1 for h < q
         frac = jnp.where(q <= hzn, mu - jnp.floor(mu), 0.0)  # presence frac at h = q
@@ -306,7 +315,7 @@ class DPDecodeModel:
             return dataclasses.replace(st, pool=pool, next_in=st.next_in + take)
 
         def intake_immediate(st):
-            q_prompt = jnp.where(st.queue >= 0, wl.prompt[jnp.maximum(st.queue, 0)], 0)
+            q_prompt = jnp.where(st.queue >= 0, st.prompt[jnp.maximum(st.queue, 0)], 0)
             q_load = jnp.sum(q_prompt, axis=1).astype(jnp.float32)
             counts0 = (n_active + jnp.sum(st.queue >= 0, axis=1)).astype(jnp.float32)
             table = balance.penalty_tables(balance.margins_of(loads_h + q_load[:, None]), d)
@@ -317,7 +326,7 @@ class DPDecodeModel:
                 i, queue, qlen, counts, kv, took, rr, k = c
                 k, sub = jax.random.split(k)
                 rid = st.next_in + i
-                s_i = wl.prompt[rid].astype(jnp.float32)
+                s_i = st.prompt[rid].astype(jnp.float32)
                 single = jax.vmap(lambda gg: balance.score(s_i, table, gg, took[gg], a, b, sum_d))(jnp.arange(g))
                 gi = balance.choose_worker(params.policy, sub, counts, kv, rr, everyone, single)
                 queue = queue.at[gi, qlen[gi]].set(rid)
@@ -337,7 +346,7 @@ class DPDecodeModel:
 
         def admit_pooled(st):
             valid = st.pool >= 0
-            pool_s = jnp.where(valid, wl.prompt[jnp.maximum(st.pool, 0)], 0).astype(jnp.float32)
+            pool_s = jnp.where(valid, st.prompt[jnp.maximum(st.pool, 0)], 0).astype(jnp.float32)
             is_br = (params.policy == balance.BR0) | (params.policy == balance.BRH)
             counts = n_active.astype(jnp.float32)
 
@@ -356,7 +365,7 @@ class DPDecodeModel:
 
         def admit_immediate(st):
             head = st.queue[:, : self.r_max]  # [G, R]
-            h_s = jnp.where(head >= 0, wl.prompt[jnp.maximum(head, 0)], 0)
+            h_s = jnp.where(head >= 0, st.prompt[jnp.maximum(head, 0)], 0)
             j = jnp.arange(self.r_max)[None, :]
             fits = jnp.cumsum(h_s, axis=1) <= room[:, None]
             ok = (head >= 0) & (j < free[:, None]) & jnp.cumprod(fits, axis=1).astype(bool)  # FCFS prefix
@@ -379,7 +388,7 @@ class DPDecodeModel:
         dt = jnp.where(any_active, jnp.max(per_worker) + wl.collective_s, 0.0)
         t_end = st.t + dt
         gen = st.slot_gen + active
-        out_len = wl.output[jnp.maximum(st.slot_req, 0)]
+        out_len = st.output[jnp.maximum(st.slot_req, 0)]
         fin = active & (gen >= out_len)
         fin_ids = jnp.where(fin, st.slot_req, n).reshape(-1)
         m_load = jnp.max(load)
@@ -427,11 +436,11 @@ class DPDecodeModel:
     def metrics(self, st: DecodeState, wl: DecodeWorkload, params: DecodeParams) -> dict[str, jax.Array]:
         steps = jnp.maximum(st.steps, 1).astype(jnp.float32)
         done = st.done
-        tpot = (st.finish_t - st.admit_t) / wl.output.astype(jnp.float32)
+        tpot = (st.finish_t - st.admit_t) / st.output.astype(jnp.float32)
         makespan = jnp.max(jnp.where(done, st.finish_t, 0.0))
         in_flight = (jnp.sum(st.pool >= 0) + jnp.sum(st.queue >= 0) + jnp.sum(st.slot_req >= 0)).astype(jnp.int32)
         req_err = jnp.abs(st.next_in - (jnp.sum(done).astype(jnp.int32) + in_flight))
-        out_done = jnp.sum(jnp.where(done, wl.output, 0))
+        out_done = jnp.sum(jnp.where(done, st.output, 0))
         tok_err = jnp.abs(st.tokens_out - (out_done + jnp.sum(st.slot_gen)))
         incomplete = ~jnp.all(done)
         util = st.busy_s / jnp.maximum(st.barrier_s, 1e-12)
