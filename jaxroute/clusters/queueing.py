@@ -192,13 +192,12 @@ class QueueingModel:
         server = classic.route(params.policy, view)
 
         chosen = (jnp.arange(n, dtype=jnp.int32) == server) & active  # [N]
-        finish = jnp.maximum(jnp.sum(jnp.where(chosen, free, 0.0)), now) + svc
+        # Per-server vectors (no cross-server reduction): the finish time if the job went there.
+        finish = jnp.maximum(free, now) + svc  # [N]
         slot = carry["cursor"]  # [N]
         write = (jnp.arange(k, dtype=jnp.int32)[:, None] == slot[None, :]) & chosen[None, :]  # [K, N]
         next_slot = jnp.where(slot + 1 == k, 0, slot + 1)
-        overrun = jnp.any(write & (ring > now))
-        if not self.tail_levels:  # the tail statistics read the ring whatever the policy
-            overrun = overrun & jnp.asarray(classic.USES_QUEUE_LENGTH)[params.policy]
+        evicted = jnp.sum(jnp.where(write, ring, 0.0), axis=0)  # [N] departure time in the reused slot
 
         tails = carry["tails"]
         if self.tail_levels:
@@ -211,31 +210,37 @@ class QueueingModel:
             now=now,
             age=age,
             free=jnp.where(chosen, finish, free),
-            ring=jnp.where(write, finish, ring),
+            ring=jnp.where(write, finish[None, :], ring),
             assigned=carry["assigned"] + chosen.astype(jnp.int32),
             cursor=jnp.where(chosen, next_slot, slot),
             board=board,
-            overflow=carry["overflow"] | overrun,
+            overrun=carry["overrun"] | (chosen & (evicted > now)),  # [N] a job still in system was dropped
             tails=tails,
             arrivals=carry["arrivals"] + active.astype(jnp.int32),
         )
-        return carry, finish - now
+        return carry, (chosen, finish - now)
 
     def step(self, state: QueueState, workload, params: DispatchParams) -> QueueState:
         dr = self.block_draws(state.key, state.block, params)
         carry = dict(now=jnp.float32(0.0), age=state.board_age, free=state.free, ring=state.ring,
-                     assigned=state.assigned, cursor=state.cursor, board=state.board, overflow=state.overflow, tails=state.tails,
-                     arrivals=state.arrivals)
-        responses = []
+                     assigned=state.assigned, cursor=state.cursor, board=state.board, tails=state.tails,
+                     arrivals=state.arrivals, overrun=jnp.zeros(self.n_servers, bool))
+        chosen, waits = [], []
         for j in range(self.block):  # unrolled: B arrivals per scan step
-            carry, r = self._arrival(carry, dr.gap[j], dr.service[j], dr.picks[j],
-                                     state.block * self.block + j, params)
-            responses.append(r)
+            carry, (c, w) = self._arrival(carry, dr.gap[j], dr.service[j], dr.picks[j],
+                                          state.block * self.block + j, params)
+            chosen.append(c)
+            waits.append(w)
         now = carry["now"]
+        # One reduction per block: each arrival's response at the server it chose.
+        responses = jnp.sum(jnp.where(jnp.stack(chosen), jnp.stack(waits), 0.0), axis=1)  # [B]
+        overrun = jnp.any(carry["overrun"])
+        if not self.tail_levels:  # the tail statistics read the ring whatever the policy
+            overrun = overrun & jnp.asarray(classic.USES_QUEUE_LENGTH)[params.policy]
         row = jnp.minimum(state.block, self.n_blocks - 1)
         done = state.block >= self.n_blocks
         response = jax.lax.dynamic_update_slice(
-            state.response, jnp.where(done, state.response[row], jnp.stack(responses))[None], (row, 0))
+            state.response, jnp.where(done, state.response[row], responses)[None], (row, 0))
         return QueueState(
             key=state.key,
             block=state.block + 1,
@@ -247,7 +252,7 @@ class QueueingModel:
             board=carry["board"],
             board_age=carry["age"],
             response=response,
-            overflow=carry["overflow"],
+            overflow=state.overflow | overrun,
             tails=carry["tails"],
         )
 
