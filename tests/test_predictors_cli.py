@@ -56,3 +56,28 @@ def test_eval_feature_mismatch_and_missing_load(ckpt, capsys):
     rc = main(["eval-predictor", "--workload", "synthetic-azure24", "--requests", "300", "--horizon", "40",
                "--predictors", "learned", "--pairs", "500", "--folds", "2"])
     assert rc == 2 and "--load" in capsys.readouterr().err
+
+
+def test_train_save_load_decode_end_to_end(ckpt, tmp_path, capsys):
+    """The checkpoint drives deployed BR-H in the decode simulator, next to oracle BR-H, in one table."""
+    out = tmp_path / "d.json"
+    rc = main(["decode", "--workload", "synthetic-prod", "--requests", "16", "--seeds", "2", "--workers", "2",
+               "--slots", "4", "--pool", "6", "--window", "3", "--horizon", "40", "--seed", "3", "--no-progress",
+               "--policies", "jsq,br0,brh", "--predictor", f"survival,exact,learned:{ckpt},oracle",
+               "--out", str(out)])
+    assert rc == 0
+    captured = capsys.readouterr()
+    assert "brh[learned]" in captured.out and "brh[oracle]" in captured.out
+    assert "trained with seed" not in captured.err  # same workload and seed as the checkpoint: no warning
+    res = json.loads(out.read_text())
+    brh = [r for r in res["results"] if r["policy"] == "brh"]
+    assert [r["params"]["predictor"] for r in brh] == ["survival", "exact", "learned", "oracle"]
+    for r in res["results"]:
+        assert r["overflow"] is False and r["metrics"]["throughput_tok_s"]["mean"] > 0
+
+
+def test_decode_with_mismatched_checkpoint_is_a_clear_error(ckpt, capsys):
+    rc = main(["decode", "--workload", "synthetic-prod", "--requests", "40", "--seeds", "2", "--workers", "2",
+               "--slots", "4", "--pool", "6", "--window", "3", "--horizon", "6", "--no-progress",
+               "--policies", "brh", "--predictor", f"learned:{ckpt}"])
+    assert rc == 2 and "H=40" in capsys.readouterr().err
