@@ -151,7 +151,7 @@ def simulate(table, *, G, cap, policy, cost, chunk=512, B=64, Q=256, max_admit=4
     tree: list[set] = [set() for _ in range(G)]
     rec = dict(replica=np.full(N, -1), admit=np.full(N, np.inf, F32), first=np.full(N, np.inf, F32),
                finish=np.full(N, np.inf, F32), cached=np.zeros(N, np.int64))
-    violations, overflow = [], False
+    violations, overflow, running_full = [], False, False
     stats = dict(evicted=0, blocked_by_memory=0)
     snap = None  # stale router view: (present sets, inflight, tokens, time)
     nxt, rr, n_admitted = 0, 0, 0
@@ -234,7 +234,7 @@ def simulate(table, *, G, cap, policy, cost, chunk=512, B=64, Q=256, max_admit=4
                 stats["blocked_by_memory"] += 1
                 break
             if all(s is not None for s in rep.slots):
-                overflow = True
+                running_full = True
                 break
             while cap - used(rep) < need:
                 rep.cache.evict_one(exclude)
@@ -317,6 +317,7 @@ def simulate(table, *, G, cap, policy, cost, chunk=512, B=64, Q=256, max_admit=4
         if check is not None:
             check(g, rep, t_end)
     rec["overflow"] = overflow
+    rec["running_full"] = running_full
     stats["evicted"] = sum(r.cache.n_evicted for r in reps)
     rec["stats"] = stats
     return rec, violations

@@ -38,6 +38,7 @@ def _compare(case, policy, G=3, B=8, Q=64, local="fcfs", stale=0.0, leap=32, key
         np.testing.assert_allclose(got[a], want[b], rtol=1e-6)
     m = model.metrics(st, wl, p)
     assert bool(m["overflow"]) == want["overflow"]
+    assert bool(m["running_full"]) == want["running_full"]
     assert int(m["conservation_error"]) == 0
     prompt = got["prompt_tokens"]
     np.testing.assert_allclose(float(m["hit_rate"]), want["cached"].sum() / prompt.sum(), rtol=1e-5)
@@ -125,8 +126,8 @@ def test_overflow_flags():
     wl = make()
     p = R.make_params("affinity", rate=rate, kv_capacity=50_000)
     m = R.ReplicaCluster(n_replicas=2, max_running=2, max_queue=64)
-    st = R.run_single(m, jax.random.key(0), wl, p)
-    assert bool(m.metrics(st, wl, p)["overflow"])  # running set full while memory had room
+    met = m.metrics(R.run_single(m, jax.random.key(0), wl, p), wl, p)
+    assert bool(met["running_full"]) and not bool(met["overflow"])  # a modeled limit, not an overflow
     m = R.ReplicaCluster(n_replicas=2, max_running=64, max_queue=2)
     st = R.run_single(m, jax.random.key(0), wl, p)
     met = m.metrics(st, wl, p)

@@ -122,7 +122,8 @@ class ReplicaState:
     rec_cached: jax.Array  # [N] int32 prompt tokens found in the cache at admission
     rep_area: jax.Array  # [] float32 integral of the replication factor over time
     rep_time: jax.Array  # [] float32 time with a non-empty cache
-    overflow: jax.Array  # [] bool a fixed capacity was exceeded
+    running_full: jax.Array  # [] bool admission ever waited only for a running slot (max_running)
+    overflow: jax.Array  # [] bool a fixed capacity was exceeded (local queue)
 
 
 def leading_match(present: jax.Array, seg_ids: jax.Array, seg_tok: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -158,7 +159,7 @@ class ReplicaCluster:
 
     n_replicas: int = 4
     chunk: int = 512  # prefill tokens per iteration
-    max_running: int = 64  # B: running requests per replica
+    max_running: int = 64  # B: running requests per replica (SGLang's max_running_requests; a real limit)
     max_queue: int = 256  # Q: local queue per replica
     max_admit: int = 4  # admissions per iteration
     local_order: str = "fcfs"  # or "lpm"
@@ -194,7 +195,8 @@ class ReplicaCluster:
             view_present=b((G, vm1)), view_inflight=f((G,), 0.0), view_tokens=f((G,), 0.0),
             view_time=jnp.float32(-INF),
             rec_replica=i((n,), -1), rec_admit=f((n,), INF), rec_first=f((n,), INF), rec_finish=f((n,), INF),
-            rec_cached=i((n,), 0), rep_area=jnp.float32(0), rep_time=jnp.float32(0), overflow=jnp.bool_(False))
+            rec_cached=i((n,), 0), rep_area=jnp.float32(0), rep_time=jnp.float32(0), running_full=jnp.bool_(False),
+            overflow=jnp.bool_(False))
 
     def is_done(self, state: ReplicaState) -> jax.Array:
         return (state.next_req >= state.req.arrival_s.shape[0]) & jnp.all(jnp.isinf(state.clock))
@@ -275,7 +277,8 @@ class ReplicaCluster:
             next_req=s.next_req + is_route, n_admitted=jnp.where(is_iter, side["n_admitted"], s.n_admitted),
             inflight=s.inflight.at[g].add(d_inf), inflight_tok=s.inflight_tok.at[g].add(d_tok),
             tree_size=s.tree_size.at[g].add(tree_add),
-            overflow=s.overflow | (is_route & ~q_ok) | (is_iter & side["overflow"]),
+            overflow=s.overflow | (is_route & ~q_ok),
+            running_full=s.running_full | (is_iter & side["full"]),
         )
         if self.stale_view:
             vp = v_present.at[g, all_segs].set(v_present[g, all_segs] | is_route)
@@ -358,14 +361,14 @@ class ReplicaCluster:
                 run_nseg=upd(rw.run_nseg, nmatch), run_res=upd(rw.run_res, need),
                 run_seq=upd(rw.run_seq, c["n_admitted"]))
             return dict(row=rw, n_admitted=c["n_admitted"] + go, stop=c["stop"] | ~go,
-                        blocked=c["blocked"] | blocked, overflow=c["overflow"] | full,
+                        blocked=c["blocked"] | blocked, full=c["full"] | full,
                         cache_tok=c["cache_tok"] - freed,
                         unlocked_tok=c["unlocked_tok"] - freed - jnp.sum(jnp.where(go, prefix_unlocked * tok, 0)),
                         adm_go=c["adm_go"].at[k].set(go), adm_id=c["adm_id"].at[k].set(cand),
                         adm_tok=c["adm_tok"].at[k].set(mtok))
 
         c0 = dict(row=row, n_admitted=n_admitted, stop=jnp.bool_(False), blocked=jnp.bool_(False),
-                  overflow=jnp.bool_(False), cache_tok=cache_tok, unlocked_tok=unlocked_tok,
+                  full=jnp.bool_(False), cache_tok=cache_tok, unlocked_tok=unlocked_tok,
                   adm_go=jnp.zeros(A, bool), adm_id=jnp.zeros(A, jnp.int32), adm_tok=jnp.zeros(A, jnp.int32))
         c = jax.lax.fori_loop(0, A, admit, c0)
         rw = c["row"]
@@ -458,7 +461,7 @@ class ReplicaCluster:
             rw, cached=cached, refcnt=refcnt, last_use=last_use, pending=pending, run_req=run_req,
             run_pos=new_pos, run_gen=new_gen, run_nseg=nseg_new, run_res=jnp.where(finished, 0, run_res))
         side = dict(clock=jnp.where(busy, t_end, INF), t_end=t_end, n_admitted=c["n_admitted"],
-                    overflow=c["overflow"], adm_go=c["adm_go"], adm_id=c["adm_id"], adm_tok=c["adm_tok"],
+                    full=c["full"], adm_go=c["adm_go"], adm_id=c["adm_id"], adm_tok=c["adm_tok"],
                     rid=rid, first=first, finished=finished, n_fin=jnp.sum(finished).astype(jnp.float32),
                     tok_fin=jnp.sum(jnp.where(finished, prompt + out, 0)).astype(jnp.float32))
         return new_row, side
@@ -491,20 +494,26 @@ class ReplicaCluster:
             "replication_factor": jnp.where(state.rep_time > 0, state.rep_area / jnp.maximum(state.rep_time, 1e-30), 1.0),
             "max_replica_share": share,
             "completed": completed,
+            "running_full": state.running_full,
             "overflow": state.overflow | (completed < n),
             "conservation_error": jnp.abs(arrived - (completed + in_queue + running)),
         }
 
 
 def run_single(model: ReplicaCluster, key, workload, params: ReplicaParams) -> ReplicaState:
-    """One run to completion with a while loop (for tests and per-request records)."""
+    """One run to completion with a while loop (for tests and per-request records); compiled once per model."""
+    go = _SINGLE.get(model)
+    if go is None:
 
-    @jax.jit
-    def go(key, workload, params):
-        state = model.init(key, workload, params)
-        return jax.lax.while_loop(lambda s: ~model.is_done(s), lambda s: model.step(s, workload, params), state)
+        def run(key, workload, params):
+            state = model.init(key, workload, params)
+            return jax.lax.while_loop(lambda s: ~model.is_done(s), lambda s: model.step(s, workload, params), state)
 
+        go = _SINGLE[model] = jax.jit(run)
     return go(key, workload, params)
+
+
+_SINGLE: dict[ReplicaCluster, object] = {}
 
 
 def records(state: ReplicaState) -> dict[str, np.ndarray]:

@@ -64,7 +64,8 @@ def register(subparsers) -> None:
                    "Mistral-7B on A6000)")
     p.add_argument("--chunk", default="512", metavar="TOKENS", help="prefill tokens per iteration (default 512)")
     p.add_argument("--max-running", default="64", metavar="B",
-                   help="running requests per replica; admission past it sets the overflow flag (default 64)")
+                   help="max running requests per replica, like SGLang's --max-running-requests: requests wait "
+                   "for a slot (reported as running_full in the JSON) (default 64)")
     p.add_argument("--seed", default="0", metavar="INT", help="base PRNG seed (default 0)")
     add_output_args(p)
     p.set_defaults(func=run)
@@ -183,8 +184,7 @@ def run(args) -> int:
                                     model_name=args.model, kv_capacity=kv, chunk=chunk, max_running=max_running,
                                     seed=seed, progress=show_progress(args))
     elapsed = time.perf_counter() - start
-    check_overflow(records, args, "A replica's running set (--max-running) was full while memory had room, "
-                   "or a run did not finish: raise --max-running")
+    check_overflow(records, args, "A replica's local queue was full or a run did not finish")
     cap = records[0].params["kv_capacity"]
     rate_txt = "recorded times" if rate <= 0 else f"{rate:g} req/s"
     title = (f"cluster: {name}, {G} replicas ({args.model} on {args.gpu}, KV {cap:,} tokens, {cost_model}), "

@@ -17,7 +17,7 @@ Parameters (lecture §2.1-2.5, Preble Table 1 averages; DESIGN.md facts):
 
 | name | shared prefix | private suffix | output | popularity |
 |---|---|---|---|---|
-| longdoc | 13-token system prompt + 1 of 300 documents (mean 21,000 tokens, LogNormal sigma 0.4, clipped 4k-60k) | question = 9 % of the prompt | 45 | Zipf(1.1) over documents |
+| longdoc | 13-token system prompt + 1 of 300 documents (mean 21,000 tokens, LogNormal sigma 0.4, clipped 4k-60k) | question = f_d of the prompt, f_d ~ U(4 %, 14 %) per document (mean 9 %) | 45 | Zipf(1.1) over documents |
 | toolbench | 200-token system prompt + 1 of 500 tool descriptions (mean 1,500, sigma 0.5, clipped 200-6,000) | question 130 | 43 | Zipf(1.1); `hot_tool_share` (e.g. 0.4) puts that share on tool 0 |
 | videoqa | 13-token system prompt + 1 of 200 videos (mean 8,700, sigma 0.3) | question 1,150 | 4 | Zipf(1.1) |
 | programming | 13-token system prompt + 1 of 1,000 problems (mean 3,700, sigma 0.3) | 100-token sample tag | 190 | uniform; 8 parallel samples arrive together |
@@ -206,12 +206,16 @@ def _single_question(name, sys_len, item_len, item_prob, question_len, out, n_re
 
 
 def longdoc(n_requests: int, n_docs: int = 300, doc_mean: int = 21_000, zipf_s: float = 1.1,
-            question_frac: float = 0.09, output_tokens: int = 45, sys_tokens: int = 13,
-            structure_seed: int = 0) -> SyntheticPrefixWorkload:
-    """Long-document QA (LooGLE-like): question = `question_frac` of the whole prompt."""
+            question_frac: float = 0.09, question_spread: float = 0.05, output_tokens: int = 45,
+            sys_tokens: int = 13, structure_seed: int = 0) -> SyntheticPrefixWorkload:
+    """Long-document QA (LooGLE-like): the question of document d is a fraction f_d of the whole
+    prompt, f_d ~ U(question_frac -/+ question_spread) per document (mean 9 %)."""
     rng = np.random.default_rng(structure_seed)
     docs = _lognormal_lengths(rng, n_docs, doc_mean, 0.4, 4_000, 60_000)
-    q = np.round(question_frac / (1 - question_frac) * (sys_tokens + docs)).astype(np.int64)
+    frac = rng.uniform(question_frac - question_spread, question_frac + question_spread, n_docs)
+    if not (0 < frac.min() and frac.max() < 1):
+        raise JaxrouteError("question_frac -/+ question_spread must stay inside (0, 1)")
+    q = np.maximum(1, np.round(frac / (1 - frac) * (sys_tokens + docs))).astype(np.int64)
     return _single_question("longdoc", sys_tokens, docs, _zipf(n_docs, zipf_s), q, output_tokens, n_requests)
 
 

@@ -1,0 +1,122 @@
+"""Prefix workloads: documented parameters, per-seed draws, and the trace adapters."""
+
+import json
+
+import jax
+import numpy as np
+import pytest
+
+from jaxroute.errors import JaxrouteError
+from jaxroute.workloads import prefix as W
+from jaxroute.workloads import traces
+
+
+def _np(table):
+    return jax.tree.map(np.asarray, table)
+
+
+def test_zipf_top3_matches_design_facts():
+    np.testing.assert_allclose(W.zipf_top_shares(300, 1.1, 3), [0.203, 0.095, 0.061], atol=1.5e-3)
+
+
+def test_longdoc_parameters():
+    wl = W.longdoc(3000)
+    shared = np.asarray(wl.shared_len)
+    assert shared[0] == 13 and len(shared) == 301
+    assert abs(shared[1:].mean() - 21_000) / 21_000 < 0.05
+    t = _np(wl.realize(jax.random.key(0), 1.0))
+    prompt = t.seg_tok.sum(1)
+    q_frac = t.seg_tok[:, 2] / prompt
+    assert abs(q_frac.mean() - 0.09) < 0.01
+    assert (t.out_tok == 45).all()
+    assert (t.seg_ids[:, 0] == 0).all() and ((t.seg_ids[:, 1] >= 1) & (t.seg_ids[:, 1] <= 300)).all()
+    assert len(np.unique(t.seg_ids[:, 2])) == len(t.seg_ids)  # questions are private
+    assert (np.diff(t.arrival_s) >= 0).all()
+    assert abs(np.diff(t.arrival_s).mean() - 1.0) < 0.08  # Poisson at 1 req/s
+    top = np.bincount(t.seg_ids[:, 1], minlength=301)[1:4] / len(t.seg_ids)
+    np.testing.assert_allclose(top, [0.203, 0.095, 0.061], atol=0.025)
+
+
+def test_seeds_differ_and_repeat():
+    wl = W.videoqa(200)
+    a, b = _np(wl.realize(jax.random.key(0), 2.0)), _np(wl.realize(jax.random.key(1), 2.0))
+    c = _np(wl.realize(jax.random.key(0), 2.0))
+    assert not np.array_equal(a.seg_ids, b.seg_ids)
+    np.testing.assert_array_equal(a.seg_ids, c.seg_ids)
+    np.testing.assert_array_equal(a.arrival_s, c.arrival_s)
+
+
+def test_hot_tool_share():
+    t = _np(W.toolbench(4000, hot_tool_share=0.4).realize(jax.random.key(0), 10.0))
+    assert abs((t.seg_ids[:, 1] == 1).mean() - 0.4) < 0.03
+    with pytest.raises(JaxrouteError):
+        W.toolbench(10, hot_tool_share=1.5)
+
+
+def test_programming_parallel_samples_arrive_together():
+    t = _np(W.programming(64, samples=8).realize(jax.random.key(0), 4.0))
+    for k in range(0, 64, 8):
+        assert len(set(t.arrival_s[k:k + 8])) == 1
+        assert len(set(t.seg_ids[k:k + 8, 1])) == 1  # same problem
+        assert len(set(t.seg_ids[k:k + 8, 2])) == 8  # private sample tags
+    assert (t.out_tok == 190).all()
+
+
+def test_agent_turns_extend_the_previous_prompt():
+    wl = W.agent(60, n_envs=3, turns=3, think_s=100.0)  # sessions never overlap in time order here
+    t = _np(wl.realize(jax.random.key(0), 0.01))
+    dummy = len(t.seg_len) - 1
+    later_turns = 0
+    for i in range(len(t.seg_ids)):
+        ids = t.seg_ids[i][t.seg_tok[i] > 0]
+        assert t.out_seg[i] != dummy and t.seg_len[t.out_seg[i]] == t.out_tok[i]
+        if len(ids) > 3:  # turn >= 2: prompt = the previous turn's prompt + its output + a new observation
+            prev = np.nonzero(t.out_seg == ids[-2])[0]
+            assert len(prev) == 1
+            j = prev[0]
+            np.testing.assert_array_equal(t.seg_ids[j][t.seg_tok[j] > 0], ids[:-2])
+            assert t.arrival_s[j] < t.arrival_s[i]
+            later_turns += 1
+    assert later_turns > 0
+
+
+def _write_jsonl(path, rows):
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return path
+
+
+def test_mooncake_adapter(tmp_path):
+    rows = [{"timestamp": 0, "input_length": 1100, "output_length": 5, "hash_ids": [1, 2, 3]},
+            {"timestamp": 500, "input_length": 1024, "output_length": 7, "hash_ids": [1, 2]},
+            {"timestamp": 1000, "input_length": 600, "output_length": 3, "hash_ids": [9, 2]}]
+    wl = W.from_mooncake(traces.load_mooncake_jsonl(_write_jsonl(tmp_path / "m.jsonl", rows)))
+    t = _np(wl.table)
+    np.testing.assert_array_equal(t.seg_tok[0], [512, 512, 76])
+    np.testing.assert_array_equal(t.seg_tok[1, :2], [512, 512])
+    assert t.seg_ids[0, 0] == t.seg_ids[1, 0] and t.seg_ids[0, 1] == t.seg_ids[1, 1]  # shared prefix
+    assert t.seg_ids[2, 1] != t.seg_ids[0, 1]  # same hash id under another parent is another node
+    np.testing.assert_allclose(t.arrival_s, [0.0, 0.5, 1.0])
+    assert wl.n_segments == 5
+    scaled = _np(wl.realize(jax.random.key(0), 4.0))  # recorded rate 2 req/s -> 4 req/s
+    np.testing.assert_allclose(scaled.arrival_s, [0.0, 0.25, 0.5])
+    bad = [{"timestamp": 0, "input_length": 2000, "output_length": 5, "hash_ids": [1, 2]}]
+    with pytest.raises(JaxrouteError, match="hash_ids|does not match"):
+        W.from_mooncake(traces.load_mooncake_jsonl(_write_jsonl(tmp_path / "b.jsonl", bad)))
+
+
+def test_azure_adapter_has_no_sharing(tmp_path):
+    p = tmp_path / "a.csv"
+    p.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n0.0,100,10\n1.0,200,20\n2.5,100,5\n")
+    wl = W.from_azure(traces.load_azure_csv(p))
+    t = _np(wl.table)
+    assert len(set(t.seg_ids[:, 0])) == 3
+    np.testing.assert_array_equal(t.seg_tok[:, 0], [100, 200, 100])
+    with pytest.raises(JaxrouteError):
+        W.from_mooncake(traces.load_azure_csv(p))
+
+
+def test_unknown_workload_and_empty():
+    with pytest.raises(JaxrouteError, match="unknown prefix workload"):
+        W.synthetic("chat", 10)
+    with pytest.raises(JaxrouteError, match="at least 1"):
+        W.synthetic("longdoc", 0)

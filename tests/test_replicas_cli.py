@@ -1,0 +1,55 @@
+"""`jaxroute cluster` end to end: table, JSON, PNG, traces, and bad input."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from jaxroute.cli import main
+
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+def test_cluster_writes_table_json_and_plot(tmp_path, capsys):
+    out, png = tmp_path / "r.json", tmp_path / "r.png"
+    rc = main(["cluster", "--workload", "toolbench", "--requests", "80", "--seeds", "2", "--rate", "20",
+               "--policies", "rr,threshold,cache_guard", "--out", str(out), "--plot", str(png)])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "hit_rate" in text and "cache_guard" in text and "requests/s" in text
+    res = json.loads(out.read_text())
+    assert res["command"] == "cluster" and len(res["results"]) == 3
+    row = res["results"][1]
+    assert row["policy"] == "threshold" and row["params"]["theta"] == 0.5
+    assert len(row["metrics"]["mean_latency_s"]["per_seed"]) == 2
+    assert png.stat().st_size > 1000
+
+
+@pytest.mark.skipif(not (DATA / "mooncake_synthetic_trace.jsonl").exists(), reason="shared data not present")
+def test_cluster_on_traces(tmp_path, capsys):
+    rc = main(["cluster", "--workload", "mooncake", "--trace", str(DATA / "mooncake_synthetic_trace.jsonl"),
+               "--requests", "40", "--seeds", "1", "--policies", "rr,affinity", "--rate", "2",
+               "--out", str(tmp_path / "m.json")])
+    assert rc == 0
+    rc = main(["cluster", "--workload", "azure-conv", "--trace", str(DATA / "azure_llm_2023_conv.csv"),
+               "--requests", "40", "--seeds", "1", "--policies", "rr", "--out", str(tmp_path / "a.json")])
+    assert rc == 0
+    azure = json.loads((tmp_path / "a.json").read_text())
+    assert azure["results"][0]["metrics"]["hit_rate"]["mean"] == 0.0  # no sharing in Azure
+
+
+@pytest.mark.parametrize("argv, msg", [
+    (["--workload", "chat"], "unknown workload"),
+    (["--policies", "rr,jsq"], "unknown policy"),
+    (["--rate", "-1"], "--rate"),
+    (["--theta", "1.5"], "--theta"),
+    (["--hot-tool", "0.4"], "--hot-tool"),
+    (["--trace", "x.jsonl"], "--trace"),
+    (["--workload", "mooncake", "--trace", "/nonexistent.jsonl"], "not found"),
+    (["--local", "lifo"], "local order"),
+    (["--kv-capacity", "1000"], "holds only"),
+])
+def test_cluster_bad_input(argv, msg, capsys):
+    assert main(["cluster", "--requests", "5", "--seeds", "1", *argv]) == 2
+    err = capsys.readouterr().err
+    assert "jaxroute cluster: error:" in err and msg in err
