@@ -33,7 +33,7 @@ def test_dispatch_table_json_plot_and_one_compilation(tmp_path, capsys):
 
 def test_dispatch_stale_board_runs_from_the_same_compilation(capsys):
     before = sim.TRACE_COUNTS.get("QueueingModel.chunk", 0)
-    assert main(["dispatch", *SMALL, "--stale", "1"]) == 0  # same shapes as the default run: no retrace
+    assert main(["dispatch", *SMALL, "--stale", "1"]) == 0  # five policies, still one trace
     text = capsys.readouterr().out
     assert "stale board T=1.0" in text
     assert sim.TRACE_COUNTS["QueueingModel.chunk"] - before <= 1

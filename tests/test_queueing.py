@@ -123,7 +123,7 @@ def test_service_laws_have_mean_one_and_documented_cv():
 
 
 def test_default_ring_grows_with_staleness():
-    assert default_ring(16, 0.9, 0.0) == 32
+    assert default_ring(16, 0.9, 0.0) == 16
     assert default_ring(16, 0.9, 4.0) >= 2 * 0.9 * 16 * 4
 
 

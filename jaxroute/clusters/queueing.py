@@ -279,7 +279,7 @@ def default_ring(n_servers: int, load: float, stale: float) -> int:
     Fresh JSQ / P2C queues stay short at any load below 1; with a stale board one server can
     receive every arrival of a refresh interval (about load * N * T jobs), so the ring grows with T.
     """
-    need = 24 + 2.0 * load * n_servers * stale
+    need = 12 + 2.0 * load * n_servers * stale
     k = 8
     while k < need:
         k *= 2

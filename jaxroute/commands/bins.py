@@ -20,7 +20,7 @@ def register(subparsers) -> None:
         help="balls into bins: max load with d random choices (Azar et al. 1994)",
         description="Throw n balls into n bins; each ball looks at d bins chosen uniformly at random (with "
         "replacement) and joins the least loaded (ties: the first sampled). Prints the mean max load with a "
-        "95%% CI over seeds, beside the asymptotic formulas ln n / ln ln n (d = 1) and ln ln n / ln d.",
+        "95% CI over seeds, beside the asymptotic formulas ln n / ln ln n (d = 1) and ln ln n / ln d.",
     )
     p.add_argument("--n", default="100000", metavar="N", help="balls = bins (default 100000)")
     p.add_argument("--d", default="1,2,3", metavar="LIST", help="comma-separated choices per ball (default 1,2,3)")
