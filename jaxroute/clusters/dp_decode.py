@@ -147,6 +147,8 @@ class DecodeState:
     sum_imb: jax.Array  # [] float32 Σ over steps of max - min load
     sum_idle: jax.Array  # [] float32 Σ over steps of I(k) = G M - Σ L
     sum_load: jax.Array  # [] float32 Σ over steps of mean load
+    sum_imb_loaded: jax.Array  # [] float32 Σ of max - min over the loaded phase (requests still to admit)
+    steps_loaded: jax.Array  # [] int32 barrier steps in the loaded phase
     busy_s: jax.Array  # [G] float32 Σ of each worker's own compute time
     barrier_s: jax.Array  # [] float32 Σ of barrier step times
     kv_overflow: jax.Array  # [] bool a worker's KV grew beyond its capacity
@@ -214,7 +216,7 @@ class DPDecodeModel:
             slot_req=jnp.full((g, s), -1, jnp.int32), slot_gen=jnp.zeros((g, s), jnp.int32),
             admit_t=jnp.zeros((n,), jnp.float32), finish_t=jnp.zeros((n,), jnp.float32),
             done=jnp.zeros((n,), bool), worker_of=jnp.full((n,), -1, jnp.int32), tokens_out=i0,
-            sum_imb=f0, sum_idle=f0, sum_load=f0, busy_s=jnp.zeros((g,), jnp.float32), barrier_s=f0,
+            sum_imb=f0, sum_idle=f0, sum_load=f0, sum_imb_loaded=f0, steps_loaded=i0, busy_s=jnp.zeros((g,), jnp.float32), barrier_s=f0,
             kv_overflow=jnp.bool_(False), all_admitted_t=f0, tokens_loaded=i0,
             trace_kv=jnp.zeros((self.trace_points, g), jnp.float32), trace_t=jnp.zeros((self.trace_points,), jnp.float32),
         )
@@ -422,6 +424,8 @@ class DPDecodeModel:
             sum_imb=st.sum_imb + w * imb,
             sum_idle=st.sum_idle + w * idle,
             sum_load=st.sum_load + w * jnp.mean(load),
+            sum_imb_loaded=st.sum_imb_loaded + jnp.where(all_in, 0.0, w * imb),
+            steps_loaded=st.steps_loaded + (any_active & ~all_in).astype(jnp.int32),
             busy_s=st.busy_s + jnp.where(any_active, per_worker, 0.0),
             barrier_s=st.barrier_s + dt,
             kv_overflow=st.kv_overflow | jnp.any(kv_after > self.kv_capacity),
@@ -449,6 +453,7 @@ class DPDecodeModel:
         out = {
             "imbalance_tokens": st.sum_imb / steps,
             "barrier_idle_tokens": st.sum_idle / steps,
+            "imbalance_loaded_tokens": st.sum_imb_loaded / jnp.maximum(st.steps_loaded, 1).astype(jnp.float32),
             "mean_load_tokens": st.sum_load / steps,
             "tpot_p95_s": metrics.masked_quantile(tpot, done, 0.95),
             "tpot_mean_s": metrics.masked_mean(tpot, done),
@@ -489,7 +494,7 @@ def compact(ids: jax.Array) -> jax.Array:
 
 
 def step_budget(req: DecodeRequests, n_workers: int, slots: int, r_max: int, arrival: str,
-                rate: float = 1.0, min_step_s: float = 1e-3, slack: float = 1.3) -> int:
+                rate: float = 1.0, min_step_s: float = 1e-3, slack: float = 1.1) -> int:
     """A static upper bound on the events one run needs (runs that exceed it flag overflow_steps).
 
     Saturated: loaded steps (total tokens / all slots) plus admission-limited steps plus the

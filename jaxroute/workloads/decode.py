@@ -8,7 +8,7 @@ Built-in synthetic workloads (documented, heavy-tailed length laws):
 
 - `synthetic-azure24`: modelled on the paper's Azure-2024 conversation split
   (mean prompt 4652, mean output 1052). Prompt ~ clip(LogNormal, 32, 32768) with
-  sigma 1.0; output ~ clip(LogNormal, 1, 8192) with sigma 1.0. The location mu of
+  sigma 1.0; output ~ clip(LogNormal, 1, 4096) with sigma 1.0 (max_tokens 4096). The location mu of
   each law is solved so that the mean of the *clipped* law is the target mean.
   No prompt keys (key_id = -1). Note: the write-up says the paper filtered Azure-2024
   by "output length > 1000"; we keep a heavy-tailed output law with the same mean
@@ -54,9 +54,9 @@ SYNTHETIC_RATE_PER_S = 2.0  # nominal Poisson arrival rate of synthetic workload
 
 # (mean, sigma, lo, hi) of the clipped log-normal laws.
 AZURE24_PROMPT = (4652.0, 1.0, 32, 32768)
-AZURE24_OUTPUT = (1052.0, 1.0, 1, 8192)
+AZURE24_OUTPUT = (1052.0, 1.0, 1, 4096)
 PROD_PROMPT = (3197.0, 0.8, 32, 32768)
-PROD_OUTPUT = (1185.0, 1.0, 1, 8192)
+PROD_OUTPUT = (1185.0, 1.0, 1, 4096)
 PROD_TEMPLATES = 200
 PROD_TEMPLATE_FRACTION = 0.8
 PROD_ZIPF = 1.1
