@@ -1,5 +1,6 @@
 """Reproduce the lecture's code-01 dispatch demos (lecture 11, section 1; exercises 1-2) with jaxroute.
 
+0. Theory checks: M/M/1 and M/D/1 under random dispatch, the supermarket model.
 1. Balls into bins, n = 1e3 .. 1e5, d = 1 and 2.
 2. 16 FCFS servers at load 0.9, five policies, exponential and heavy-tailed service.
 3. Stale queue-length board, refresh interval T in {0, 0.5, 1, 2, 4}: JSQ vs P2C.
@@ -19,9 +20,11 @@ import json
 import math
 import time
 
+import jax
 import numpy as np
 
-from jaxroute import report
+from jaxroute import report, sim
+from jaxroute.clusters.queueing import QueueingModel, dispatch_params
 from jaxroute.commands.bins import asymptotic_max_load, run_bins
 from jaxroute.commands.dispatch import run_dispatch
 
@@ -49,6 +52,40 @@ def main() -> None:
     q = args.quick
     out = {}
     t0 = time.perf_counter()
+
+    # ---------------------------------------------------------------- 0. queueing theory
+    print("== 0. theory checks (not in the lecture's tables) ==")
+    seeds = 4 if q else 16
+    model = QueueingModel(n_servers=4, n_requests=40_000, warmup=4_000, ring=8)
+    rows = [("random", 0.5, "exp"), ("random", 0.8, "exp"), ("random", 0.8, "det")]
+    grid = sim.run_grid(model, jax.random.key(0), None,
+                        sim.stack_params([dispatch_params(p, rho, law) for p, rho, law in rows]), seeds)
+    print(f"random dispatch, 4 servers, {seeds} seeds x 40000 requests (10% warm-up):")
+    theory = []
+    for c, (_, rho, law) in enumerate(rows):
+        mean, p99 = grid.summary("mean_response")[c], grid.summary("p99_response")[c]
+        if law == "exp":
+            t_mean, t_p99 = 1 / (1 - rho), math.log(100) / (1 - rho)
+            print(f"  M/M/1 rho={rho}: mean {report.fmt_ci(mean)} (theory {t_mean:.3f}), "
+                  f"P99 {report.fmt_ci(p99)} (theory ln(100)/(1-rho) = {t_p99:.3f})")
+        else:
+            t_mean, t_p99 = 1 + rho / (2 * (1 - rho)), None
+            print(f"  M/D/1 rho={rho}: mean {report.fmt_ci(mean)} (Pollaczek-Khinchine {t_mean:.3f})")
+        theory.append(dict(rho=rho, service=law, mean=mean.as_json(), theory_mean=t_mean, theory_p99=t_p99))
+    levels = 5
+    model = QueueingModel(n_servers=100, n_requests=40_000, warmup=8_000, ring=32, max_d=3, tail_levels=levels)
+    grid = sim.run_grid(model, jax.random.key(1), None,
+                        sim.stack_params([dispatch_params("pod", 0.9, d=d) for d in (2, 3)]), 2 if q else 4)
+    print("supermarket model, 100 servers, load 0.9: fraction of servers with >= i jobs (ours / large-N theory)")
+    for c, d in enumerate((2, 3)):
+        cells = []
+        for i in range(1, levels + 1):
+            got = float(np.mean(grid.metrics[f"frac_ge_{i}"][c]))
+            cells.append(f"i={i}: {got:.3f}/{0.9 ** ((d**i - 1) / (d - 1)):.3f}")
+            theory.append(dict(d=d, i=i, ours=got, theory=0.9 ** ((d**i - 1) / (d - 1))))
+        print(f"  d={d}: " + "  ".join(cells))
+    out["theory"] = theory
+    print()
 
     # ---------------------------------------------------------------- 1. balls into bins
     seeds = 8 if q else 32
@@ -94,6 +131,9 @@ def main() -> None:
             jp, lp = by["jsq"].metrics["p99_response"], by["lwl"].metrics["p99_response"]
             d, h = paired(jp, lp)
             print(f"check: JSQ P99 worse than LWL: jsq - lwl P99 = {d:.2f} ± {h:.2f}")
+            print("note: heavy tails shrink RR's gain over random from ~1.8x to a few per cent; over 8 seeds "
+                  "that sits at the edge of the noise (the lecture: 'within noise'), with more seeds it is "
+                  "still detectable.")
         print()
         out[f"servers16_{law}"] = [r.as_json() for r in recs]
 
@@ -113,8 +153,9 @@ def main() -> None:
         print(f"{stale:4.1f}  {report.fmt_ci(m['random']):>12s}  {report.fmt_ci(m['jsq']):>12s}  "
               f"{report.fmt_ci(m['p2c']):>12s}  {m['jsq'].mean / m['random'].mean:10.2f}  "
               f"{m['p2c'].mean / table[0.0]['p2c'].metrics['mean_response'].mean:12.2f}")
-    print("lecture: at T = 4 JSQ is already worse than random; P2C barely moves. (random ignores the board, "
-          "so its column only shows seed noise.)")
+    print("lecture: at T = 4 JSQ is already worse than random; P2C barely moves. Ours: JSQ degrades ~10x and "
+          "crosses random near T = 2; P2C degrades by about a third. (random ignores the board: its column "
+          "only shows seed noise.)")
     print(f"\n(total {time.perf_counter() - t0:.0f} s)")
     if args.out:
         with open(args.out, "w") as f:
