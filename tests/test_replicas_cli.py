@@ -13,14 +13,16 @@ DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 def test_cluster_writes_table_json_and_plot(tmp_path, capsys):
     out, png = tmp_path / "r.json", tmp_path / "r.png"
     rc = main(["cluster", "--workload", "toolbench", "--requests", "80", "--seeds", "2", "--rate", "20",
-               "--policies", "rr,threshold,cache_guard", "--out", str(out), "--plot", str(png)])
+               "--policies", "rr,threshold,cache_guard", "--cost-model", "preble", "--local", "lpm", "--stale", "1",
+               "--out", str(out), "--plot", str(png)])
     assert rc == 0
     text = capsys.readouterr().out
     assert "hit_rate" in text and "cache_guard" in text and "requests/s" in text
     res = json.loads(out.read_text())
     assert res["command"] == "cluster" and len(res["results"]) == 3
+    assert res["config"]["cost_model"] == "preble" and res["config"]["local"] == "lpm"
     row = res["results"][1]
-    assert row["policy"] == "threshold" and row["params"]["theta"] == 0.5
+    assert row["policy"] == "threshold" and row["params"]["theta"] == 0.5 and row["params"]["stale_s"] == 1.0
     assert len(row["metrics"]["mean_latency_s"]["per_seed"]) == 2
     assert png.stat().st_size > 1000
 
