@@ -58,6 +58,8 @@ def main() -> None:
     ap.add_argument("--servers", type=int, default=16)
     ap.add_argument("--load", type=float, default=0.9)
     ap.add_argument("--python-seeds", type=int, default=8, help="seeds for the Python loop timing")
+    ap.add_argument("--ring", type=int, default=8,
+                    help="ring capacity K (fresh JSQ queues at load 0.9 stay far below 8; overflow is checked)")
     ap.add_argument("--repeats", type=int, default=2, help="timed repeats (best is kept)")
     ap.add_argument("--devices", type=int, default=os.cpu_count() or 1,
                     help="CPU devices to shard the batch over (default: one per core)")
@@ -74,7 +76,7 @@ def main() -> None:
     from jaxroute.clusters.queueing import QueueingModel, dispatch_params
 
     seeds = [int(s) for s in args.seeds.split(",")]
-    model = QueueingModel(n_servers=args.servers, n_requests=args.requests, ring=16)
+    model = QueueingModel(n_servers=args.servers, n_requests=args.requests, ring=args.ring)
     params = sim.stack_params([dispatch_params("jsq", args.load, "exp")])
 
     def python_rate():
