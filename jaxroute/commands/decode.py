@@ -89,7 +89,8 @@ def run_comparison(req: DecodeRequests, rows: list[Row], *, workers: int, seeds:
         dd.make_params(r.policy, n_workers=workers, dispatch=r.dispatch,
                        predictor=predictors.kind_id(r.predictor) if r.predictor else 1,
                        alpha=r.alpha, beta=r.beta, gamma=r.gamma, arrival=arrival, rate=rate) for r in rows])
-    budget = max_steps or dd.step_budget(req, workers, dep.slots, dep.r_max, arrival, rate)
+    min_step = float(cost_models.decode_step_time(cost, 1.0, 1.0)) + dep.collective_s  # the fastest barrier step
+    budget = max_steps or dd.step_budget(req, workers, dep.slots, dep.r_max, arrival, rate, min_step_s=min_step)
     for attempt in range(2):
         model = dd.DPDecodeModel(n_workers=workers, n_requests=len(req), max_steps=budget, slots=dep.slots,
                                  pool=dep.pool, window=dep.window, horizon=dep.horizon, r_max=dep.r_max,
@@ -117,6 +118,8 @@ def best_baseline(records, metric: str) -> int | None:
     """Index of the best of the four paper baselines (random, rr, p2c, jsq) on a metric."""
     idx = [i for i, r in enumerate(records) if r.policy in balance.PAPER_BASELINES and r.params.get("dispatch") ==
            balance.DISPATCH_MODES[balance.default_dispatch(r.policy)]]
+    if not idx:  # every row forced to one dispatch mode: compare with the baselines as run
+        idx = [i for i, r in enumerate(records) if r.policy in balance.PAPER_BASELINES]
     if not idx:
         return None
     key = lambda i: records[i].metrics[metric].mean
