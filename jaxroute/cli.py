@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import pkgutil
 import sys
 
@@ -31,7 +32,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def use_all_cpu_cores() -> None:
+    """Expose one JAX CPU device per core so the grid's batch axis is sharded across cores.
+
+    Set JAXROUTE_CPU_DEVICES to override. Must run before JAX initialises its backends.
+    """
+    n = int(os.environ.get("JAXROUTE_CPU_DEVICES", os.cpu_count() or 1))
+    try:
+        import jax
+
+        jax.config.update("jax_num_cpu_devices", max(1, n))
+    except RuntimeError:  # backends already initialised (e.g. called from a test): keep them
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
+    use_all_cpu_cores()
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
