@@ -23,6 +23,16 @@ Memory: cached segments + private tokens of running requests (uncached prompt + 
 reservation) <= kv_capacity. The cache is `cached[G, n_segments]` with `last_use`/`refcnt`;
 the matched prefix is the cumulative product of the leading segments' cached flags.
 
+Speed: one `step` touches one replica's row only (both event kinds are computed on that row and
+the right one kept, so a vmapped step is O(row)), and a replica leaps over iterations in which
+nothing but token counts change (see `_iterate_row`); both keep events identical to the plain loop
+(tests/reference_replicas.py is a radix-tree reference that the tests match exactly).
+
+Capacities: the local queue (`max_queue`; the CLI sizes it to the number of requests) sets
+`overflow` when full; `max_running` is a modeled engine limit (SGLang's max_running_requests):
+requests wait for a slot and `running_full` reports that it bound. Segments per prompt are sized
+from the workload. Routing is instantaneous, so a request's dispatch time is its arrival time.
+
 Router view: in-flight requests and tokens per replica, and the router's record of which
 replica should hold which segment: the replica's cache plus the segments of requests dispatched
 to it and not finished (insert on dispatch). With `stale_s` = T > 0 the loads and the replica
