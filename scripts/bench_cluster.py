@@ -16,6 +16,7 @@ from pathlib import Path
 import jax
 
 from jaxroute import sim
+from jaxroute.cli import use_all_cpu_cores
 from jaxroute.clusters import replicas
 from jaxroute.workloads import prefix as W
 
@@ -47,6 +48,7 @@ def main(argv=None) -> int:
                     "slowest row and so sets the batch's time)")
     ap.add_argument("--out", default="results/bench_cluster.json")
     args = ap.parse_args(argv)
+    use_all_cpu_cores()  # one JAX CPU device per core: the grid is sharded across cores
     wl = W.synthetic(args.workload, args.requests)
     pols = args.policies.split(",")
     rows = [bench(wl, pols, int(s), args.replicas, args.rate) for s in args.seeds.split(",")]
