@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from jaxroute.commands.decode import Deployment, Row, best_baseline, format_records, rows_for, run_comparison
+from jaxroute.metrics import summarize
 from jaxroute.report import _jsonable
 from jaxroute.routers import balance
 from jaxroute.workloads.decode import make_decode_requests
@@ -49,14 +50,71 @@ PAPER_SENSITIVITY = "945-1043 tok/s (TPOT P95 77.3-79.5 ms) vs best baseline 847
 MAIN_POLICIES = ("random", "rr", "p2c", "jsq", "least_kv", "br0", "brh")
 
 
-def deployed_predictor_rows(workload: str) -> tuple[list[Row], tuple, list[str]]:
-    """PLACE FOR DEPLOYED PREDICTORS (issue 4): extra BR-H rows for the main table.
+# --- deployed predictors (issue 4; added by the predictors helper) -------------------------------
+# The paper's share of oracle BR-H's throughput gain over BR-0 that deployed BR-H recovers.
+PAPER_RECOVERED = {"synthetic-prod": {"survival": (979 - 943) / (1029 - 943), "exact": (977 - 943) / (1029 - 943)},
+                   "synthetic-azure24": {"survival": (893 - 854) / (957 - 854), "exact": (909 - 854) / (957 - 854)}}
 
-    Return (rows, bank, names): rows like Row("brh", "exact"), the fitted bank for
-    `run_comparison(..., bank=bank)`, and their predictor names. Empty until the
-    predictor helper wires survival / exact / learned here.
+
+def deployed_predictor_rows(workload: str, s: dict, dep, ckpt_root: Path, log) -> tuple[list[Row], tuple, list[str]]:
+    """Deployed BR-H rows (survival, exact-match, learned) for the main table.
+
+    All three are fitted on requests distinct from the simulated ones (the next requests of the
+    same synthetic population, or the trace requests after the simulated ones). The learned
+    predictor is trained on those same requests and saved with orbax under ckpt_root/<workload>.
     """
-    return [], (), []
+    from jaxroute.predictors.bank import bank_for_simulation, train_learned_for_simulation
+    from jaxroute.predictors.training import TrainSettings
+
+    t0 = time.perf_counter()
+    steps = 100 if s["requests"] < 500 else 2000
+    spec = train_learned_for_simulation(ckpt_root / workload, workload, s["requests"], 0, None, dep.horizon,
+                                        TrainSettings(steps=steps, seed=0))
+    bank, names, _ = bank_for_simulation(["survival", "exact", spec], workload, s["requests"], 0, None, dep.horizon)
+    log(f"\n  deployed predictors for {workload}: survival, exact, learned ({spec}; {steps} steps max) fitted on "
+        f"requests distinct from the simulated ones in {time.perf_counter() - t0:.0f} s")
+    return [Row("brh", n) for n in names], bank, names
+
+
+def recovered_lines(records, names, workload) -> list[str]:
+    """How much of oracle BR-H's gain over BR-0 each deployed predictor recovers (paired over seeds)."""
+    by = {r.params["label"]: r for r in records}
+    br0, orc = by.get("br0"), by.get("brh[oracle]")
+    if br0 is None or orc is None or not names:
+        return []
+    out = ["  deployed BR-H: share of oracle BR-H's gain over BR-0 recovered (0 = BR-0, 1 = oracle; "
+           "means over seeds; paper: throughput)"]
+    for metric in ("throughput_tok_s", "throughput_loaded_tok_s", "imbalance_tokens"):
+        base = np.asarray(br0.metrics[metric].per_seed)
+        gap = np.asarray(orc.metrics[metric].per_seed) - base
+        sig = summarize(gap)
+        note = "" if (sig.lo > 0 or sig.hi < 0) else "  (oracle's gain over BR-0 is not significant here: ratios are noise)"
+        cells = []
+        for n in names:
+            rec = by.get(f"brh[{n}]")
+            if rec is None:
+                continue
+            gain = float(np.mean(np.asarray(rec.metrics[metric].per_seed) - base))
+            frac = f"{gain / np.mean(gap):+.2f}" if np.mean(gap) else "n/a"
+            paper = PAPER_RECOVERED.get(workload, {}).get(n) if metric == "throughput_tok_s" else None
+            cells.append(f"{n} {frac}" + (f" (paper {paper:.2f})" if paper is not None else ""))
+        out.append(f"    {metric:24s} oracle-BR0 {sig.mean:+,.0f} ± {sig.half_width:,.0f}: " + ", ".join(cells) + note)
+    for n in names:
+        rec = by.get(f"brh[{n}]")
+        if rec is None:
+            continue
+        t, i = _m(rec, "throughput_tok_s"), _m(rec, "imbalance_tokens")
+        between = (min(_m(br0, "throughput_tok_s"), _m(orc, "throughput_tok_s")) <= t
+                   <= max(_m(br0, "throughput_tok_s"), _m(orc, "throughput_tok_s")))
+        out.append(f"  [{'holds' if between else 'DIFFERS'}] throughput of BR-H[{n}] between BR-0 and BR-H[oracle]"
+                   f" (imbalance {i:,.0f} vs BR-0 {_m(br0, 'imbalance_tokens'):,.0f}, oracle {_m(orc, 'imbalance_tokens'):,.0f})")
+    if workload == "synthetic-prod" and all(f"brh[{n}]" in by for n in ("survival", "exact", "learned")):
+        sv = _m(by["brh[survival]"], "throughput_tok_s")
+        for n in ("exact", "learned"):
+            ok = _m(by[f"brh[{n}]"], "throughput_tok_s") > sv
+            out.append(f"  [{'holds' if ok else 'DIFFERS'}] templated workload: BR-H[{n}] throughput > BR-H[survival]")
+    return out
+# --- end of deployed predictors ------------------------------------------------------------------
 
 
 def settings(quick: bool) -> dict:
@@ -108,7 +166,7 @@ def main_table(s, dep, out, log):
         except Exception as e:  # the shared trace may be missing from a fresh clone
             log(f"\n== main table, {workload}: skipped ({e})")
             continue
-        extra_rows, bank, _ = deployed_predictor_rows(workload)
+        extra_rows, bank, deployed = deployed_predictor_rows(workload, s, dep, Path(out["predictor_dir"]), log)
         rows = rows_for(MAIN_POLICIES, ["oracle"]) + extra_rows
         t0 = time.perf_counter()
         records, grid, model = run_comparison(req, rows, workers=8, seeds=s["seeds"], dep=dep, bank=bank)
@@ -116,6 +174,7 @@ def main_table(s, dep, out, log):
             f"output {req.output_tokens.mean():.0f}), {s['seeds']} seeds, {time.perf_counter() - t0:.0f} s")
         log(format_records(records))
         log("\n".join(check_ordering(records) + check_ordering(records, "loaded")))
+        log("\n".join(recovered_lines(records, deployed, workload)))
         paper = PAPER_MAIN.get(workload)
         if paper:
             log(f"  paper ({'Proprietary Data' if workload == 'synthetic-prod' else 'Azure-2024'}): "
@@ -126,6 +185,7 @@ def main_table(s, dep, out, log):
         out["main"][workload] = {"records": [r.as_json() for r in records],
                                  "ordering": check_ordering(records) + check_ordering(records, "loaded"),
                                  "overflow": bool(grid.overflow.any()),
+                                 "deployed_recovered": recovered_lines(records, deployed, workload),
                                  "conservation_error": int(np.max(grid.metrics["conservation_error"]))}
 
 
@@ -204,7 +264,8 @@ def main(argv=None) -> int:
     log(f"BalanceRoute reproduction ({'quick' if args.quick else 'default'} sizes): {dep.model} on "
         f"{dep.tp}x{dep.gpu} per worker, {dep.slots} slots, pool {dep.pool}, W={dep.window}, H={dep.horizon}, "
         f"R_max={dep.r_max}, collective {dep.collective_s * 1e3:.1f} ms; saturated arrivals")
-    out = {"settings": s, "deployment": dep.__dict__, "main": {}}
+    out = {"settings": s, "deployment": dep.__dict__, "main": {},
+           "predictor_dir": str(Path(args.out).parent / "predictors")}  # learned checkpoints (deployed rows)
     t0 = time.perf_counter()
     parts = set(args.only.split(","))
     if "main" in parts:
