@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from collections.abc import Sequence
@@ -35,6 +36,29 @@ def positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got '{text}'") from None
     if v < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {v}")
+    return v
+
+
+def int_arg(text, flag: str, minimum: int) -> int:
+    """Parse an integer flag value, or raise a JaxrouteError naming the flag."""
+    try:
+        v = int(text)
+    except (TypeError, ValueError):
+        raise JaxrouteError(f"{flag} expects an integer, got '{text}'") from None
+    if v < minimum:
+        raise JaxrouteError(f"{flag} must be >= {minimum}, got {v}")
+    return v
+
+
+def float_arg(text, flag: str, minimum: float = -math.inf) -> float:
+    """Parse a finite number flag value (>= minimum), or raise a JaxrouteError naming the flag."""
+    try:
+        v = float(text)
+    except (TypeError, ValueError):
+        raise JaxrouteError(f"{flag} expects a number, got '{text}'") from None
+    if not math.isfinite(v) or v < minimum:
+        bound = "" if minimum == -math.inf else f" >= {minimum}"
+        raise JaxrouteError(f"{flag} must be a finite number{bound}, got '{text}'")
     return v
 
 

@@ -9,8 +9,8 @@ import jax
 
 from jaxroute import report, sim
 from jaxroute.clusters.queueing import BinsModel, BinsParams
-from jaxroute.commands._common import add_output_args, csv_list, show_progress
-from jaxroute.commands.dispatch import _int, plot_records
+from jaxroute.commands._common import add_output_args, csv_list, int_arg, show_progress
+from jaxroute.commands.dispatch import plot_records
 from jaxroute.errors import JaxrouteError
 
 
@@ -48,10 +48,10 @@ def run_bins(n: int, ds, seeds: int, seed: int = 0, progress: bool = False):
 
 
 def run(args) -> int:
-    n = _int(args.n, "--n", 1)
-    seeds = _int(args.seeds, "--seeds", 1)
-    seed = _int(args.seed, "--seed", 0)
-    ds = [_int(x, "--d", 1) for x in csv_list(args.d)]
+    n = int_arg(args.n, "--n", 1)
+    seeds = int_arg(args.seeds, "--seeds", 1)
+    seed = int_arg(args.seed, "--seed", 0)
+    ds = [int_arg(x, "--d", 1) for x in csv_list(args.d)]
     if not ds:
         raise JaxrouteError("--d needs at least one value, e.g. --d 1,2")
     if len(set(ds)) != len(ds):

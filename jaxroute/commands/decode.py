@@ -15,7 +15,16 @@ import numpy as np
 
 from jaxroute import cost_models, report, sim
 from jaxroute.clusters import dp_decode as dd
-from jaxroute.commands._common import add_output_args, check_overflow, choose, csv_list, show_progress, warn
+from jaxroute.commands._common import (
+    add_output_args,
+    check_overflow,
+    choose,
+    csv_list,
+    float_arg,
+    int_arg,
+    show_progress,
+    warn,
+)
 from jaxroute.errors import JaxrouteError
 from jaxroute.metrics import summarize
 from jaxroute.predictors import base as predictors
@@ -249,24 +258,6 @@ def register(subparsers) -> None:
     p.set_defaults(func=run)
 
 
-def _int(text, flag, minimum):
-    try:
-        v = int(text)
-    except (TypeError, ValueError):
-        raise JaxrouteError(f"{flag} expects an integer, got '{text}'") from None
-    if v < minimum:
-        raise JaxrouteError(f"{flag} must be >= {minimum}, got {v}")
-    return v
-
-
-def _float(text, flag, minimum=0.0):
-    try:
-        v = float(text)
-    except (TypeError, ValueError):
-        raise JaxrouteError(f"{flag} expects a number, got '{text}'") from None
-    if not math.isfinite(v) or v < minimum:
-        raise JaxrouteError(f"{flag} must be a finite number >= {minimum}, got '{text}'")
-    return v
 
 
 def parse_arrival(text: str) -> tuple[str, float, float]:
@@ -277,12 +268,12 @@ def parse_arrival(text: str) -> tuple[str, float, float]:
     if mode == "poisson":
         if not arg:
             raise JaxrouteError("--arrival poisson needs a rate: poisson:RATE (requests/s)")
-        rate = _float(arg, "--arrival poisson:RATE")
+        rate = float_arg(arg, "--arrival poisson:RATE", 0.0)
         if rate <= 0:
             raise JaxrouteError(f"--arrival poisson rate must be > 0, got {arg}")
         return "poisson", rate, 1.0
     if mode == "trace":
-        scale = _float(arg, "--arrival trace:SCALE") if arg else 1.0
+        scale = float_arg(arg, "--arrival trace:SCALE", 0.0) if arg else 1.0
         if scale <= 0:
             raise JaxrouteError(f"--arrival trace time scale must be > 0, got {arg}")
         return "trace", 1.0, scale
@@ -290,14 +281,14 @@ def parse_arrival(text: str) -> tuple[str, float, float]:
 
 
 def run(args) -> int:
-    workers = _int(args.workers, "--workers", 1)
-    seeds = _int(args.seeds, "--seeds", 1)
-    n_req = _int(args.requests, "--requests", 1)
-    seed = _int(args.seed, "--seed", 0)
-    dep = Deployment(gpu=args.gpu, model=args.model, tp=_int(args.tp, "--tp", 1), slots=_int(args.slots, "--slots", 1),
-                     pool=_int(args.pool, "--pool", 1), window=_int(args.window, "--window", 1),
-                     horizon=_int(args.horizon, "--horizon", 0), r_max=_int(args.r_max, "--r-max", 1),
-                     collective_s=_float(args.collective_ms, "--collective-ms") / 1e3)
+    workers = int_arg(args.workers, "--workers", 1)
+    seeds = int_arg(args.seeds, "--seeds", 1)
+    n_req = int_arg(args.requests, "--requests", 1)
+    seed = int_arg(args.seed, "--seed", 0)
+    dep = Deployment(gpu=args.gpu, model=args.model, tp=int_arg(args.tp, "--tp", 1), slots=int_arg(args.slots, "--slots", 1),
+                     pool=int_arg(args.pool, "--pool", 1), window=int_arg(args.window, "--window", 1),
+                     horizon=int_arg(args.horizon, "--horizon", 0), r_max=int_arg(args.r_max, "--r-max", 1),
+                     collective_s=float_arg(args.collective_ms, "--collective-ms", 0.0) / 1e3)
     cost_models.get_gpu(dep.gpu)
     cost_models.get_model(dep.model)
     workload = choose([args.workload], DECODE_WORKLOADS, "decode workload")[0]
@@ -311,8 +302,8 @@ def run(args) -> int:
         raise JaxrouteError(f"no predictor given; choose from: {bank_lib.SPEC_HELP}")
     dispatch = None if args.dispatch is None else choose([args.dispatch], balance.DISPATCH_MODES, "dispatch mode")[0]
     arrival, rate, scale = parse_arrival(args.arrival)
-    beta = None if args.beta is None else _float(args.beta, "--beta")
-    alpha, gamma = _float(args.alpha, "--alpha"), _float(args.gamma, "--gamma")
+    beta = None if args.beta is None else float_arg(args.beta, "--beta", 0.0)
+    alpha, gamma = float_arg(args.alpha, "--alpha", 0.0), float_arg(args.gamma, "--gamma", 0.0)
     if seeds < 2:
         warn("one seed gives no confidence interval")
     req = make_decode_requests(workload, n_req, seed=seed, trace_path=args.trace, time_scale=scale)

@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
-import math
 import time
 
 import jax
 
 from jaxroute import report, sim
 from jaxroute.clusters.queueing import QueueingModel, default_ring, dispatch_params
-from jaxroute.commands._common import add_output_args, check_overflow, choose, csv_list, show_progress, warn
+from jaxroute.commands._common import (
+    add_output_args,
+    check_overflow,
+    choose,
+    csv_list,
+    float_arg,
+    int_arg,
+    show_progress,
+    warn,
+)
 from jaxroute.errors import JaxrouteError
 from jaxroute.workloads.service import SERVICE_LAWS, law_moments
 
@@ -55,24 +63,6 @@ def register(subparsers) -> None:
     p.set_defaults(func=run)
 
 
-def _int(text, flag: str, minimum: int) -> int:
-    try:
-        v = int(text)
-    except (TypeError, ValueError):
-        raise JaxrouteError(f"{flag} expects an integer, got '{text}'") from None
-    if v < minimum:
-        raise JaxrouteError(f"{flag} must be >= {minimum}, got {v}")
-    return v
-
-
-def _float(text, flag: str) -> float:
-    try:
-        v = float(text)
-    except (TypeError, ValueError):
-        raise JaxrouteError(f"{flag} expects a number, got '{text}'") from None
-    if not math.isfinite(v):
-        raise JaxrouteError(f"{flag} must be finite, got '{text}'")
-    return v
 
 
 def policy_label(name: str, d: int) -> str:
@@ -112,15 +102,15 @@ def run_dispatch(policies, *, servers=16, load=0.9, service="exp", seeds=64, req
 
 
 def run(args) -> int:
-    servers = _int(args.servers, "--servers", 1)
-    seeds = _int(args.seeds, "--seeds", 1)
-    requests = _int(args.requests, "--requests", 1)
-    d = _int(args.d, "--d", 1)
-    seed = _int(args.seed, "--seed", 0)
-    ring = None if args.ring is None else _int(args.ring, "--ring", 1)
-    load = _float(args.load, "--load")
-    warmup = _float(args.warmup, "--warmup")
-    stale = _float(args.stale, "--stale")
+    servers = int_arg(args.servers, "--servers", 1)
+    seeds = int_arg(args.seeds, "--seeds", 1)
+    requests = int_arg(args.requests, "--requests", 1)
+    d = int_arg(args.d, "--d", 1)
+    seed = int_arg(args.seed, "--seed", 0)
+    ring = None if args.ring is None else int_arg(args.ring, "--ring", 1)
+    load = float_arg(args.load, "--load")
+    warmup = float_arg(args.warmup, "--warmup")
+    stale = float_arg(args.stale, "--stale")
     if stale < 0:
         raise JaxrouteError(f"--stale must be >= 0, got {args.stale}")
     if load <= 0:
