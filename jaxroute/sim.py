@@ -7,6 +7,7 @@ configuration (anything that sets a shape) and implements the `Model` protocol:
     step(state, workload, params)    -> state     (one event; a no-op once done)
     metrics(state, workload, params) -> dict[str, scalar array]
     num_steps(workload)              -> int       (static upper bound on events)
+    is_done(state)                   -> bool      (optional: lets a chunked run stop early)
 
 `params` is a traced pytree (rates, thresholds, the policy id). The grid runner
 vmaps one single-instance run over a flat batch axis (configs x seeds), shards
