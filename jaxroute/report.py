@@ -27,7 +27,7 @@ class Record:
     def as_json(self) -> dict:
         return {
             "policy": self.policy,
-            "params": _jsonable(self.params),
+            "params": jsonable(self.params),
             "overflow": bool(self.overflow),
             "metrics": {k: v.as_json() for k, v in self.metrics.items()},
         }
@@ -42,13 +42,14 @@ def records_from_grid(grid, labels: Sequence[tuple[str, dict]], metric_names: Se
     return out
 
 
-def _jsonable(x: Any) -> Any:
+def jsonable(x: Any) -> Any:
+    """Plain-Python copy of x for JSON: arrays to lists, numpy scalars to Python, NaN/inf to None."""
     if isinstance(x, dict):
-        return {str(k): _jsonable(v) for k, v in x.items()}
+        return {str(k): jsonable(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
-        return [_jsonable(v) for v in x]
+        return [jsonable(v) for v in x]
     if isinstance(x, np.ndarray):
-        return _jsonable(x.tolist())
+        return jsonable(x.tolist())
     if isinstance(x, (np.integer,)):
         return int(x)
     if isinstance(x, (np.floating, float)):
@@ -57,12 +58,20 @@ def _jsonable(x: Any) -> Any:
     if isinstance(x, np.bool_):
         return bool(x)
     if hasattr(x, "item") and callable(x.item) and np.ndim(x) == 0:
-        return _jsonable(x.item())
+        return jsonable(x.item())
     return x
 
 
+def write_json(path: str | Path, obj: Any) -> Path:
+    """Write any results object as indented JSON (parents created); returns the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(jsonable(obj), indent=1))
+    return path
+
+
 def results_json(command: str, config: dict, records: Sequence[Record]) -> dict:
-    return {"command": command, "config": _jsonable(config), "results": [r.as_json() for r in records]}
+    return {"command": command, "config": jsonable(config), "results": [r.as_json() for r in records]}
 
 
 def write_results(path: str | Path, command: str, config: dict, records: Sequence[Record]) -> Path:
@@ -76,7 +85,7 @@ def write_results(path: str | Path, command: str, config: dict, records: Sequenc
         w.writerow(["policy", "params", "overflow", "metric", "mean", "ci95_lo", "ci95_hi", "n_seeds"])
         for r in records:
             for name, s in r.metrics.items():
-                w.writerow([r.policy, json.dumps(_jsonable(r.params)), r.overflow, name, s.mean, s.lo, s.hi, len(s.per_seed)])
+                w.writerow([r.policy, json.dumps(jsonable(r.params)), r.overflow, name, s.mean, s.lo, s.hi, len(s.per_seed)])
     return path
 
 

@@ -9,13 +9,11 @@ requests/s = policies x seeds x requests / seconds. Writes JSON.
 from __future__ import annotations
 
 import argparse
-import json
 import time
-from pathlib import Path
 
 import jax
 
-from jaxroute import sim
+from jaxroute import report, sim
 from jaxroute.cli import use_all_cpu_cores
 from jaxroute.clusters import replicas
 from jaxroute.workloads import prefix as W
@@ -63,9 +61,7 @@ def main(argv=None) -> int:
               f"{rows[-1]['requests_per_s'] / rows[0]['requests_per_s']:.1f}x requests/s")
     out = {"command": "bench_cluster", "config": vars(args), "device": f"{dev.device_kind} ({dev.platform})",
            "n_devices": len(jax.devices()), "results": rows}
-    path = Path(args.out)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(out, indent=1))
+    path = report.write_json(args.out, out)
     print(f"wrote {path}")
     return 0
 

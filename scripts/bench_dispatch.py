@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import heapq
-import json
 import os
 import platform
 import random
@@ -73,7 +72,7 @@ def main() -> None:
         jax.config.update("jax_num_cpu_devices", args.devices)
     import numpy as np
 
-    from jaxroute import sim
+    from jaxroute import report, sim
     from jaxroute.clusters.queueing import QueueingModel, dispatch_params
 
     seeds = [int(s) for s in args.seeds.split(",")]
@@ -123,8 +122,7 @@ def main() -> None:
         python_loop=dict(requests_per_s=py_wall, requests_per_cpu_s=py_cpu),
         batched=rows,
     )
-    with open(args.out, "w") as f:
-        json.dump(out, f, indent=1)
+    report.write_json(args.out, out)
     print(f"wrote {args.out}")
 
 

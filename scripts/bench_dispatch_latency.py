@@ -13,17 +13,15 @@ Usage: python scripts/bench_dispatch_latency.py [--calls 2000] [--out results/be
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxroute import cost_models, sim
+from jaxroute import cost_models, report, sim
 from jaxroute.clusters import dp_decode as dd
 from jaxroute.predictors import base as predictors
 from jaxroute.routers import balance
@@ -113,7 +111,7 @@ def main(argv=None) -> int:
     ap.add_argument("--calls", type=int, default=2000, help="timed calls per decision benchmark")
     ap.add_argument("--sim-requests", type=int, default=4000)
     ap.add_argument("--sim-seeds", type=int, default=4)
-    ap.add_argument("--out", default="results/bench_dispatch.json")
+    ap.add_argument("--out", default="results/bench_dispatch_latency.json", help="where to write the JSON")
     args = ap.parse_args(argv)
     os.environ.setdefault("JAXROUTE_NO_PROGRESS", "1")
     dev = jax.devices()[0]
@@ -132,9 +130,7 @@ def main(argv=None) -> int:
     s = res["simulator"]
     print(f"simulator: {s['rows']} rows (7 policies x {args.sim_seeds} seeds) x {s['steps_per_row']} steps in "
           f"{s['seconds']:.1f} s = {s['step_rows_per_s']:,.0f} decode steps x seeds per second")
-    path = Path(args.out)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(res, indent=1))
+    path = report.write_json(args.out, res)
     print(f"wrote {path}")
     return 0
 

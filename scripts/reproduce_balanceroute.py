@@ -19,7 +19,6 @@ Usage: python scripts/reproduce_balanceroute.py [--quick] [--out results/balance
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -29,7 +28,7 @@ import numpy as np
 
 from jaxroute.commands.decode import Deployment, Row, best_baseline, format_records, rows_for, run_comparison
 from jaxroute.metrics import summarize
-from jaxroute.report import _jsonable
+from jaxroute.report import write_json
 from jaxroute.routers import balance
 from jaxroute.workloads.decode import make_decode_requests
 
@@ -276,9 +275,7 @@ def main(argv=None) -> int:
         sensitivity(s, dep, out, log)
     log(f"\ntotal {time.perf_counter() - t0:.0f} s")
     out["log"] = lines
-    path = Path(args.out)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(_jsonable(out), indent=1))
+    path = write_json(args.out, out)
     print(f"wrote {path}")
     return 0
 

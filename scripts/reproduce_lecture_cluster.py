@@ -18,9 +18,7 @@ one JSON file. `--quick` is a small smoke run for CI (its numbers are noisy).
 from __future__ import annotations
 
 import argparse
-import json
 import time
-from pathlib import Path
 
 import numpy as np
 
@@ -171,9 +169,7 @@ def main(argv=None) -> int:
         {"1": finding1, "2": finding2, "3": finding3, "4": finding4}[f.strip()](scale, out, args.progress)
         out.setdefault("elapsed_s", {})[f"finding{f.strip()}"] = time.perf_counter() - t0
     out["elapsed_s"]["total"] = time.perf_counter() - start
-    path = Path(args.out)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(report._jsonable(out), indent=1))
+    path = report.write_json(args.out, out)
     print(f"\nwrote {path} ({out['elapsed_s']['total']:.0f} s)")
     return 0
 

@@ -16,7 +16,6 @@ table run in one compiled grid.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import time
 
@@ -158,8 +157,7 @@ def main() -> None:
           "only shows seed noise.)")
     print(f"\n(total {time.perf_counter() - t0:.0f} s)")
     if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"command": "reproduce_lecture_dispatch", "quick": q, "results": out}, f, indent=1)
+        report.write_json(args.out, {"command": "reproduce_lecture_dispatch", "quick": q, "results": out})
         print(f"wrote {args.out}")
 
 

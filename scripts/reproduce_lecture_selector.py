@@ -22,16 +22,14 @@ configs x seeds x pools.
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from collections import Counter
-from pathlib import Path
 
 import jax
 import numpy as np
 
 from jaxroute import sim
-from jaxroute.report import _jsonable
+from jaxroute.report import write_json
 from jaxroute.selector import optimizers as opt
 from jaxroute.selector import world as wl
 from jaxroute.selector.systems import Debate, LocateSolve, SelfRefine
@@ -299,9 +297,7 @@ def main(argv=None) -> int:
         results[name] = fn(args, key)
         print(f"[{name}: {time.time() - t:.1f} s]")
     results["wall_s"] = time.time() - t0
-    path = Path(args.out)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(_jsonable(results), indent=1))
+    path = write_json(args.out, results)
     print(f"\nwrote {path} ({results['wall_s']:.0f} s)")
     return 0
 
