@@ -15,7 +15,8 @@ import numpy as np
 from jaxroute import cost_models
 
 F32 = np.float32
-POLICIES = ("rr", "least_load", "least_tokens", "affinity", "threshold", "cache_guard", "sglang_cache_aware")
+POLICIES = ("rr", "least_load", "least_tokens", "affinity", "threshold", "cache_guard", "sglang_cache_aware",
+            "preble_e2")
 
 
 @dataclasses.dataclass
@@ -92,7 +93,7 @@ class Replica:
         self.clock = np.inf
 
 
-def _route(policy, G, inflight, tokens, match, tmatch, tsize, prompt, rr, rp):
+def _route(policy, G, inflight, tokens, match, tmatch, tsize, prompt, rr, rp, e2=None, stats=None):
     least = int(np.argmin(inflight))
 
     def best(m):
@@ -125,14 +126,63 @@ def _route(policy, G, inflight, tokens, match, tmatch, tsize, prompt, rr, rp):
             return least
         b = best(tmatch)
         return b if tmatch[b] / max(prompt, 1) > rp["sgl_cache_threshold"] else int(np.argmin(tsize))
+    if policy == "preble_e2":
+        load, extra, _ = e2
+        cost = [F32(load[g] + extra[g]) for g in range(G)]
+        cached = max(match)
+        exploit = cached > prompt - cached
+        cands = [g for g in range(G) if match[g] == cached] if exploit else list(range(G))
+        g = min(cands, key=lambda g: (cost[g], g))
+        lightest = min(range(G), key=lambda g: (load[g], g))
+        moved = load[g] > F32(rp["e2_th_bal"]) * load[lightest]
+        for k, hit in (("e2_exploit", exploit), ("e2_explore", not exploit), ("e2_rebalanced", moved),
+                       ("e2_evict_cost", e2[2])):
+            stats[k] = stats.get(k, 0) + bool(hit)
+        return lightest if moved else g
     raise ValueError(policy)
+
+
+def preble_costs(window, last, record, locked, segs_i, match, prompt, a, cap, H, cp, seg_len, seg_depth, segs):
+    """Preble E2's (L, M + P, P, M) per replica, written out with plain loops (see clusters/replicas.py)."""
+    G = len(window)
+    live = [[e for e in window[g] if F32(a - e["t"]) < H] for g in range(G)]
+    n_all = sum(len(w) for w in live)
+    mean_out = F32(F32(sum(e["out"] for w in live for e in w)) / F32(max(n_all, 1)))
+    prefill = jax.jit(cost_models.prefill_time)
+    load, extra, pcost, mcost = [], [], [], []
+    in_req = {sid for sid, _ in segs_i}
+    for g in range(G):
+        L = F32(0)
+        for e in live[g]:
+            L = F32(L + F32(e["pre"] + F32(e["dec"] * mean_out)))
+        missed = F32(prompt - match[g])
+        P = F32(prefill(cp, missed, F32(match[g])))
+        hits = {}
+        for e in live[g]:
+            for sid, _ in segs[e["rid"]]:
+                hits[sid] = hits.get(sid, 0) + 1
+        deficit = sum(int(seg_len[x]) for x in record[g]) + int(missed) - cap
+        cands = sorted((x for x in record[g] if x not in locked[g] and x not in in_req and seg_len[x] > 0),
+                       key=lambda x: (last[g][x], -int(seg_depth[x]), x))
+        M, freed = F32(0), 0
+        for x in cands:
+            if freed >= deficit:
+                break
+            hit = F32(F32(hits.get(x, 0)) / F32(max(len(live[g]), 1)))
+            M = F32(M + F32(F32(prefill(cp, F32(seg_len[x]))) * hit))
+            freed += int(seg_len[x])
+        load.append(L)
+        extra.append(F32(M + P))
+        pcost.append(P)
+        mcost.append(M)
+    return load, extra, pcost, mcost
 
 
 def simulate(table, *, G, cap, policy, cost, chunk=512, B=64, Q=256, max_admit=4, local="fcfs",
              router=None, stale=0.0, check=None):
     """Run the reference; returns per-request records and a list of invariant violations."""
     rp = dict(theta=0.5, guard_abs=8.0, guard_rel=1.5, sgl_cache_threshold=0.3, sgl_balance_abs=64.0,
-              sgl_balance_rel=1.5)
+              sgl_balance_rel=1.5, e2_window_s=180.0, e2_th_bal=1.5)
     rp.update(router or {})
     arrival = np.asarray(table.arrival_s, np.float32)
     seg_ids, seg_tok = np.asarray(table.seg_ids), np.asarray(table.seg_tok)
@@ -152,8 +202,11 @@ def simulate(table, *, G, cap, policy, cost, chunk=512, B=64, Q=256, max_admit=4
     rec = dict(replica=np.full(N, -1), admit=np.full(N, np.inf, F32), first=np.full(N, np.inf, F32),
                finish=np.full(N, np.inf, F32), cached=np.zeros(N, np.int64))
     violations, overflow, running_full = [], False, False
-    stats = dict(evicted=0, blocked_by_memory=0)
+    stats = dict(evicted=0, blocked_by_memory=0)  # + e2_* counts of Preble E2's decisions
     snap = None  # stale router view: (present sets, inflight, tokens, time)
+    window: list[list[dict]] = [[] for _ in range(G)]  # Preble E2: every dispatch (kept forever, filtered by time)
+    last: list[dict[int, float]] = [dict() for _ in range(G)]  # router's last dispatch of a segment to a replica
+    decode = jax.jit(cost_models.decode_step_time)
     nxt, rr, n_admitted = 0, 0, 0
 
     def view_match(g, i, present):
@@ -180,15 +233,24 @@ def simulate(table, *, G, cap, policy, cost, chunk=512, B=64, Q=256, max_admit=4
                     snap = ([set(reps[g].cache.nodes) | {k for k, v in dispatched[g].items() if v > 0}
                              for g in range(G)], list(inflight), list(tokens), a)
                 present = snap[0]
-                match = [view_match(g, i, lambda g, s, present=present: s in present[g]) for g in range(G)]
+                record = [set(present[g]) for g in range(G)]
                 v_inf, v_tok = snap[1], snap[2]
             else:
-                match = [view_match(g, i, lambda g, s: s in reps[g].cache.nodes or dispatched[g].get(s, 0) > 0)
-                         for g in range(G)]
+                record = [set(reps[g].cache.nodes) | {k for k, v in dispatched[g].items() if v > 0} for g in range(G)]
                 v_inf, v_tok = inflight, tokens
+            match = [view_match(g, i, lambda g, s, record=record: s in record[g]) for g in range(G)]
             tmatch = [view_match(g, i, lambda g, s: s in tree[g]) for g in range(G)]
             tsize = [sum(int(seg_len[s]) for s in tree[g]) for g in range(G)]
-            g = _route(policy, G, v_inf, v_tok, match, tmatch, tsize, prompt[i], rr, rp)
+            locked = [{k for k, v in dispatched[g].items() if v > 0} for g in range(G)]
+            e2_load, e2_extra, e2_p, e2_m = preble_costs(window, last, record, locked, segs[i], match, prompt[i], a, cap,
+                                                   F32(rp["e2_window_s"]), cost, seg_len, seg_depth, segs)
+            m_pos = any(x > 0 for x in e2_m)
+            g = _route(policy, G, v_inf, v_tok, match, tmatch, tsize, prompt[i], rr, rp, (e2_load, e2_extra, m_pos),
+                       stats)
+            window[g].append(dict(t=a, pre=e2_p[g], dec=F32(decode(cost, F32(1.0), F32(prompt[i]))),
+                                  out=int(out_tok[i]), rid=i))
+            for sid in [s for s, _ in segs[i]] + ([int(out_seg[i])] if out_seg[i] != dummy else []):
+                last[g][sid] = a
             if stale > 0:  # the router knows its own dispatches at once
                 snap[0][g].update(s for s, _ in segs[i])
                 if out_seg[i] != dummy:

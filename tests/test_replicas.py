@@ -10,6 +10,7 @@ import pytest
 from jaxroute import sim
 from jaxroute.clusters import replicas as R
 from jaxroute.errors import JaxrouteError
+from jaxroute.routers import prefix as routers
 from jaxroute.workloads import prefix as W
 from tests import reference_replicas as ref
 
@@ -25,7 +26,7 @@ def _compare(case, policy, G=3, B=8, Q=64, local="fcfs", stale=0.0, leap=32, key
     make, cap, rate = CASES[case]
     wl = make()
     model = R.ReplicaCluster(n_replicas=G, max_running=B, max_queue=Q, local_order=local, stale_view=stale > 0,
-                             leap=leap)
+                             leap=leap, e2_ring=Q if policy == "preble_e2" else 0)
     p = R.make_params(policy, rate=rate, kv_capacity=cap, stale_s=stale, theta=theta)
     st = R.run_single(model, jax.random.key(key), wl, p)
     got = R.records(st)
@@ -50,6 +51,60 @@ def test_matches_reference_toolbench_under_memory_pressure(policy):
     stats, _ = _compare("toolbench", policy)
     assert stats["evicted"] > 0  # the LRU was exercised
     assert stats["blocked_by_memory"] > 0  # admission waited for memory
+
+
+def test_preble_e2_matches_reference_on_every_path():
+    """E2's exploit, explore, rebalancing and a nonzero eviction cost all occur, and match the reference."""
+    stats, m = _compare("toolbench", "preble_e2")
+    assert min(stats["e2_exploit"], stats["e2_explore"], stats["e2_rebalanced"], stats["e2_evict_cost"]) > 0
+    assert not bool(m["overflow"])
+    stats, _ = _compare("programming", "preble_e2", local="lpm")
+    assert stats["e2_rebalanced"] > 0
+    _compare("agent", "preble_e2", stale=2.0)
+
+
+def _view(match, load, extra, prompt=1000.0):
+    f = lambda x: jnp.asarray(x, jnp.float32)
+    G = len(match)
+    return routers.RouterView(f([0.0] * G), f([0.0] * G), f(match), f([0.0] * G), f([0.0] * G), f(prompt),
+                              jnp.int32(0), f(load), f(extra))
+
+
+def test_preble_e2_rule_on_hand_built_views():
+    e2 = jnp.int32(routers.policy_id("preble_e2"))
+    no_rebalance = routers.router_params(e2_th_bal=float("inf"))
+    route = lambda v, p=no_rebalance: int(routers.route(e2, v, p))
+    # cached 600 > missed 400: exploit -> cheapest of the holders (2), not the cheapest overall (1)
+    assert route(_view([600, 0, 600], [5.0, 1.0, 4.0], [0, 0, 0])) == 2
+    # cached 400 <= missed 600: explore -> cheapest overall
+    assert route(_view([400, 0, 400], [5.0, 1.0, 4.0], [0, 0, 0])) == 1
+    assert route(_view([500, 0, 500], [5.0, 1.0, 4.0], [0, 0, 0])) == 1  # a tie explores
+    # M + P count: replica 1's eviction + prefill cost makes replica 2 cheaper
+    assert route(_view([400, 0, 400], [5.0, 1.0, 4.0], [0, 3.5, 0])) == 2
+    # rebalancing: the exploited replica's L (4) > 1.5 x the lightest's (1) -> the lightest
+    assert route(_view([600, 0, 600], [5.0, 1.0, 4.0], [0, 0, 0]), routers.router_params(e2_th_bal=1.5)) == 1
+    assert route(_view([600, 0, 600], [5.0, 1.0, 4.0], [0, 0, 0]), routers.router_params(e2_th_bal=5.0)) == 2
+
+
+def test_preble_e2_rebalancing_moves_a_hot_prefix():
+    """A hot tool (60 % of traffic): without rebalancing E2 keeps exploiting the one replica that holds it;
+    with Th_bal = 1.5 the hot tool's requests are sent to other replicas too (its prefix gets replicated)."""
+    wl = W.toolbench(120, n_tools=20, tool_mean=1500, hot_tool_share=0.6)
+    model = R.ReplicaCluster(n_replicas=4, max_queue=120, e2_ring=120)
+    spread, share = {}, {}
+    for th in (float("inf"), 1.5):
+        p = R.make_params("preble_e2", rate=40.0, kv_capacity=60_000, e2_th_bal=th)
+        st = R.run_single(model, jax.random.key(0), wl, p)
+        rec = R.records(st)
+        ids = np.asarray(st.req.seg_ids)
+        hot = np.bincount(ids[:, 1]).argmax()  # the hot tool's segment (second in every prompt)
+        spread[th] = len(set(rec["replica"][ids[:, 1] == hot]))
+        met = model.metrics(st, wl, p)
+        share[th] = float(met["max_replica_share"])
+        assert not bool(met["overflow"]) and int(met["conservation_error"]) == 0
+    assert spread[float("inf")] == 1
+    assert spread[1.5] >= 3
+    assert share[1.5] < share[float("inf")]
 
 
 @pytest.mark.parametrize("policy", ["rr", "least_load", "threshold", "sglang_cache_aware"])
@@ -150,7 +205,7 @@ def test_incomplete_run_is_flagged():
 def test_compiles_once_for_policies_and_theta_sweep():
     make, cap, rate = CASES["toolbench"]
     wl = make()
-    model = R.ReplicaCluster(n_replicas=2, max_queue=64)
+    model = R.ReplicaCluster(n_replicas=2, max_queue=64, e2_ring=64)
     rows = [R.make_params(pol, rate=rate, kv_capacity=cap) for pol in ref.POLICIES]
     rows += [R.make_params("threshold", rate=rate, kv_capacity=cap, theta=th) for th in (0.1, 0.9)]
     before = dict(sim.TRACE_COUNTS)
@@ -181,6 +236,12 @@ def test_bad_input():
         R.make_params("jsq")
     with pytest.raises(JaxrouteError, match="staleness"):
         R.make_params("rr", stale_s=-1)
+    with pytest.raises(JaxrouteError, match="E2 window"):
+        R.make_params("preble_e2", e2_window_s=0)
+    with pytest.raises(JaxrouteError, match="rebalancing threshold"):
+        R.make_params("preble_e2", e2_th_bal=0.5)
+    with pytest.raises(JaxrouteError, match="e2_ring"):
+        R.ReplicaCluster(e2_ring=-1)
     with pytest.raises(JaxrouteError, match="local order"):
         R.ReplicaCluster(local_order="lifo")
     with pytest.raises(JaxrouteError, match=">= 1"):

@@ -27,6 +27,19 @@ def test_cluster_writes_table_json_and_plot(tmp_path, capsys):
     assert png.stat().st_size > 1000
 
 
+def test_cluster_preble_e2(tmp_path, capsys):
+    out = tmp_path / "e2.json"
+    rc = main(["cluster", "--workload", "toolbench", "--requests", "60", "--seeds", "2", "--rate", "20",
+               "--policies", "least_load,preble_e2", "--e2-window", "60", "--e2-th-bal", "2", "--out", str(out)])
+    assert rc == 0
+    assert "preble_e2" in capsys.readouterr().out
+    res = json.loads(out.read_text())
+    row = res["results"][1]
+    assert row["policy"] == "preble_e2" and row["params"]["e2_window_s"] == 60.0 and row["params"]["e2_th_bal"] == 2.0
+    assert "e2_th_bal" not in res["results"][0]["params"]
+    assert res["config"]["e2_th_bal"] == 2.0
+
+
 @pytest.mark.skipif(not (DATA / "mooncake_synthetic_trace.jsonl").exists(), reason="shared data not present")
 def test_cluster_on_traces(tmp_path, capsys):
     rc = main(["cluster", "--workload", "mooncake", "--trace", str(DATA / "mooncake_synthetic_trace.jsonl"),
@@ -50,6 +63,8 @@ def test_cluster_on_traces(tmp_path, capsys):
     (["--workload", "mooncake", "--trace", "/nonexistent.jsonl"], "not found"),
     (["--local", "lifo"], "local order"),
     (["--kv-capacity", "1000"], "holds only"),
+    (["--policies", "preble_e2", "--e2-window", "0"], "--e2-window"),
+    (["--policies", "preble_e2", "--e2-th-bal", "0.9"], "--e2-th-bal"),
 ])
 def test_cluster_bad_input(argv, msg, capsys):
     assert main(["cluster", "--requests", "5", "--seeds", "1", *argv]) == 2

@@ -38,6 +38,22 @@ replica should hold which segment: the replica's cache plus the segments of requ
 to it and not finished (insert on dispatch). With `stale_s` = T > 0 the loads and the replica
 caches are snapshots refreshed every T seconds; dispatches since the snapshot are added at once.
 `sglang_cache_aware` keeps its own approximate tree instead (insert on dispatch, never evicted).
+
+Preble E2's load cost (`preble_e2`, only when `e2_ring` > 0; `_preble_costs`), in GPU seconds from
+the cost model, per replica i, for an arriving request:
+- L_i: over the requests dispatched to i in the last `e2_window_s` seconds (a ring of `e2_ring`
+  recent dispatches per replica; a live entry overwritten sets `overflow`), the prefill time of
+  their missed tokens (fixed at dispatch) + single-request decode time at their prompt length x
+  the window's mean output length (Preble's estimate; the mean is over the window's dispatched
+  requests' true output lengths, where Preble uses measured ones).
+- M_i: eviction cost on the router's record of i (cached + dispatched segments). Capacity model:
+  the record's tokens + this request's missed tokens on i must fit `kv_capacity` (running
+  requests' private KV and output reservations are ignored). Evictable: recorded segments that no
+  unfinished request dispatched to i contains and that are not in this prompt, in order of the
+  router's last dispatch of the segment to i (then deeper first, then id), whole segments until
+  the deficit is covered. Each costs its prefill time (no context) x its hit rate: the share of
+  i's window requests whose prompt contains it.
+- P_i: prefill time of this request's missed part on i (on top of its match there).
 """
 
 from __future__ import annotations
@@ -79,6 +95,10 @@ def make_params(policy: str = "rr", rate: float = 1.0, stale_s: float = 0.0, kv_
         raise JaxrouteError(f"unknown policy '{policy}'; choose from: {', '.join(routers.PREFIX_POLICIES)}")
     if stale_s < 0:
         raise JaxrouteError(f"staleness must be >= 0 seconds, got {stale_s}")
+    if not router_kw.get("e2_window_s", 1.0) > 0:
+        raise JaxrouteError(f"the Preble E2 window must be > 0 seconds, got {router_kw['e2_window_s']}")
+    if not router_kw.get("e2_th_bal", 1.0) >= 1:
+        raise JaxrouteError(f"the Preble E2 rebalancing threshold must be >= 1, got {router_kw['e2_th_bal']}")
     cap = cost_models.kv_capacity_tokens(gpu, model) if kv_capacity is None else int(kv_capacity)
     if cap < 1:
         raise JaxrouteError(f"kv capacity must be >= 1 token, got {cap}")
@@ -125,6 +145,12 @@ class ReplicaState:
     view_inflight: jax.Array  # [G] float32 stale loads (only with stale_view)
     view_tokens: jax.Array  # [G] float32
     view_time: jax.Array  # [] float32 time of the last snapshot
+    e2_time: jax.Array  # [G, K] float32 Preble window ring: dispatch time (-inf = empty)
+    e2_pre: jax.Array  # [G, K] float32 prefill seconds of the missed tokens
+    e2_dec: jax.Array  # [G, K] float32 single-request decode step seconds at the prompt length
+    e2_out: jax.Array  # [G, K] int32 output tokens
+    e2_req: jax.Array  # [G, K] int32 request id (-1 = empty)
+    e2_last: jax.Array  # [G, M+1] float32 router's last dispatch of each segment to each replica (E2 eviction order)
     rec_replica: jax.Array  # [N] int32 (-1 = not routed)
     rec_admit: jax.Array  # [N] float32 (inf = not yet)
     rec_first: jax.Array  # [N] float32 first-token time
@@ -174,11 +200,14 @@ class ReplicaCluster:
     max_admit: int = 4  # admissions per iteration
     local_order: str = "fcfs"  # or "lpm"
     stale_view: bool = False  # keep a router snapshot refreshed every params.stale_s seconds
+    e2_ring: int = 0  # Preble E2 window ring per replica (0 = E2's cost not modeled; preble_e2 then overflows)
     leap: int = 32  # pure-decode iterations a replica may take in one step (0 = none; exact either way)
 
     def __post_init__(self):
         if self.n_replicas < 1 or self.chunk < 1 or self.max_running < 1 or self.max_queue < 1 or self.max_admit < 1:
             raise JaxrouteError("replicas, chunk, max_running, max_queue and max_admit must all be >= 1")
+        if self.e2_ring < 0:
+            raise JaxrouteError(f"e2_ring must be >= 0, got {self.e2_ring}")
         if self.local_order not in ("fcfs", "lpm"):
             raise JaxrouteError(f"unknown local order '{self.local_order}'; choose from: fcfs, lpm")
 
@@ -195,6 +224,7 @@ class ReplicaCluster:
         i = lambda shape, v: jnp.full(shape, v, jnp.int32)
         b = lambda shape: jnp.zeros(shape, bool)
         vm1 = m1 if self.stale_view else 1
+        K = max(self.e2_ring, 1)
         rep = Replica(cached=b((G, m1)), refcnt=i((G, m1), 0), last_use=f((G, m1), 0.0), pending=i((G, m1), 0),
                       tree=b((G, m1)), queue=i((G, Q), -1), run_req=i((G, B), -1), run_pos=i((G, B), 0),
                       run_gen=i((G, B), 0), run_nseg=i((G, B), 0), run_res=i((G, B), 0), run_seq=i((G, B), 0))
@@ -204,6 +234,8 @@ class ReplicaCluster:
             copies=i((m1,), 0), cache_tok=i((G,), 0), unique_tok=jnp.int32(0),
             view_present=b((G, vm1)), view_inflight=f((G,), 0.0), view_tokens=f((G,), 0.0),
             view_time=jnp.float32(-INF),
+            e2_time=f((G, K), -INF), e2_pre=f((G, K), 0.0), e2_dec=f((G, K), 0.0), e2_out=i((G, K), 0),
+            e2_req=i((G, K), -1), e2_last=f((G, m1 if self.e2_ring else 1), -INF),
             rec_replica=i((n,), -1), rec_admit=f((n,), INF), rec_first=f((n,), INF), rec_finish=f((n,), INF),
             rec_cached=i((n,), 0), rep_area=jnp.float32(0), rep_time=jnp.float32(0), running_full=jnp.bool_(False),
             overflow=jnp.bool_(False))
@@ -241,14 +273,19 @@ class ReplicaCluster:
             v_present = jnp.where(refresh, s.rep.cached | (s.rep.pending > 0), s.view_present)
             v_inf = jnp.where(refresh, s.inflight, s.view_inflight)
             v_tok = jnp.where(refresh, s.inflight_tok, s.view_tokens)
-            present = v_present[:, segs]
+            record = v_present
         else:
             v_inf, v_tok = s.inflight, s.inflight_tok
-            present = s.rep.cached[:, segs] | (s.rep.pending[:, segs] > 0)
+            record = s.rep.cached | (s.rep.pending > 0)
+        present = record[:, segs]
         _, match = leading_match(present, jnp.arange(segs.shape[0]), tok)
         _, tmatch = leading_match(s.rep.tree[:, segs], jnp.arange(segs.shape[0]), tok)
+        if self.e2_ring:
+            e2_load, e2_extra, e2_p = self._preble_costs(s, r, params, a, segs, prompt, record, match)
+        else:
+            e2_load = e2_extra = e2_p = jnp.zeros(self.n_replicas, jnp.float32)
         view = routers.RouterView(v_inf, v_tok, match.astype(jnp.float32), tmatch.astype(jnp.float32),
-                                  s.tree_size, prompt.astype(jnp.float32), s.next_req)
+                                  s.tree_size, prompt.astype(jnp.float32), s.next_req, e2_load, e2_extra)
         g_route = routers.route(params.policy, view, params.router)
         g = jnp.where(is_route, g_route, jnp.argmin(s.clock))
         row = jax.tree.map(lambda x: x[g], s.rep)
@@ -290,6 +327,18 @@ class ReplicaCluster:
             overflow=s.overflow | (is_route & ~q_ok),
             running_full=s.running_full | (is_iter & side["full"]),
         )
+        is_e2 = params.policy == routers.policy_id("preble_e2")
+        if self.e2_ring:  # record the dispatch in replica g's window ring (oldest entry replaced)
+            slot = jnp.argmin(s.e2_time[g])
+            live_lost = (s.e2_req[g, slot] >= 0) & (a - s.e2_time[g, slot] < params.router.e2_window_s)
+            put = lambda x, v: x.at[g, slot].set(jnp.where(is_route, v, x[g, slot]))
+            dec = cost_models.decode_step_time(params.cost, 1.0, prompt.astype(jnp.float32))
+            out.update(e2_time=put(s.e2_time, a), e2_pre=put(s.e2_pre, e2_p[g]), e2_dec=put(s.e2_dec, dec),
+                       e2_out=put(s.e2_out, r.out_tok[i]), e2_req=put(s.e2_req, i),
+                       e2_last=s.e2_last.at[g, all_segs].set(jnp.where(is_route, a, s.e2_last[g, all_segs])))
+            out["overflow"] = out["overflow"] | (is_route & is_e2 & live_lost)
+        else:  # preble_e2 without its window: the costs were not computed
+            out["overflow"] = out["overflow"] | (is_route & is_e2)
         if self.stale_view:
             vp = v_present.at[g, all_segs].set(v_present[g, all_segs] | is_route)
             out.update(view_present=vp, view_inflight=v_inf.at[g].add(jnp.where(is_route, 1.0, 0.0)),
@@ -308,6 +357,41 @@ class ReplicaCluster:
                 side["t_end"], mode="drop"),
         )
         return dataclasses.replace(s, **out)
+
+    def _preble_costs(self, s: ReplicaState, r: RequestTable, params: ReplicaParams, a, segs, prompt, record,
+                      match):
+        """Preble E2's (L [G], M + P [G], P [G]) for a request arriving at `a` (see the module docstring)."""
+        cp, G = params.cost, self.n_replicas
+        seg_len = r.seg_len
+        valid = (s.e2_req >= 0) & (a - s.e2_time < params.router.e2_window_s)  # [G, K]
+        n_g = jnp.sum(valid, axis=1)
+        mean_out = (jnp.sum(jnp.where(valid, s.e2_out, 0)).astype(jnp.float32)
+                    / jnp.maximum(jnp.sum(n_g), 1).astype(jnp.float32))
+        load = jnp.sum(jnp.where(valid, s.e2_pre + s.e2_dec * mean_out, 0.0), axis=1)
+        match_f = match.astype(jnp.float32)
+        missed = prompt.astype(jnp.float32) - match_f
+        p_cost = jax.vmap(lambda n, c: cost_models.prefill_time(cp, n, c))(missed, match_f)
+        # eviction on the router's record
+        rid = jnp.maximum(s.e2_req, 0)
+        used = valid[:, :, None] & (r.seg_tok[rid] > 0)  # [G, K, S]
+        hits = jnp.zeros(record.shape, jnp.int32).at[
+            jnp.broadcast_to(jnp.arange(G)[:, None, None], used.shape), r.seg_ids[rid]].add(used.astype(jnp.int32))
+        hit_rate = hits.astype(jnp.float32) / jnp.maximum(n_g, 1).astype(jnp.float32)[:, None]
+        seg_cost = jax.vmap(lambda n: cost_models.prefill_time(cp, n))(seg_len.astype(jnp.float32))
+        in_req = jnp.zeros(seg_len.shape, bool).at[segs].set(True)
+        evictable = record & (s.rep.pending == 0) & (seg_len > 0) & ~in_req
+        deficit = jnp.sum(record * seg_len, axis=1).astype(jnp.float32) + missed - params.kv_capacity.astype(
+            jnp.float32)
+        ids = jnp.arange(seg_len.shape[0])
+
+        def evict_cost(ev, last, hr, d):
+            order = jnp.lexsort((ids, -r.seg_depth, jnp.where(ev, last, INF)))
+            tok = (seg_len[order] * ev[order]).astype(jnp.float32)
+            gone = ev[order] & (jnp.cumsum(tok) - tok < d)
+            return jnp.sum(jnp.where(gone, seg_cost[order] * hr[order], 0.0))
+
+        m_cost = jax.vmap(evict_cost)(evictable, s.e2_last, hit_rate, deficit)
+        return load, m_cost + p_cost, p_cost
 
     def _iterate_row(self, row: Replica, r: RequestTable, t: jax.Array, params: ReplicaParams,
                      n_admitted: jax.Array, next_arrival: jax.Array):

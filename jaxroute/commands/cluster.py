@@ -12,7 +12,7 @@ from jaxroute import report, sim
 from jaxroute.clusters import replicas
 from jaxroute.commands._common import add_output_args, check_overflow, choose, csv_list, show_progress, warn
 from jaxroute.errors import JaxrouteError
-from jaxroute.routers.prefix import PREFIX_POLICIES
+from jaxroute.routers.prefix import PREFIX_POLICIES, policy_id
 from jaxroute.workloads import prefix as wl_prefix
 from jaxroute.workloads import traces
 
@@ -43,11 +43,19 @@ def register(subparsers) -> None:
                    help="Poisson arrival rate in requests/s (default 1.0); for traces it rescales the "
                    "recorded times to this mean rate (default: replay as recorded)")
     p.add_argument("--policies", default=DEFAULT_POLICIES, metavar="LIST",
-                   help=f"comma-separated routers from: {', '.join(PREFIX_POLICIES)} (default: {DEFAULT_POLICIES})")
+                   help=f"comma-separated routers from: {', '.join(PREFIX_POLICIES)} (default: {DEFAULT_POLICIES}). "
+                   "preble_e2 is Preble's E2 (exploit the longest match when cached > missed tokens, else explore; "
+                   "lowest load cost L+M+P in GPU seconds; post-hoc rebalancing; no autoscaling, no prefill/decode "
+                   "pairing): see jaxroute/routers/prefix.py and jaxroute/clusters/replicas.py")
     p.add_argument("--seeds", default="16", metavar="S", help="independent runs per policy (default 16)")
     p.add_argument("--requests", default="2000", metavar="R", help="requests per run (default 2000)")
     p.add_argument("--theta", default="0.5", metavar="F",
                    help="match ratio needed by threshold and cache_guard (default 0.5)")
+    p.add_argument("--e2-window", default="180", metavar="SECONDS",
+                   help="preble_e2: load window H in seconds (Preble's default 3 minutes) (default 180)")
+    p.add_argument("--e2-th-bal", default="1.5", metavar="F",
+                   help="preble_e2: rebalancing threshold Th_bal >= 1: when the chosen replica's window load "
+                   "exceeds F x the lightest replica's, send to the lightest; 'off' disables (default 1.5)")
     p.add_argument("--hot-tool", default="0", metavar="SHARE",
                    help="toolbench only: share of traffic on one hot tool, e.g. 0.4 (default 0: Zipf only)")
     p.add_argument("--local", default="fcfs", metavar="ORDER",
@@ -100,21 +108,25 @@ def build_workload(name: str, requests: int, trace: str | None = None, hot_tool:
 
 def run_cluster(policies, workload, *, replicas_n=4, rate=1.0, seeds=16, theta=0.5, local="fcfs", stale=0.0,
                 cost_model="roofline", gpu="a6000", model_name="mistral-7b", kv_capacity=None, chunk=512,
-                max_running=64, seed=0, progress=False, extra_rows=None, label_params=None):
+                max_running=64, seed=0, progress=False, extra_rows=None, label_params=None, e2_window_s=180.0,
+                e2_th_bal=1.5):
     """Run every policy (or explicit (label, params) rows) on the same seeds in one compiled grid.
 
     Returns (records, model, grid). `extra_rows` replaces `policies` with explicit rows.
     """
     if extra_rows is None:
         rows = [(p, replicas.make_params(p, rate=rate, stale_s=stale, kv_capacity=kv_capacity, gpu=gpu,
-                                         model=model_name, cost_model=cost_model, theta=theta)) for p in policies]
+                                         model=model_name, cost_model=cost_model, theta=theta,
+                                         e2_window_s=e2_window_s, e2_th_bal=e2_th_bal)) for p in policies]
     else:
         rows = extra_rows
     caps = {int(np.asarray(p.kv_capacity)) for _, p in rows}
     for cap in caps:
         wl_prefix.check_fits(workload, cap)
+    e2 = any(int(np.asarray(p.policy)) == policy_id("preble_e2") for _, p in rows)
     model = replicas.ReplicaCluster(n_replicas=replicas_n, chunk=chunk, max_running=max_running,
-                                    max_queue=workload.n_requests, local_order=local, stale_view=stale > 0)
+                                    max_queue=workload.n_requests, local_order=local, stale_view=stale > 0,
+                                    e2_ring=workload.n_requests if e2 else 0)
     params = sim.stack_params([p for _, p in rows])
     grid = sim.run_grid(model, jax.random.key(seed), workload, params, seeds, chunk=1000,
                         progress="cluster" if progress else False)
@@ -123,8 +135,12 @@ def run_cluster(policies, workload, *, replicas_n=4, rate=1.0, seeds=16, theta=0
 
 
 def _row_params(p: replicas.ReplicaParams) -> dict:
-    return {"rate": float(p.rate), "theta": float(p.router.theta), "stale_s": float(p.stale_s),
-            "kv_capacity": int(p.kv_capacity)}
+    out = {"rate": float(p.rate), "theta": float(p.router.theta), "stale_s": float(p.stale_s),
+           "kv_capacity": int(p.kv_capacity)}
+    if int(np.asarray(p.policy)) == policy_id("preble_e2"):
+        th = float(p.router.e2_th_bal)
+        out.update(e2_window_s=float(p.router.e2_window_s), e2_th_bal=th if math.isfinite(th) else None)
+    return out
 
 
 def plot(records, path: str, title: str) -> None:
@@ -156,6 +172,10 @@ def run(args) -> int:
     requests = _num(args.requests, "--requests", int, 1)
     theta = _num(args.theta, "--theta")
     hot = _num(args.hot_tool, "--hot-tool")
+    e2_window = _num(args.e2_window, "--e2-window")
+    if e2_window <= 0:
+        raise JaxrouteError(f"--e2-window must be > 0 seconds, got {args.e2_window}")
+    e2_th_bal = math.inf if args.e2_th_bal.strip().lower() == "off" else _num(args.e2_th_bal, "--e2-th-bal", float, 1.0)
     stale = _num(args.stale, "--stale", float, 0.0)
     chunk = _num(args.chunk, "--chunk", int, 1)
     max_running = _num(args.max_running, "--max-running", int, 1)
@@ -182,7 +202,8 @@ def run(args) -> int:
     records, model, _ = run_cluster(policies, workload, replicas_n=G, rate=rate, seeds=seeds, theta=theta,
                                     local=local, stale=stale, cost_model=cost_model, gpu=args.gpu,
                                     model_name=args.model, kv_capacity=kv, chunk=chunk, max_running=max_running,
-                                    seed=seed, progress=show_progress(args))
+                                    seed=seed, progress=show_progress(args), e2_window_s=e2_window,
+                                    e2_th_bal=e2_th_bal)
     elapsed = time.perf_counter() - start
     check_overflow(records, args, "A replica's local queue was full or a run did not finish")
     cap = records[0].params["kv_capacity"]
@@ -198,6 +219,8 @@ def run(args) -> int:
               "requests": requests, "local": local, "stale_s": stale, "cost_model": cost_model, "gpu": args.gpu,
               "model": args.model, "kv_capacity": cap, "chunk": chunk, "max_running": max_running,
               "hot_tool": hot, "seed": seed, "elapsed_s": elapsed}
+    if "preble_e2" in policies:
+        config.update(e2_window_s=e2_window, e2_th_bal=e2_th_bal if math.isfinite(e2_th_bal) else None)
     if args.out:
         report.write_results(args.out, "cluster", config, records)
         print(f"wrote {args.out}")

@@ -12,6 +12,7 @@ replica index. Ties always go to the lowest index, so runs are reproducible.
 | threshold | longest match if its ratio >= theta, else least load (Preble E2's split at theta = 0.5) |
 | cache_guard | least load when max - min in-flight > guard_abs and max > guard_rel * min, else threshold |
 | sglang_cache_aware | SGLang router (sgl-router `policies/cache_aware.rs`): imbalanced (max - min > balance_abs and max > balance_rel * min) -> shortest queue; else match on its own approximate tree (insert on dispatch, never told of evictions): ratio > cache_threshold -> the matching worker, else the worker with the smallest tree |
+| preble_e2 | Preble E2 (lecture 3.2-3.4): cached = longest match, missed = prompt - cached; cached > missed -> exploit (lowest load cost L+M+P among the replicas holding the longest match), else explore (lowest L+M+P overall); then post-hoc rebalancing: if the chosen replica's window load L > e2_th_bal * the lightest replica's L, the lightest. The cost terms are computed by the cluster (`clusters/replicas.py`, `_preble_costs`). Autoscaling and the prefill/decode pairing rule are not modeled. |
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-PREFIX_POLICIES = ("rr", "least_load", "least_tokens", "affinity", "threshold", "cache_guard", "sglang_cache_aware")
+PREFIX_POLICIES = ("rr", "least_load", "least_tokens", "affinity", "threshold", "cache_guard", "sglang_cache_aware",
+                   "preble_e2")
 LOAD_ONLY = ("rr", "least_load", "least_tokens")
 
 
@@ -40,13 +42,15 @@ class RouterParams:
     sgl_cache_threshold: jax.Array  # [] float32 SGLang --cache-threshold
     sgl_balance_abs: jax.Array  # [] float32 SGLang --balance-abs-threshold
     sgl_balance_rel: jax.Array  # [] float32 SGLang --balance-rel-threshold
+    e2_window_s: jax.Array  # [] float32 Preble E2 load window H (seconds)
+    e2_th_bal: jax.Array  # [] float32 Preble E2 rebalancing threshold Th_bal (inf = no rebalancing)
 
 
 def router_params(theta=0.5, guard_abs=8.0, guard_rel=1.5, sgl_cache_threshold=0.3, sgl_balance_abs=64.0,
-                  sgl_balance_rel=1.5) -> RouterParams:
+                  sgl_balance_rel=1.5, e2_window_s=180.0, e2_th_bal=1.5) -> RouterParams:
     f = lambda x: jnp.asarray(x, jnp.float32)
     return RouterParams(f(theta), f(guard_abs), f(guard_rel), f(sgl_cache_threshold), f(sgl_balance_abs),
-                        f(sgl_balance_rel))
+                        f(sgl_balance_rel), f(e2_window_s), f(e2_th_bal))
 
 
 @jax.tree_util.register_dataclass
@@ -61,6 +65,8 @@ class RouterView:
     tree_size: jax.Array  # [G] float32 tokens in SGLang's approximate tree per replica
     prompt_tokens: jax.Array  # [] float32
     rr_counter: jax.Array  # [] int32 requests routed so far
+    e2_load: jax.Array  # [G] float32 Preble L: GPU seconds dispatched to each replica in the window
+    e2_extra: jax.Array  # [G] float32 Preble M + P: eviction cost + prefill time of this request's missed part
 
 
 def _least_load(v: RouterView, p: RouterParams) -> jax.Array:
@@ -106,7 +112,17 @@ def _sglang(v, p):
     return jnp.where(_imbalanced(v.inflight, p.sgl_balance_abs, p.sgl_balance_rel), _least_load(v, p), cached)
 
 
-_BRANCHES = (_rr, _least_load, _least_tokens, _affinity, _threshold, _cache_guard, _sglang)
+def _preble_e2(v, p):
+    cached = jnp.max(v.match_tokens)
+    cost = v.e2_load + v.e2_extra
+    holders = v.match_tokens == cached
+    exploit = cached > v.prompt_tokens - cached
+    g = jnp.where(exploit, jnp.argmin(jnp.where(holders, cost, jnp.inf)), jnp.argmin(cost))
+    lightest = jnp.argmin(v.e2_load)
+    return jnp.where(v.e2_load[g] > p.e2_th_bal * v.e2_load[lightest], lightest, g)
+
+
+_BRANCHES = (_rr, _least_load, _least_tokens, _affinity, _threshold, _cache_guard, _sglang, _preble_e2)
 assert len(_BRANCHES) == len(PREFIX_POLICIES)
 
 
