@@ -7,7 +7,8 @@
 3. theta sweep 0.1..0.9 (one compilation per workload): flat in the middle, herds at 0.1 (tool
    calling, whose shared system prompt is ~11 % of the prompt), loses hits at 0.9 on long-doc.
 4. Hot tool (~40 % of traffic), 8 replicas: threshold's P99 blows up; cache_guard keeps a hit rate
-   near affinity's with latency below load-only.
+   near affinity's with latency below load-only. Also Preble E2 with and without post-hoc
+   rebalancing (lecture 3.4, demo 3: without it E2 collapses like threshold affinity).
 
 Each finding prints the lecture's statement beside the measured table and writes everything to
 one JSON file. `--quick` is a small smoke run for CI (its numbers are noisy).
@@ -18,6 +19,7 @@ one JSON file. `--quick` is a small smoke run for CI (its numbers are noisy).
 from __future__ import annotations
 
 import argparse
+import math
 import time
 
 import numpy as np
@@ -131,8 +133,10 @@ def finding3(scale, out, progress):
 def finding4(scale, out, progress):
     n_req = 2 * scale["requests"]  # the hot replica's backlog needs time to build up
     wl = build_workload("toolbench", n_req, hot_tool=0.4)
-    pols = ("rr", "least_load", "affinity", "threshold", "cache_guard", "sglang_cache_aware")
-    records, _, grid = run_cluster(pols, wl, replicas_n=8, rate=HOT_RATE_8, seeds=scale["seeds"], progress=progress)
+    pols = ("rr", "least_load", "affinity", "threshold", "cache_guard", "sglang_cache_aware", "preble_e2")
+    rows = [(p, replicas.make_params(p, rate=HOT_RATE_8)) for p in pols]
+    rows.append(("preble_e2_no_rebalance", replicas.make_params("preble_e2", rate=HOT_RATE_8, e2_th_bal=math.inf)))
+    records, _, grid = run_cluster(None, wl, replicas_n=8, seeds=scale["seeds"], progress=progress, extra_rows=rows)
     idx = {r.policy: i for i, r in enumerate(records)}
     lat = np.asarray(grid.metrics["mean_latency_s"], np.float64)
     print(f"\n[4] toolbench with a hot tool (40 % of traffic), 8 replicas, {HOT_RATE_8:g} req/s, "
@@ -146,6 +150,11 @@ def finding4(scale, out, progress):
           f"{report.fmt_ci(m('cache_guard', 'p99_latency_s'))} s; hit rate affinity "
           f"{report.fmt_ci(m('affinity', 'hit_rate'))}, cache_guard {report.fmt_ci(m('cache_guard', 'hit_rate'))}, "
           f"rr {report.fmt_ci(m('rr', 'hit_rate'))}; best load-only / cache_guard mean latency {report.fmt_ci(ratio)}x")
+    print("  lecture (3.4, demo 3): E2 without rebalancing collapses like threshold affinity; with rebalancing "
+          "the collapse disappears")
+    print(f"  measured: P99 preble_e2 without rebalancing {report.fmt_ci(m('preble_e2_no_rebalance', 'p99_latency_s'))} s, "
+          f"with Th_bal 1.5 {report.fmt_ci(m('preble_e2', 'p99_latency_s'))} s; hit rate "
+          f"{report.fmt_ci(m('preble_e2', 'hit_rate'))}")
     out["finding4"] = {"rate": HOT_RATE_8, "records": [r.as_json() for r in records],
                        "latency_speedup_cache_guard_vs_best_load_only": ratio.as_json()}
 
