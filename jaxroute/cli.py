@@ -37,10 +37,12 @@ def use_all_cpu_cores() -> None:
 
     Set JAXROUTE_CPU_DEVICES to override. Must run before JAX initialises its backends.
     """
+    import jax
+
+    if jax.config.jax_num_cpu_devices != -1 and "JAXROUTE_CPU_DEVICES" not in os.environ:
+        return  # the caller (e.g. the test suite) already chose a device count
     n = int(os.environ.get("JAXROUTE_CPU_DEVICES", os.cpu_count() or 1))
     try:
-        import jax
-
         jax.config.update("jax_num_cpu_devices", max(1, n))
     except RuntimeError:  # backends already initialised (e.g. called from a test): keep them
         pass
