@@ -1,4 +1,4 @@
-"""Results convention (DESIGN.md): one JSON object per command, a CSV beside it, a printed table."""
+"""Results convention (DESIGN.md): one JSON object per command, a CSV beside it, a printed table, PNG plots."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ import csv
 import dataclasses
 import json
 import math
-from collections.abc import Sequence
+import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -119,3 +120,78 @@ def format_table(records: Sequence[Record], metric_names: Sequence[str], label=N
     for row in rows:
         lines.append("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)))
     return "\n".join(lines)
+
+
+def warn(msg: str) -> None:
+    """Print a warning on stderr (library code and commands alike)."""
+    print(f"warning: {msg}", file=sys.stderr)
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def bar_plot(records: Sequence[Record], metric_names: Sequence[str], path: str | Path, title: str, *,
+             ylabel: str | None = None, log_if_spread: bool = True, ylim: tuple[float, float] | None = None,
+             label=None) -> Path:
+    """PNG bar chart: one panel per metric, one bar per record with its 95 % CI as an error bar.
+
+    log_if_spread: a log y axis when a panel's positive means span more than 20x.
+    label(record) -> str names the bars (default: policy).
+    """
+    plt = _pyplot()
+    label = label or (lambda r: r.policy)
+    n = len(metric_names)
+    fig, axes = plt.subplots(1, n, figsize=(max(4.2 * n, 5.0), 3.8), squeeze=False)
+    names = [label(r) for r in records]
+    for ax, metric in zip(axes[0], metric_names, strict=True):
+        means = [r.metrics[metric].mean for r in records]
+        errs = [r.metrics[metric].half_width for r in records]
+        ax.bar(range(len(names)), means, yerr=errs, capsize=3, color="tab:blue")
+        ax.set_xticks(range(len(names)), names, rotation=35, ha="right", fontsize=8)
+        ax.set_title(metric)
+        if ylabel:
+            ax.set_ylabel(ylabel)
+        if ylim is not None:
+            ax.set_ylim(*ylim)
+        positive = [m for m in means if m > 0]
+        if log_if_spread and positive and min(means) > 0 and max(positive) > 20 * min(positive):
+            ax.set_yscale("log")
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return Path(path)
+
+
+def line_plot(panels: Mapping[str, Sequence[dict]], path: str | Path, *, xlabel: str, ylabel: str,
+              title: str | None = None, sharey: bool = False) -> Path:
+    """PNG line chart: one panel per title; each line is a dict of `ax.plot` keywords plus x and y.
+
+    A line with `vline` instead of x and y is a vertical marker at that x.
+    """
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 3.8), sharey=sharey, squeeze=False)
+    for ax, (name, lines) in zip(axes[0], panels.items(), strict=True):
+        for line in lines:
+            kw = dict(line)
+            if "vline" in kw:
+                ax.axvline(kw.pop("vline"), color=kw.pop("color", "grey"), lw=kw.pop("lw", 0.8), **kw)
+            else:
+                ax.plot(kw.pop("x"), kw.pop("y"), **kw)
+        ax.set_title(name, fontsize=9)
+        ax.set_xlabel(xlabel)
+        if any("label" in line for line in lines):
+            ax.legend(fontsize=8)
+    axes[0][0].set_ylabel(ylabel)
+    if title:
+        fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return Path(path)

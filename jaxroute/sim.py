@@ -1,27 +1,37 @@
 """Engine: run one pure simulation over a grid of seeds x configurations in one compilation.
 
 A cluster model is a frozen (hashable) dataclass that holds the *static*
-configuration (anything that sets a shape) and implements the `Model` protocol:
+configuration (anything that sets a shape) and subclasses the abstract `Model`:
 
     init(key, workload, params)      -> state     (fixed-shape pytree)
     step(state, workload, params)    -> state     (one event; a no-op once done)
     metrics(state, workload, params) -> dict[str, scalar array]
     num_steps(workload)              -> int       (static upper bound on events)
-    is_done(state)                   -> bool      (optional: lets a chunked run stop early)
+    is_done(state)                   -> bool      (every event done: lets a chunked run stop early)
+    check_params(params, workload)   -> None      (optional: refuse, before tracing, params the static
+                                                   config would silently clamp or ignore)
+
+Three kinds of configuration are kept apart: static fields on the model (shapes;
+changing one recompiles), traced `XParams` (vmapped: policy ids, rates, weights),
+and the `XState` pytree that `step` advances.
 
 `params` is a traced pytree (rates, thresholds, the policy id). The grid runner
 vmaps one single-instance run over a flat batch axis (configs x seeds), shards
 that axis over `jax.devices()`, and runs the scan in chunks so the host can
 update a progress bar between chunks. Metrics named `overflow` (bool) and
 `conservation_error` (int) are conventional: the runner reports them per row.
+`compile_count(model, kind)` says how many programs the runner compiled for a model
+(tests assert one per multi-policy grid); the chunk step donates its state buffers.
 """
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import math
+import warnings
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -33,30 +43,46 @@ from jaxroute import metrics as metrics_lib
 
 PyTree = Any
 
-# How many times each model's batched functions were traced (for compile-once tests).
-TRACE_COUNTS: dict[str, int] = {}
+def _count_trace(cache_key: tuple) -> None:
+    """Called while tracing a cached jitted function: one trace is one compilation."""
+    _TRACES[cache_key] = _TRACES.get(cache_key, 0) + 1
 
 
-class Model(Protocol):
-    """A single-instance cluster simulation (static config lives on the object)."""
+class Model(abc.ABC):
+    """A single-instance cluster simulation; static config lives on the (frozen dataclass) subclass."""
 
-    def init(self, key: jax.Array, workload: PyTree, params: PyTree) -> PyTree: ...
+    @abc.abstractmethod
+    def init(self, key: jax.Array, workload: PyTree, params: PyTree) -> PyTree:
+        """Initial state of one run."""
 
-    def step(self, state: PyTree, workload: PyTree, params: PyTree) -> PyTree: ...
+    @abc.abstractmethod
+    def step(self, state: PyTree, workload: PyTree, params: PyTree) -> PyTree:
+        """One event; must leave a done state unchanged."""
 
-    def metrics(self, state: PyTree, workload: PyTree, params: PyTree) -> dict[str, jax.Array]: ...
+    @abc.abstractmethod
+    def metrics(self, state: PyTree, workload: PyTree, params: PyTree) -> dict[str, jax.Array]:
+        """Scalar metrics of a finished run (plus `overflow` and `conservation_error`)."""
 
-    def num_steps(self, workload: PyTree) -> int: ...
+    @abc.abstractmethod
+    def num_steps(self, workload: PyTree) -> int:
+        """Static upper bound on the events of one run."""
 
+    @abc.abstractmethod
+    def is_done(self, state: PyTree) -> jax.Array:
+        """True once every event has happened (later steps are no-ops)."""
 
-def _count_trace(name: str) -> None:
-    TRACE_COUNTS[name] = TRACE_COUNTS.get(name, 0) + 1
+    def check_params(self, params: PyTree, workload: PyTree = None) -> None:
+        """Refuse, on the host and before tracing, params this static configuration cannot honour.
 
+        `params` may carry a leading batch axis. Raise `JaxrouteError` naming the offending
+        values (e.g. a traced d above the static max_d, a policy id out of range). The
+        default accepts everything; `run_grid` calls it before compiling.
+        """
+        del params, workload  # nothing to check by default
 
-def _model_name(model: Any) -> str:
-    if isinstance(model, _FnModel):
-        return getattr(model.fn, "__qualname__", "fn")
-    return type(model).__name__
+    def run(self, key: jax.Array, workload: PyTree, params: PyTree) -> dict[str, jax.Array]:
+        """One simulation: init, scan over all events, metrics. Pure and jittable."""
+        return run(self, key, workload, params)
 
 
 def scan_steps(model: Model, state: PyTree, workload: PyTree, params: PyTree, length: int) -> PyTree:
@@ -146,51 +172,95 @@ class GridResult:
         return {k: v[c] for k, v in self.metrics.items()}
 
 
-def _jitted(model: Model, kind: str, chunk: int = 0) -> Callable:
-    """Batched jitted functions, cached per (model, kind, chunk) so a grid compiles once."""
-    cache_key = (model, kind, chunk)
+def _jitted(model: Model, kind: str, chunk: int = 0, out_sharding: NamedSharding | None = None) -> Callable:
+    """Batched jitted functions, cached per (model, kind, chunk, out_sharding) so a grid compiles once.
+
+    The chunk step donates its state buffers: the loop only keeps the newest state.
+    """
+    cache_key = (model, kind, chunk, out_sharding)
     fn = _JIT_CACHE.get(cache_key)
     if fn is not None:
         return fn
-    name = f"{_model_name(model)}.{kind}"
+    donate: tuple[int, ...] = ()
 
     if kind == "run":
 
         def batched(keys, workload, params):
-            _count_trace(name)
+            _count_trace(cache_key)
             return jax.vmap(lambda k, p: run(model, k, workload, p))(keys, params)
 
     elif kind == "init":
 
         def batched(keys, workload, params):
-            _count_trace(name)
+            _count_trace(cache_key)
             return jax.vmap(lambda k, p: model.init(k, workload, p))(keys, params)
 
     elif kind == "chunk":
+        donate = (0,)
 
         def batched(state, workload, params):
-            _count_trace(name)
+            _count_trace(cache_key)
             return jax.vmap(lambda s, p: scan_steps(model, s, workload, p, chunk))(state, params)
 
     elif kind == "metrics":
 
         def batched(state, workload, params):
-            _count_trace(name)
+            _count_trace(cache_key)
             return jax.vmap(lambda s, p: model.metrics(s, workload, p))(state, params)
 
     elif kind == "done":
 
         def batched(state):
+            _count_trace(cache_key)
             return jax.vmap(model.is_done)(state)
 
     else:  # pragma: no cover - internal
         raise ValueError(kind)
-    fn = jax.jit(batched)
+    fn = jax.jit(batched, donate_argnums=donate, out_shardings=out_sharding)
     _JIT_CACHE[cache_key] = fn
     return fn
 
 
 _JIT_CACHE: dict[tuple, Callable] = {}
+_TRACES: dict[tuple, int] = {}  # traces (= compilations) of each cached jitted function
+KINDS = ("run", "init", "chunk", "metrics", "done")
+
+
+def _matches(model: Model | type | Callable) -> Callable[[Model], bool]:
+    """Which cached models `model` names: itself, every instance of a Model class, or a plain run function."""
+    if isinstance(model, type):
+        return lambda m: isinstance(m, model)
+    model = model if isinstance(model, Model) else _FnModel(model)
+    return lambda m: m == model
+
+
+def compile_count(model: Model | type | Callable, kind: str = "run") -> int:
+    """How many programs the grid runner has compiled for `model`'s batched `kind` function.
+
+    `model` is a Model, a Model class (all its instances, e.g. when a command builds the
+    model), or a plain function given to `run_batch_fn`. kind is one of
+    run / init / chunk / metrics / done ("chunk" sums over chunk sizes). Each distinct
+    set of argument shapes compiles once; policies and other traced params never add one.
+    Each trace of a cached jitted function is one compilation (a jit cache miss). Counts
+    belong to the cached functions, so they do not depend on what other tests ran before
+    when a test starts from `clear_compiled(model)`.
+    """
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    match = _matches(model)
+    return sum(n for (m, k, *_), n in _TRACES.items() if k == kind and match(m))
+
+
+def clear_compiled(model: Model | type | Callable | None = None) -> None:
+    """Forget the jitted functions of `model` (as in `compile_count`; all when None): the next grid recompiles."""
+    if model is None:
+        _JIT_CACHE.clear()
+        _TRACES.clear()
+        return
+    match = _matches(model)
+    for cache_key in [k for k in _JIT_CACHE if match(k[0])]:
+        del _JIT_CACHE[cache_key]
+        _TRACES.pop(cache_key, None)
 
 
 def run_grid(
@@ -209,9 +279,14 @@ def run_grid(
     params_batch: params pytree with a leading config axis C (policies, sweeps).
     chunk: events per compiled scan chunk; None runs the whole scan at once.
     progress: show a tqdm bar between chunks (a string sets its description).
+    Before anything is traced, `model.check_params(params_batch, workload)` refuses params
+    the static configuration cannot honour (a JaxrouteError).
     """
     if n_seeds < 1:
         raise ValueError(f"n_seeds must be >= 1, got {n_seeds}")
+    if not isinstance(model, Model):
+        raise TypeError(f"{type(model).__name__} does not subclass jaxroute.sim.Model")
+    model.check_params(params_batch, workload)
     n_configs = batch_size(params_batch)
     keys, flat_params = _flat_grid(key, params_batch, n_seeds)
     n_rows = n_configs * n_seeds
@@ -232,18 +307,23 @@ def run_grid(
             _bar(total, progress).update(total)
     else:
         n_chunks = math.ceil(total / chunk)
-        state = _jitted(model, "init")(keys, workload, flat_params)
-        step_chunk = _jitted(model, "chunk", chunk)
+        # Both return the state sharded by row (leaves that do not depend on the inputs would
+        # otherwise come out replicated), so the chunk program sees one layout and compiles once.
+        state = _jitted(model, "init", out_sharding=row_sharding)(keys, workload, flat_params)
+        step_chunk = _jitted(model, "chunk", chunk, out_sharding=row_sharding)
         bar = _bar(n_chunks * chunk, progress) if progress else None
-        # Optional early exit: a model with `is_done(state) -> bool` stops once every row is done
-        # (num_steps can then be a loose upper bound; the remaining steps would be no-ops).
-        done_fn = _jitted(model, "done") if hasattr(model, "is_done") else None
+        # Early exit once every row is done (num_steps can be a loose upper bound: the
+        # remaining steps would be no-ops, so the result equals the full run).
+        done_fn = _jitted(model, "done")
         for _ in range(n_chunks):
-            state = step_chunk(state, workload, flat_params)
+            with warnings.catch_warnings():
+                # Backends without buffer donation (older CPU runtimes) warn and copy instead.
+                warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
+                state = step_chunk(state, workload, flat_params)
             if bar is not None:
                 jax.block_until_ready(state)
                 bar.update(chunk)
-            if done_fn is not None and bool(np.all(np.asarray(done_fn(state)))):
+            if bool(np.all(np.asarray(done_fn(state)))):
                 break
         if bar is not None:
             bar.close()
@@ -275,7 +355,7 @@ def run_batch_fn(
 
 
 @dataclasses.dataclass(frozen=True)
-class _FnModel:
+class _FnModel(Model):
     """Adapts a plain run function to the Model protocol (one 'step' does everything)."""
 
     fn: Callable
@@ -291,3 +371,6 @@ class _FnModel:
 
     def num_steps(self, workload):
         return 0
+
+    def is_done(self, state):
+        return jnp.bool_(True)

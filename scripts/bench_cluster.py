@@ -13,20 +13,19 @@ import time
 
 import jax
 
-from jaxroute import report, sim
+from jaxroute import report
 from jaxroute.cli import use_all_cpu_cores
-from jaxroute.clusters import replicas
+from jaxroute.experiments.cluster import policy_rows, run_cluster
 from jaxroute.workloads import prefix as W
 
 
 def bench(workload, policies, n_seeds: int, n_replicas: int, rate: float) -> dict:
-    model = replicas.ReplicaCluster(n_replicas=n_replicas, max_queue=workload.n_requests)
-    params = sim.stack_params([replicas.make_params(p, rate=rate) for p in policies])
+    rows = policy_rows(policies, rate=rate)
     t0 = time.perf_counter()
-    sim.run_grid(model, jax.random.key(0), workload, params, n_seeds, chunk=1000)
+    run_cluster(rows, workload, replicas_n=n_replicas, seeds=n_seeds, seed=0)
     first = time.perf_counter() - t0
     t0 = time.perf_counter()
-    grid = sim.run_grid(model, jax.random.key(1), workload, params, n_seeds, chunk=1000)
+    grid = run_cluster(rows, workload, replicas_n=n_replicas, seeds=n_seeds, seed=1).grid
     wall = time.perf_counter() - t0
     n = len(policies) * n_seeds * workload.n_requests
     return {"seeds": n_seeds, "policies": list(policies), "requests_per_run": workload.n_requests,

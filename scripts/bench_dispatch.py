@@ -72,12 +72,13 @@ def main() -> None:
         jax.config.update("jax_num_cpu_devices", args.devices)
     import numpy as np
 
-    from jaxroute import report, sim
-    from jaxroute.clusters.queueing import QueueingModel, dispatch_params
+    from jaxroute import report
+    from jaxroute.clusters.queueing import DispatchModel, make_params
+    from jaxroute.experiments import Comparison
 
     seeds = [int(s) for s in args.seeds.split(",")]
-    model = QueueingModel(n_servers=args.servers, n_requests=args.requests, ring=args.ring)
-    params = sim.stack_params([dispatch_params("jsq", args.load, "exp")])
+    model = DispatchModel(n_servers=args.servers, n_requests=args.requests, ring=args.ring)
+    jsq_rows = [("jsq", make_params("jsq", args.load, "exp"))]
 
     def python_rate():
         best_w = best_c = float("inf")
@@ -91,7 +92,7 @@ def main() -> None:
     py_wall, py_cpu = python_rate()
     rows = []
     for n_seeds in seeds:
-        run = lambda k: sim.run_grid(model, jax.random.key(k), None, params, n_seeds)  # noqa: B023
+        run = lambda k: Comparison(model, jsq_rows, n_seeds, ("mean_response",), seed=k).run().grid  # noqa: B023
         grid = run(0)  # compile (excluded)
         best_w = best_c = float("inf")
         for r in range(args.repeats):

@@ -21,8 +21,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxroute import cost_models, report, sim
+from jaxroute import cost_models, report
 from jaxroute.clusters import dp_decode as dd
+from jaxroute.experiments import Comparison
 from jaxroute.predictors import base as predictors
 from jaxroute.routers import balance
 from jaxroute.workloads.decode import make_decode_requests
@@ -75,7 +76,7 @@ def bench_decisions(calls, seed=0):
 
 def bench_predicted_loads(calls):
     """BR-H's per-step input: predicted loads of every active request (oracle), part of a BR-H decision."""
-    model = dd.DPDecodeModel(n_workers=G, n_requests=4096, max_steps=1, slots=SLOTS, pool=POOL, window=W, horizon=H)
+    model = dd.DecodeModel(n_workers=G, n_requests=4096, max_steps=1, slots=SLOTS, pool=POOL, window=W, horizon=H)
     req = make_decode_requests("synthetic-prod", 4096, seed=0)
     wl = dd.make_workload(req, cost_models.cost_params(dd.DEFAULT_GPU, dd.DEFAULT_MODEL, dd.DEFAULT_TP))
     params = dd.make_params("brh", n_workers=G, predictor=predictors.kind_id("oracle"))
@@ -94,12 +95,12 @@ def bench_simulator(requests, seeds, slots):
     req = make_decode_requests("synthetic-azure24", requests, seed=0)
     wl = dd.make_workload(req, cost_models.cost_params(dd.DEFAULT_GPU, dd.DEFAULT_MODEL, dd.DEFAULT_TP))
     steps = 2000
-    model = dd.DPDecodeModel(n_workers=G, n_requests=requests, max_steps=steps, slots=slots, pool=POOL, window=W,
+    model = dd.DecodeModel(n_workers=G, n_requests=requests, max_steps=steps, slots=slots, pool=POOL, window=W,
                              horizon=H, kv_capacity=cost_models.kv_capacity_tokens(dd.DEFAULT_GPU, dd.DEFAULT_MODEL))
-    params = sim.stack_params([dd.make_params(p, n_workers=G) for p in balance.POLICIES])
-    sim.run_grid(model, jax.random.key(0), wl, params, seeds)  # compile + warm
+    rows = [(p, dd.make_params(p, n_workers=G)) for p in balance.POLICIES]
+    Comparison(model, rows, seeds, ("steps",), workload=wl, seed=0).run()  # compile + warm
     t = time.perf_counter()
-    grid = sim.run_grid(model, jax.random.key(1), wl, params, seeds)
+    grid = Comparison(model, rows, seeds, ("steps",), workload=wl, seed=1).run().grid
     dt = time.perf_counter() - t
     rows = len(balance.POLICIES) * seeds
     return {"rows": rows, "steps_per_row": steps, "seconds": dt, "step_rows_per_s": rows * steps / dt,

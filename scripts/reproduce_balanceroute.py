@@ -26,7 +26,14 @@ from pathlib import Path
 
 import numpy as np
 
-from jaxroute.commands.decode import Deployment, Row, best_baseline, format_records, rows_for, run_comparison
+from jaxroute.experiments.decode import (
+    DecodeRow,
+    Deployment,
+    best_baseline,
+    format_records,
+    rows_for,
+    run_comparison,
+)
 from jaxroute.metrics import summarize
 from jaxroute.report import write_json
 from jaxroute.routers import balance
@@ -55,7 +62,7 @@ PAPER_RECOVERED = {"synthetic-prod": {"survival": (979 - 943) / (1029 - 943), "e
                    "synthetic-azure24": {"survival": (893 - 854) / (957 - 854), "exact": (909 - 854) / (957 - 854)}}
 
 
-def deployed_predictor_rows(workload: str, s: dict, dep, ckpt_root: Path, log) -> tuple[list[Row], tuple, list[str]]:
+def deployed_predictor_rows(workload: str, s: dict, dep, ckpt_root: Path, log) -> tuple[list[DecodeRow], tuple, list[str]]:
     """Deployed BR-H rows (survival, exact-match, learned) for the main table.
 
     All three are fitted on requests distinct from the simulated ones (the next requests of the
@@ -72,7 +79,7 @@ def deployed_predictor_rows(workload: str, s: dict, dep, ckpt_root: Path, log) -
     bank, names, _ = bank_for_simulation(["survival", "exact", spec], workload, s["requests"], 0, None, dep.horizon)
     log(f"\n  deployed predictors for {workload}: survival, exact, learned ({spec}; {steps} steps max) fitted on "
         f"requests distinct from the simulated ones in {time.perf_counter() - t0:.0f} s")
-    return [Row("brh", n) for n in names], bank, names
+    return [DecodeRow("brh", n) for n in names], bank, names
 
 
 def recovered_lines(records, names, workload) -> list[str]:
@@ -168,7 +175,8 @@ def main_table(s, dep, out, log):
         extra_rows, bank, deployed = deployed_predictor_rows(workload, s, dep, Path(out["predictor_dir"]), log)
         rows = rows_for(MAIN_POLICIES, ["oracle"]) + extra_rows
         t0 = time.perf_counter()
-        records, grid, model = run_comparison(req, rows, workers=8, seeds=s["seeds"], dep=dep, bank=bank)
+        res = run_comparison(req, rows, workers=8, seeds=s["seeds"], dep=dep, bank=bank)
+        records, grid = res.records, res.grid
         log(f"\n== main table, {workload}, G=8: {len(req)} requests (mean prompt {req.prompt_tokens.mean():.0f}, "
             f"output {req.output_tokens.mean():.0f}), {s['seeds']} seeds, {time.perf_counter() - t0:.0f} s")
         log(format_records(records))
@@ -197,7 +205,7 @@ def scaling(s, dep, out, log):
     out["scaling"] = {}
     for g in s["workers"]:
         req = make_decode_requests("synthetic-prod", s["per_worker_requests"] * g, seed=0)
-        records, grid, _ = run_comparison(req, rows, workers=g, seeds=s["seeds"], dep=dep)
+        records = run_comparison(req, rows, workers=g, seeds=s["seeds"], dep=dep).records
         b = best_baseline(records, "throughput_tok_s")
         by = {r.params["label"]: r for r in records}
 
@@ -220,8 +228,8 @@ def scaling(s, dep, out, log):
 def sensitivity(s, dep, out, log):
     req = make_decode_requests("synthetic-prod", s["sens_requests"], seed=0)
     rows = rows_for(("random", "rr", "p2c", "jsq"), [])
-    grid_rows = [Row("brh", "oracle", 1.0, b, gm) for b in s["betas"] for gm in s["gammas"]]
-    records, grid, _ = run_comparison(req, rows + grid_rows, workers=8, seeds=s["seeds"], dep=dep)
+    grid_rows = [DecodeRow("brh", "oracle", 1.0, b, gm) for b in s["betas"] for gm in s["gammas"]]
+    records = run_comparison(req, rows + grid_rows, workers=8, seeds=s["seeds"], dep=dep).records
     b = best_baseline(records, "throughput_tok_s")
     best = _m(records[b], "throughput_tok_s")
     log(f"\n== sensitivity: oracle BR-H, H={dep.horizon}, G=8, beta x gamma in ONE compilation "

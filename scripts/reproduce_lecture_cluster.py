@@ -27,7 +27,8 @@ import numpy as np
 from jaxroute import report
 from jaxroute.cli import use_all_cpu_cores
 from jaxroute.clusters import replicas
-from jaxroute.commands.cluster import build_workload, run_cluster
+from jaxroute.experiments import paired_difference
+from jaxroute.experiments.cluster import build_workload, policy_rows, run_cluster
 from jaxroute.metrics import summarize
 from jaxroute.routers.prefix import LOAD_ONLY
 
@@ -53,12 +54,11 @@ def finding1(scale, out, progress):
     res = {}
     for name, rate in RATES_4.items():
         wl = build_workload(name, scale["requests"])
-        records, _, grid = run_cluster(F1_POLICIES, wl, replicas_n=4, rate=rate, seeds=scale["seeds"],
-                                       progress=progress)
+        run = run_cluster(policy_rows(F1_POLICIES, rate=rate), wl, replicas_n=4, seeds=scale["seeds"], progress=progress)
+        records, grid = run.records, run.grid
         idx = {r.policy: i for i, r in enumerate(records)}
         load_rows = [idx[p] for p in LOAD_ONLY]
         lat = np.asarray(grid.metrics["mean_latency_s"], np.float64)
-        hit = np.asarray(grid.metrics["hit_rate"], np.float64)
         best_load = min(LOAD_ONLY, key=lambda p: records[idx[p]].metrics["mean_latency_s"].mean)
         speedup = _paired_ratio(lat, load_rows, idx["threshold"])
         print(f"\n[1] {name}, 4 replicas, {rate:g} req/s, {scale['seeds']} seeds x {scale['requests']} requests")
@@ -80,7 +80,7 @@ def finding1(scale, out, progress):
                                 "affinity_max_share": share.as_json(),
                                 "best_load_only": best_load,
                                 "hit_rate_best_load_only": hr_load.as_json(), "hit_rate_threshold": hr_thr.as_json(),
-                                "hit_rate_gain_paired": summarize(hit[idx["threshold"]] - hit[idx[best_load]]).as_json(),
+                                "hit_rate_gain_paired": paired_difference(run, "hit_rate", "threshold", best_load).as_json(),
                                 "latency_speedup_vs_best_load_only": speedup.as_json()}}
     out["finding1"] = res
 
@@ -91,10 +91,9 @@ def finding2(scale, out, progress):
           f"{scale['requests']} requests")
     for G in scale["replicas"]:
         wl = build_workload("longdoc", scale["requests"])
-        records, _, _ = run_cluster(("rr", "threshold"), wl, replicas_n=G, rate=0.25 * G, seeds=scale["seeds"],
-                                    progress=progress, label_params={"replicas": G})
-        for r in records:
-            rows.append(r)
+        records = run_cluster(policy_rows(("rr", "threshold"), rate=0.25 * G), wl, replicas_n=G, seeds=scale["seeds"],
+                              progress=progress, label_params={"replicas": G}).records
+        rows += records
         res[str(G)] = [r.as_json() for r in records]
     print(report.format_table(rows, COLS, label=lambda r: f"G={r.params['replicas']} {r.policy}"))
     print("  lecture: round robin's hit rate stays flat (each replica caches the same ~10 documents); "
@@ -112,8 +111,7 @@ def finding3(scale, out, progress):
         wl = build_workload(name, scale["requests"])
         rate = RATES_4[name]
         rows = [(f"theta={th:g}", replicas.make_params("threshold", rate=rate, theta=th)) for th in thetas]
-        records, _, _ = run_cluster(None, wl, replicas_n=4, rate=rate, seeds=scale["seeds"], extra_rows=rows,
-                                    progress=progress)
+        records = run_cluster(rows, wl, replicas_n=4, seeds=scale["seeds"], progress=progress).records
         print(f"\n[3] theta sweep (one compilation), {name}, 4 replicas, {rate:g} req/s, {scale['seeds']} seeds x "
               f"{scale['requests']} requests")
         print(_table(records))
@@ -136,7 +134,8 @@ def finding4(scale, out, progress):
     pols = ("rr", "least_load", "affinity", "threshold", "cache_guard", "sglang_cache_aware", "preble_e2")
     rows = [(p, replicas.make_params(p, rate=HOT_RATE_8)) for p in pols]
     rows.append(("preble_e2_no_rebalance", replicas.make_params("preble_e2", rate=HOT_RATE_8, e2_th_bal=math.inf)))
-    records, _, grid = run_cluster(None, wl, replicas_n=8, seeds=scale["seeds"], progress=progress, extra_rows=rows)
+    res = run_cluster(rows, wl, replicas_n=8, seeds=scale["seeds"], progress=progress)
+    records, grid = res.records, res.grid
     idx = {r.policy: i for i, r in enumerate(records)}
     lat = np.asarray(grid.metrics["mean_latency_s"], np.float64)
     print(f"\n[4] toolbench with a hot tool (40 % of traffic), 8 replicas, {HOT_RATE_8:g} req/s, "

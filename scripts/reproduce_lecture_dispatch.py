@@ -19,13 +19,13 @@ import argparse
 import math
 import time
 
-import jax
 import numpy as np
 
-from jaxroute import report, sim
-from jaxroute.clusters.queueing import QueueingModel, dispatch_params
-from jaxroute.commands.bins import asymptotic_max_load, run_bins
-from jaxroute.commands.dispatch import run_dispatch
+from jaxroute import report
+from jaxroute.clusters.queueing import DispatchModel, make_params
+from jaxroute.experiments import Comparison, paired_difference
+from jaxroute.experiments.bins import asymptotic_max_load, run_bins
+from jaxroute.experiments.dispatch import run_dispatch
 
 POLICIES = ["random", "rr", "jsq", "p2c", "lwl"]
 LECTURE_BINS = {(1_000, 1): 5.4, (1_000, 2): 3.0, (100_000, 1): 8.2, (100_000, 2): 3.4}  # exercise 1
@@ -35,12 +35,6 @@ def poisson_max_load(n: int) -> float:
     """E[max load] for random placement, with bin loads approximated as iid Poisson(1)."""
     tail = lambda k: 1 - sum(math.exp(-1) / math.factorial(j) for j in range(k))
     return sum(1 - (1 - tail(k)) ** n for k in range(1, 30))
-
-
-def paired(a, b):
-    """Mean of a - b over seeds and its 95 % half-width (normal approximation)."""
-    d = np.asarray(a.per_seed) - np.asarray(b.per_seed)
-    return d.mean(), 1.96 * d.std(ddof=1) / math.sqrt(len(d))
 
 
 def main() -> None:
@@ -55,14 +49,14 @@ def main() -> None:
     # ---------------------------------------------------------------- 0. queueing theory
     print("== 0. theory checks (not in the lecture's tables) ==")
     seeds = 4 if q else 16
-    model = QueueingModel(n_servers=4, n_requests=40_000, warmup=4_000, ring=8)
+    model = DispatchModel(n_servers=4, n_requests=40_000, warmup=4_000, ring=8)
     rows = [("random", 0.5, "exp"), ("random", 0.8, "exp"), ("random", 0.8, "det")]
-    grid = sim.run_grid(model, jax.random.key(0), None,
-                        sim.stack_params([dispatch_params(p, rho, law) for p, rho, law in rows]), seeds)
+    res = Comparison(model, [(f"{p} rho={rho} {law}", make_params(p, rho, law)) for p, rho, law in rows],
+                     seeds, ("mean_response", "p99_response"), seed=0).run()
     print(f"random dispatch, 4 servers, {seeds} seeds x 40000 requests (10% warm-up):")
     theory = []
     for c, (_, rho, law) in enumerate(rows):
-        mean, p99 = grid.summary("mean_response")[c], grid.summary("p99_response")[c]
+        mean, p99 = res.records[c].metrics["mean_response"], res.records[c].metrics["p99_response"]
         if law == "exp":
             t_mean, t_p99 = 1 / (1 - rho), math.log(100) / (1 - rho)
             print(f"  M/M/1 rho={rho}: mean {report.fmt_ci(mean)} (theory {t_mean:.3f}), "
@@ -72,14 +66,14 @@ def main() -> None:
             print(f"  M/D/1 rho={rho}: mean {report.fmt_ci(mean)} (Pollaczek-Khinchine {t_mean:.3f})")
         theory.append(dict(rho=rho, service=law, mean=mean.as_json(), theory_mean=t_mean, theory_p99=t_p99))
     levels = 5
-    model = QueueingModel(n_servers=100, n_requests=40_000, warmup=8_000, ring=32, max_d=3, tail_levels=levels)
-    grid = sim.run_grid(model, jax.random.key(1), None,
-                        sim.stack_params([dispatch_params("pod", 0.9, d=d) for d in (2, 3)]), 2 if q else 4)
+    model = DispatchModel(n_servers=100, n_requests=40_000, warmup=8_000, ring=32, max_d=3, tail_levels=levels)
+    res = Comparison(model, [(f"d={d}", make_params("pod", 0.9, d=d)) for d in (2, 3)], 2 if q else 4,
+                     [f"frac_ge_{i}" for i in range(1, levels + 1)], seed=1).run()
     print("supermarket model, 100 servers, load 0.9: fraction of servers with >= i jobs (ours / large-N theory)")
     for c, d in enumerate((2, 3)):
         cells = []
         for i in range(1, levels + 1):
-            got = float(np.mean(grid.metrics[f"frac_ge_{i}"][c]))
+            got = res.records[c].metrics[f"frac_ge_{i}"].mean
             cells.append(f"i={i}: {got:.3f}/{0.9 ** ((d**i - 1) / (d - 1)):.3f}")
             theory.append(dict(d=d, i=i, ours=got, theory=0.9 ** ((d**i - 1) / (d - 1))))
         print(f"  d={d}: " + "  ".join(cells))
@@ -92,8 +86,7 @@ def main() -> None:
     print(f"{'n':>7s} {'d':>2s}  {'ours':>12s}  {'lecture':>7s}  {'Poisson approx':>14s}  {'asymptotic':>10s}")
     rows = []
     for n in (1_000, 10_000, 100_000):
-        recs, _ = run_bins(n, [1, 2], seeds)
-        for r in recs:
+        for r in run_bins(n, [1, 2], seeds).records:
             d = r.params["d"]
             lec = LECTURE_BINS.get((n, d))
             approx = poisson_max_load(n) if d == 1 else float("nan")
@@ -109,7 +102,8 @@ def main() -> None:
     for law in ("exp", "pareto", "lognormal"):
         # exp: the lecture's run length (50,000 requests), to set its single 11.56 against many runs.
         seeds, requests = (16, 20_000) if q else ((32, 50_000) if law == "exp" else (32, 20_000))
-        recs, model = run_dispatch(POLICIES, servers=16, load=0.9, service=law, seeds=seeds, requests=requests)
+        res = run_dispatch(POLICIES, servers=16, load=0.9, service=law, seeds=seeds, requests=requests)
+        recs = res.records
         print(f"== 2. 16 FCFS servers, load 0.9, {law} service, {seeds} seeds x {requests} requests ==")
         by = {r.policy: r for r in recs}
         lecture = {"random": "11.56 (1 run); theory 10"} if law == "exp" else {}
@@ -122,14 +116,13 @@ def main() -> None:
                   f"range {per.min():.2f}-{per.max():.2f} (the lecture's 11.56 is one such run)")
             print(f"check: RR about 2x better than random: random / rr = {rnd.mean / rr.mean:.2f}")
         else:
-            d, h = paired(rnd, rr)
-            d8, h8 = paired(_first(rnd, 8), _first(rr, 8))
-            print(f"check: RR vs random under heavy tails: random - rr = {d:.2f} ± {h:.2f} over {seeds} seeds, "
-                  f"{d8:.2f} ± {h8:.2f} over the first 8 (the lecture's 8 seeds: 'within noise'); "
+            diff = paired_difference(res, "mean_response", "random", "rr")
+            diff8 = paired_difference(res, "mean_response", "random", "rr", seeds=slice(0, 8))
+            print(f"check: RR vs random under heavy tails: random - rr = {report.fmt_ci(diff)} over {seeds} seeds, "
+                  f"{report.fmt_ci(diff8)} over the first 8 (the lecture's 8 seeds: 'within noise'); "
                   f"random / rr = {rnd.mean / rr.mean:.2f} (exp: about 2)")
-            jp, lp = by["jsq"].metrics["p99_response"], by["lwl"].metrics["p99_response"]
-            d, h = paired(jp, lp)
-            print(f"check: JSQ P99 worse than LWL: jsq - lwl P99 = {d:.2f} ± {h:.2f}")
+            diff = paired_difference(res, "p99_response", "jsq", "lwl")
+            print(f"check: JSQ P99 worse than LWL: jsq - lwl P99 = {report.fmt_ci(diff)}")
             print("note: heavy tails shrink RR's gain over random from ~1.8x to a few per cent; over 8 seeds "
                   "that sits at the edge of the noise (the lecture: 'within noise'), with more seeds it is "
                   "still detectable.")
@@ -142,8 +135,8 @@ def main() -> None:
           "requests; mean response ==")
     table = {}
     for stale in (0.0, 0.5, 1.0, 2.0, 4.0):
-        recs, model = run_dispatch(["random", "jsq", "p2c"], servers=16, load=0.9, service="exp", seeds=seeds,
-                                   requests=requests, stale=stale)
+        recs = run_dispatch(["random", "jsq", "p2c"], servers=16, load=0.9, service="exp", seeds=seeds,
+                            requests=requests, stale=stale).records
         table[stale] = {r.policy: r for r in recs}
         out[f"stale_{stale}"] = [r.as_json() for r in recs]
     print(f"{'T':>4s}  {'random':>12s}  {'jsq':>12s}  {'p2c':>12s}  {'jsq/random':>10s}  {'p2c/p2c(T=0)':>12s}")
@@ -159,12 +152,6 @@ def main() -> None:
     if args.out:
         report.write_json(args.out, {"command": "reproduce_lecture_dispatch", "quick": q, "results": out})
         print(f"wrote {args.out}")
-
-
-def _first(summary, k):
-    from jaxroute.metrics import summarize
-
-    return summarize(np.asarray(summary.per_seed[:k]))
 
 
 if __name__ == "__main__":

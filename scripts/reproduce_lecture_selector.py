@@ -238,10 +238,10 @@ def item_ex7(args, key):
 
     def sweep(label, optimizer, field, values, note):
         rows = [opt.make_params(5, 2, start=[C, C], price=price, **{field: v}) for v in values]
-        sim.TRACE_COUNTS.pop(f"select.{optimizer}.run", None)
+        sim.clear_compiled(opt.batch_fn(optimizer, config))
         g = opt.run_optimizers(config, jax.random.fold_in(key, 70), worlds, sim.stack_params(rows), args.seeds,
                                (optimizer,))[optimizer]
-        compiles = sim.TRACE_COUNTS.get(f"select.{optimizer}.run", 0)
+        compiles = sim.compile_count(opt.batch_fn(optimizer, config), "run")
         te = g.metrics["test_accuracy"].mean(axis=(1, 2))
         cost = g.metrics["cost_per_question"].mean(axis=(1, 2))
         modes = [Counter(wl.allocation_name(a) for a in g.metrics["allocation"][i].reshape(-1, 2)).most_common(2)

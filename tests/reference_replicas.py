@@ -16,7 +16,7 @@ from jaxroute import cost_models
 
 F32 = np.float32
 POLICIES = ("rr", "least_load", "least_tokens", "affinity", "threshold", "cache_guard", "sglang_cache_aware",
-            "preble_e2")
+            "preble_e2", "weighted")
 
 
 @dataclasses.dataclass
@@ -126,6 +126,16 @@ def _route(policy, G, inflight, tokens, match, tmatch, tsize, prompt, rr, rp, e2
             return least
         b = best(tmatch)
         return b if tmatch[b] / max(prompt, 1) > rp["sgl_cache_threshold"] else int(np.argmin(tsize))
+    if policy == "weighted":  # argmax picker: highest weighted score, ties -> lowest index
+        def spread(x):
+            hi, lo = max(x), min(x)
+            return [F32(F32(hi - v) / F32(hi - lo)) if hi > lo else F32(1) for v in x]
+        ratio = [F32(F32(match[g]) / F32(max(prompt, 1))) for g in range(G)]
+        w = [F32(x) for x in rp["weights"]]
+        score = [F32(w[0] * r + w[1] * q + w[2] * k)
+                 for r, q, k in zip(ratio, spread([F32(x) for x in inflight]), spread([F32(x) for x in tokens]),
+                                    strict=True)]
+        return max(range(G), key=lambda g: (score[g], -g))
     if policy == "preble_e2":
         load, extra, _ = e2
         cost = [F32(load[g] + extra[g]) for g in range(G)]
@@ -143,7 +153,7 @@ def _route(policy, G, inflight, tokens, match, tmatch, tsize, prompt, rr, rp, e2
 
 
 def preble_costs(window, last, record, locked, segs_i, match, prompt, a, cap, H, cp, seg_len, seg_depth, segs):
-    """Preble E2's (L, M + P, P, M) per replica, written out with plain loops (see clusters/replicas.py)."""
+    """Preble E2's (L, M + P, P, M) per replica, written out with plain loops (see routers/preble.py)."""
     G = len(window)
     live = [[e for e in window[g] if F32(a - e["t"]) < H] for g in range(G)]
     n_all = sum(len(w) for w in live)
@@ -152,9 +162,10 @@ def preble_costs(window, last, record, locked, segs_i, match, prompt, a, cap, H,
     load, extra, pcost, mcost = [], [], [], []
     in_req = {sid for sid, _ in segs_i}
     for g in range(G):
-        L = F32(0)
-        for e in live[g]:
-            L = F32(L + F32(e["pre"] + F32(e["dec"] * mean_out)))
+        pre, dec = F32(0), F32(0)
+        for e in live[g]:  # in dispatch order
+            pre, dec = F32(pre + e["pre"]), F32(dec + e["dec"])
+        L = F32(pre + F32(dec * mean_out))
         missed = F32(prompt - match[g])
         P = F32(prefill(cp, missed, F32(match[g])))
         hits = {}
@@ -182,7 +193,7 @@ def simulate(table, *, G, cap, policy, cost, chunk=512, B=64, Q=256, max_admit=4
              router=None, stale=0.0, check=None):
     """Run the reference; returns per-request records and a list of invariant violations."""
     rp = dict(theta=0.5, guard_abs=8.0, guard_rel=1.5, sgl_cache_threshold=0.3, sgl_balance_abs=64.0,
-              sgl_balance_rel=1.5, e2_window_s=180.0, e2_th_bal=1.5)
+              sgl_balance_rel=1.5, e2_window_s=180.0, e2_th_bal=1.5, weights=(3.0, 2.0, 2.0))
     rp.update(router or {})
     arrival = np.asarray(table.arrival_s, np.float32)
     seg_ids, seg_tok = np.asarray(table.seg_ids), np.asarray(table.seg_tok)

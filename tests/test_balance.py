@@ -93,7 +93,7 @@ def test_brh_h0_equals_br0_decisions():
     req = make_decode_requests("synthetic-prod", 120, seed=5)
     req = type(req)(req.name, req.arrival_s, req.prompt_tokens, np.minimum(req.output_tokens, 60), req.key_id)
     g_n = 4
-    model = dd.DPDecodeModel(n_workers=g_n, n_requests=120, max_steps=600, slots=4, pool=12, window=6, horizon=0,
+    model = dd.DecodeModel(n_workers=g_n, n_requests=120, max_steps=600, slots=4, pool=12, window=6, horizon=0,
                              trace_points=4)
     wl = dd.make_workload(req, cost_models.cost_params("H200", "Llama-3-8B", 1))
     rows = [dd.make_params("br0", n_workers=g_n), dd.make_params("brh", n_workers=g_n, alpha=1.0, beta=g_n),

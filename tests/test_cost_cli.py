@@ -8,6 +8,14 @@ from jaxroute import cost_models as cm
 from jaxroute.cli import main
 
 
+def cli(argv) -> int:
+    """Exit code of `jaxroute argv`: bad numbers are argparse usage errors (SystemExit 2)."""
+    try:
+        return main(argv)
+    except SystemExit as e:
+        return e.code
+
+
 def run_json(capsys, *argv):
     assert main(["cost", *argv, "--json"]) == 0
     return json.loads(capsys.readouterr().out)
@@ -65,18 +73,18 @@ def test_list(capsys):
     (["--gpu", "V100"], "unknown GPU 'V100'; choose from: A6000, A100-80GB, H100-SXM, H200"),
     (["--model", "gpt2"], "choose from: Mistral-7B, Llama-3-8B, Llama-3-70B, Qwen3-30B-A3B, DeepSeek-V3"),
     (["--cost-model", "vidur"], "choose from: roofline, preble"),
-    (["--prefill", "abc"], "--prefill expects an integer"),
-    (["--prefill", "0"], "--prefill must be >= 1"),
-    (["--decode-batch", "-3"], "--decode-batch must be >= 1"),
-    (["--context", "1.5"], "--context expects an integer"),
-    (["--tp", "0"], "--tp must be >= 1"),
-    (["--mem-util", "2"], "--mem-util must be in (0, 1]"),
-    (["--mem-util", "nan"], "--mem-util must be >= 0"),
+    (["--prefill", "abc"], "argument --prefill: expected a positive integer, got 'abc'"),
+    (["--prefill", "0"], "argument --prefill: expected a positive integer, got '0'"),
+    (["--decode-batch", "-3"], "argument --decode-batch: expected a positive integer"),
+    (["--context", "1.5"], "argument --context: expected a positive integer, got '1.5'"),
+    (["--tp", "0"], "argument --tp: expected a positive integer"),
+    (["--mem-util", "2"], "argument --mem-util: expected a fraction in (0, 1], got '2'"),
+    (["--mem-util", "nan"], "argument --mem-util: expected a fraction in (0, 1], got 'nan'"),
     (["--gpu", "H100-SXM", "--model", "Llama-3-70B"], "use tensor parallelism >= 2"),
     (["--cost-model", "preble", "--gpu", "H200"], "Mistral-7B on one A6000"),
 ])
 def test_bad_input_gives_clear_error(capsys, argv, message):
-    assert main(["cost", *argv]) == 2
+    assert cli(["cost", *argv]) == 2
     captured = capsys.readouterr()
     assert "jaxroute cost: error:" in captured.err
     assert message in captured.err

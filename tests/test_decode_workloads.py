@@ -2,11 +2,10 @@
 
 import numpy as np
 import pytest
+from data_paths import AZURE_CONV, require
 
 from jaxroute.errors import JaxrouteError
 from jaxroute.workloads import decode
-
-SHARED_CONV = "../shared/data/azure_llm_2023_conv.csv"
 
 
 def test_clipped_lognormal_solver_hits_mean():
@@ -69,12 +68,8 @@ def test_azure_trace_workload(tmp_path):
         decode.make_decode_requests("azure-conv", 4, trace_path=p)
 
 
-def test_shared_azure_trace_if_present():
-    import os
-
-    if not os.path.exists(SHARED_CONV):
-        pytest.skip("shared Azure trace not found relative to cwd")
-    r = decode.make_decode_requests("azure-conv", 1000)
+def test_shared_azure_trace():
+    r = decode.make_decode_requests("azure-conv", 1000, trace_path=require(AZURE_CONV))
     assert len(r) == 1000 and r.output_tokens.mean() > 10
 
 

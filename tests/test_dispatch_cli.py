@@ -6,21 +6,31 @@ import pytest
 
 from jaxroute import sim
 from jaxroute.cli import main
-from jaxroute.commands.dispatch import policy_label
+from jaxroute.clusters.queueing import DispatchModel
+from jaxroute.experiments.dispatch import policy_label
 
 SMALL = ["--servers", "4", "--load", "0.8", "--seeds", "3", "--requests", "400"]
 
 
+def cli(argv) -> int:
+    """Exit code of `jaxroute argv`: bad numbers are argparse usage errors (SystemExit 2)."""
+    try:
+        return main(argv)
+    except SystemExit as e:
+        return e.code
+
+
 def test_dispatch_table_json_plot_and_one_compilation(tmp_path, capsys):
     out, png = tmp_path / "r.json", tmp_path / "r.png"
-    before = sim.TRACE_COUNTS.get("QueueingModel.chunk", 0)
+    sim.clear_compiled(DispatchModel)
     assert main(["dispatch", *SMALL, "--out", str(out), "--plot", str(png)]) == 0
-    assert sim.TRACE_COUNTS["QueueingModel.chunk"] == before + 1  # five policies, one trace
+    assert sim.compile_count(DispatchModel, "chunk") == 1  # five policies, one compilation
     text = capsys.readouterr().out
     for name in ("random", "rr", "jsq", "p2c", "lwl", "mean_response", "p99_response", "1/(1-rho) = 5"):
         assert name in text
     data = json.loads(out.read_text())
     assert data["command"] == "dispatch" and data["config"]["servers"] == 4
+    assert data["config"]["time_unit"] == "mean service time"
     assert [r["policy"] for r in data["results"]] == ["random", "rr", "jsq", "p2c", "lwl"]
     for r in data["results"]:
         assert r["overflow"] is False
@@ -32,11 +42,11 @@ def test_dispatch_table_json_plot_and_one_compilation(tmp_path, capsys):
 
 
 def test_dispatch_stale_board_runs_from_the_same_compilation(capsys):
-    before = sim.TRACE_COUNTS.get("QueueingModel.chunk", 0)
-    assert main(["dispatch", *SMALL, "--stale", "1"]) == 0  # five policies, still one trace
+    sim.clear_compiled(DispatchModel)
+    assert main(["dispatch", *SMALL, "--stale", "1"]) == 0  # five policies, still one compilation
     text = capsys.readouterr().out
     assert "stale board T=1.0" in text
-    assert sim.TRACE_COUNTS["QueueingModel.chunk"] - before <= 1
+    assert sim.compile_count(DispatchModel, "chunk") == 1
 
 
 def test_policy_labels():
@@ -59,9 +69,9 @@ def test_policy_labels():
     (["--d", "0"], "--d"),
 ])
 def test_dispatch_bad_input_is_a_clear_error(flags, message, capsys):
-    assert main(["dispatch", *SMALL, *flags]) == 2
+    assert cli(["dispatch", *SMALL, *flags]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("jaxroute dispatch: error:") and message in err and "Traceback" not in err
+    assert "jaxroute dispatch: error:" in err and message in err and "Traceback" not in err
 
 
 def test_unstable_load_warns(capsys):
@@ -89,5 +99,25 @@ def test_bins_table_and_json(tmp_path, capsys):
 
 @pytest.mark.parametrize("flags", [["--d", "0"], ["--n", "0"], ["--seeds", "-1"], ["--d", "1,1"]])
 def test_bins_bad_input(flags, capsys):
-    assert main(["bins", "--n", "100", "--seeds", "2", *flags]) == 2
-    assert capsys.readouterr().err.startswith("jaxroute bins: error:")
+    assert cli(["bins", "--n", "100", "--seeds", "2", *flags]) == 2
+    err = capsys.readouterr().err
+    assert "jaxroute bins: error: argument" in err and flags[0] in err
+
+
+def test_broken_conservation_is_refused_even_with_allow_overflow(monkeypatch, capsys):
+    from jaxroute.commands import dispatch as cmd
+
+    real = cmd.run_dispatch
+
+    def leaky(*a, **k):
+        res = real(*a, **k)
+        err = res.grid.metrics["conservation_error"].copy()
+        err[1, 0] = 3  # row 'rr', seed 0
+        res.grid.metrics["conservation_error"] = err
+        return res
+
+    monkeypatch.setattr(cmd, "run_dispatch", leaky)
+    assert main(["dispatch", *SMALL, "--policies", "random,rr", "--allow-overflow"]) == 2
+    captured = capsys.readouterr()
+    assert "conservation failed" in captured.err and "in: rr;" in captured.err
+    assert "mean_response" not in captured.out

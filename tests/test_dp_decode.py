@@ -1,6 +1,7 @@
 """Decode DP barrier simulator: equal to the Python reference, conservation, overflow, bad input, compile once."""
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 import reference_dp_decode as ref
@@ -30,7 +31,7 @@ def _model(max_steps=400, **kw):
     cfg = dict(n_workers=G, n_requests=N, max_steps=max_steps, slots=S, pool=P, window=W, horizon=H, r_max=R,
                kv_capacity=CAP, trace_points=8)
     cfg.update(kw)
-    return dd.DPDecodeModel(**cfg)
+    return dd.DecodeModel(**cfg)
 
 
 # (policy, dispatch override, predictor, gamma, arrival)
@@ -72,7 +73,8 @@ def test_jitted_equals_reference(grid, case):
                            req.arrival_s.tolist(), n_workers=G, slots=S, pool=P, window=W, horizon=H, r_max=R,
                            kv_capacity=CAP, max_steps=400, cost=COST, collective_s=dd.DEFAULT_COLLECTIVE_S,
                            policy=balance.policy_id(policy),
-                           dispatch=balance.default_dispatch(policy) if disp is None else balance.DISPATCH_MODES.index(disp),
+                           dispatch=(balance.default_dispatch(policy) if disp is None
+                                     else balance.DISPATCH_MODES.index(disp)),
                            predictor=pred, gamma=gam, arrival=dd.ARRIVALS.index(arr), rate=30.0)
         m = {k: np.asarray(v[case, s]) for k, v in res.metrics.items()}
         assert out["done"].all() and int(m["completed"]) == N
@@ -120,11 +122,10 @@ def test_compile_once_for_policies_and_predictors():
     model = _model(max_steps=300, trace_points=4)
     rows = [dd.make_params(p, n_workers=G) for p in balance.POLICIES]
     rows += [dd.make_params("brh", n_workers=G, predictor=0), dd.make_params("brh", n_workers=G, beta=1.0)]
-    name = "DPDecodeModel.run"
-    before = sim.TRACE_COUNTS.get(name, 0)
+    sim.clear_compiled(model)
     sim.run_grid(model, jax.random.PRNGKey(0), wl, sim.stack_params(rows), 2)
     sim.run_grid(model, jax.random.PRNGKey(1), wl, sim.stack_params(rows[::-1]), 2)
-    assert sim.TRACE_COUNTS[name] - before == 1
+    assert sim.compile_count(model, "run") == 1
 
 
 def test_bad_inputs():
@@ -155,3 +156,56 @@ def test_seeds_are_different_replays(grid):
     assert res.metrics["imbalance_tokens"][rr, 0] != res.metrics["imbalance_tokens"][rr, 1]
     trace = CASES.index(("br0", None, 1, 0.5, "trace"))  # a trace replay keeps its order and times
     np.testing.assert_array_equal(res.metrics["request_worker"][trace, 0], res.metrics["request_worker"][trace, 1])
+
+
+def test_done_run_stops_early_in_chunks_and_equals_the_full_run():
+    """is_done: every request finished; later steps change nothing, so an early exit is exact."""
+    req = _requests(4)
+    wl = dd.make_workload(req, COST)
+    model = _model(max_steps=400)
+    rows = sim.stack_params([dd.make_params(p, n_workers=G) for p in ("jsq", "br0")])
+    whole = sim.run_grid(model, jax.random.PRNGKey(5), wl, rows, 2)
+    assert np.all(whole.metrics["completed"] == N) and int(whole.metrics["steps"].max()) < 200
+    chunked = sim.run_grid(model, jax.random.PRNGKey(5), wl, rows, 2, chunk=40)  # stops well before 400
+    for name, v in whole.metrics.items():
+        np.testing.assert_array_equal(v, chunked.metrics[name], err_msg=name)
+    # a finished state is a fixed point of step
+    params = dd.make_params("jsq", n_workers=G)
+    st = jax.jit(lambda k: sim.scan_steps(model, model.init(k, wl, params), wl, params, 400))(jax.random.PRNGKey(0))
+    assert bool(model.is_done(st))
+    again = jax.jit(lambda s: model.step(s, wl, params))(st)
+    for a, b in zip(jax.tree.leaves(st), jax.tree.leaves(again), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_missing_predictor_slot_is_an_error_before_tracing():
+    """lax.switch clamps: a `learned` id with a bank lacking the learned table would silently run `exact`."""
+    from jaxroute import predictors
+
+    req = _requests(5)
+    table = predictors.survival.fit_survival(req.output_tokens, H)
+    bank = (table, predictors.exact.fit_exact(req.output_tokens, req.key_id, table))  # survival, exact: no learned
+    wl = dd.make_workload(req, COST, bank=bank)
+    learned = predictors.kind_id("learned")
+    model = _model(max_steps=50)
+    sim.clear_compiled(model)
+    rows = sim.stack_params([dd.make_params("brh", n_workers=G, predictor=predictors.kind_id("exact")),
+                             dd.make_params("brh", n_workers=G, predictor=learned)])
+    with pytest.raises(JaxrouteError, match="'learned'.*no fitted table"):
+        sim.run_grid(model, jax.random.PRNGKey(0), wl, rows, 1)
+    assert sim.compile_count(model, "run") == 0
+    with pytest.raises(JaxrouteError, match="no fitted table"):  # the same check on a concrete id outside a grid
+        predictors.predict(bank, learned, predictors.RequestFeatures(*(jnp.zeros(2, jnp.int32),) * 4), H)
+    with pytest.raises(JaxrouteError, match="out of range"):
+        dd.make_params("brh", n_workers=G, predictor=len(predictors.kind_names()))
+
+
+@pytest.mark.parametrize("field,value", [("policy", len(balance.POLICIES)), ("dispatch", 2), ("arrival", 3)])
+def test_out_of_range_ids_are_refused(field, value):
+    import dataclasses
+
+    row = dataclasses.replace(dd.make_params("rr", n_workers=G), **{field: jax.numpy.int32(value)})
+    req = _requests(6)
+    with pytest.raises(JaxrouteError, match="out of range"):
+        sim.run_grid(_model(max_steps=20), jax.random.PRNGKey(0), dd.make_workload(req, COST),
+                     sim.stack_params([row]), 1)

@@ -6,16 +6,25 @@ import pytest
 
 from jaxroute import sim
 from jaxroute.cli import main
+from jaxroute.clusters.dp_decode import DecodeModel
 
 SMALL = ["--workload", "synthetic-prod", "--requests", "60", "--seeds", "2", "--workers", "3", "--slots", "4",
          "--pool", "8", "--window", "3", "--horizon", "6", "--no-progress"]
 
 
+def cli(argv) -> int:
+    """Exit code of `jaxroute argv`: bad numbers are argparse usage errors (SystemExit 2)."""
+    try:
+        return main(argv)
+    except SystemExit as e:
+        return e.code
+
+
 def test_decode_table_json_plot_one_compilation(tmp_path, capsys):
     out, png = tmp_path / "r.json", tmp_path / "r.png"
-    before = sim.TRACE_COUNTS.get("DPDecodeModel.chunk", 0)
+    sim.clear_compiled(DecodeModel)
     assert main(["decode", *SMALL, "--predictor", "oracle,none", "--out", str(out), "--plot", str(png)]) == 0
-    assert sim.TRACE_COUNTS["DPDecodeModel.chunk"] - before == 1  # 8 rows x 2 seeds, one trace
+    assert sim.compile_count(DecodeModel, "chunk") == 1  # 8 rows x 2 seeds, one compilation
     text = capsys.readouterr().out
     for name in ("random", "least_kv", "br0", "brh[oracle]", "brh[none]", "tput vs best", "imbalance_tokens"):
         assert name in text
@@ -64,7 +73,7 @@ def test_dispatch_override_and_poisson(capsys):
     (["--model", "GPT-9"], "GPT-9"),
 ])
 def test_bad_input(flags, message, capsys):
-    assert main(["decode", *SMALL, *flags]) == 2
+    assert cli(["decode", *SMALL, *flags]) == 2
     err = capsys.readouterr().err
     assert "jaxroute decode: error:" in err and message in err
     assert "Traceback" not in err
@@ -75,21 +84,18 @@ def test_missing_trace_is_a_clear_error(tmp_path, capsys):
     assert "trace file not found" in capsys.readouterr().err
 
 
-def test_overflow_refused_then_allowed(capsys):
+def test_overflow_refused_then_allowed(monkeypatch, capsys):
     # 2 slots per worker and a 10-step budget cannot finish: the CLI refuses, unless --allow-overflow
     args = ["decode", *SMALL, "--policies", "rr,br0", "--slots", "2"]
-    from jaxroute.commands import decode as cmd
+    from jaxroute.experiments import decode as experiment
 
-    real = cmd.run_comparison
+    real = experiment.run_comparison
 
     def tiny_budget(*a, **k):
         return real(*a, **{**k, "max_steps": 10})
 
-    cmd.run_comparison = tiny_budget
-    try:
-        assert main(args) == 2
-        assert "overflowed" in capsys.readouterr().err
-        assert main([*args, "--allow-overflow"]) == 0
-        assert "OVERFLOW" in capsys.readouterr().out
-    finally:
-        cmd.run_comparison = real
+    monkeypatch.setattr(experiment, "run_comparison", tiny_budget)
+    assert main(args) == 2
+    assert "overflowed" in capsys.readouterr().err
+    assert main([*args, "--allow-overflow"]) == 0
+    assert "OVERFLOW" in capsys.readouterr().out

@@ -286,17 +286,16 @@ def test_training_requests_for_simulation_are_distinct_and_same_population():
 
 
 def test_training_requests_for_trace_simulation_follow_the_simulated_ones():
-    from pathlib import Path
+    from data_paths import AZURE_CONV, require
 
-    from jaxroute.workloads.decode import DEFAULT_TRACE_PATHS, make_decode_requests
+    from jaxroute.workloads.decode import make_decode_requests
 
-    if not Path(DEFAULT_TRACE_PATHS["azure-conv"]).exists():
-        pytest.skip("shared Azure trace not available")
-    tr = data.training_requests_for_simulation("azure-conv", 1000, n_train=600)
-    full = make_decode_requests("azure-conv", 1600)
+    path = require(AZURE_CONV)
+    tr = data.training_requests_for_simulation("azure-conv", 1000, trace_path=path, n_train=600)
+    full = make_decode_requests("azure-conv", 1600, trace_path=path)
     np.testing.assert_array_equal(tr.output_tokens, full.output_tokens[1000:])
     with pytest.raises(JaxrouteError, match="simulate at most"):
-        data.training_requests_for_simulation("azure-conv", data.trace_size("azure-conv", None) - 10)
+        data.training_requests_for_simulation("azure-conv", data.trace_size("azure-conv", path) - 10, trace_path=path)
 
 
 def test_bank_for_simulation_fits_on_distinct_requests():

@@ -120,3 +120,20 @@ def test_unknown_workload_and_empty():
         W.synthetic("chat", 10)
     with pytest.raises(JaxrouteError, match="at least 1"):
         W.synthetic("longdoc", 0)
+
+
+def test_step_bound_uses_the_chunk():
+    wl = W.toolbench(50)
+    assert wl.step_bound(256) > wl.step_bound(512) > wl.step_bound(1 << 20)
+    worst = max(W.request_steps(p, o, 512) for p, o in wl.request_shapes)
+    assert wl.step_bound(512) == 50 * (1 + worst)
+    assert W.request_steps(1025, 10, 512) == 3 + 9
+
+
+def test_trace_step_bound_sums_per_request(tmp_path):
+    p = tmp_path / "a.csv"
+    p.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n0.0,100,10\n1.0,600,20\n2.5,100,5\n")
+    wl = W.from_azure(traces.load_azure_csv(p))
+    assert wl.step_bound(512) == 3 + (1 + 9) + (2 + 19) + (1 + 4)
+    assert wl.step_bound(100) == 3 + (1 + 9) + (6 + 19) + (1 + 4)
+    assert wl.max_request_tokens() == 620

@@ -1,5 +1,6 @@
 """Classic dispatch model: exact agreement with the pure-Python reference, compile-once, invariants."""
 
+import dataclasses
 import functools
 
 import jax
@@ -8,8 +9,11 @@ import numpy as np
 import pytest
 
 from jaxroute import sim
-from jaxroute.clusters.queueing import BinsModel, BinsParams, QueueingModel, default_ring, dispatch_params
+from jaxroute.clusters import bins
+from jaxroute.clusters.bins import BinsModel, BinsParams
+from jaxroute.clusters.queueing import DispatchModel, DispatchState, default_ring, make_params
 from jaxroute.errors import JaxrouteError
+from jaxroute.routers import classic
 from jaxroute.routers.classic import POLICY_NAMES
 from jaxroute.workloads import service as service_lib
 from tests import reference_queueing as ref
@@ -47,8 +51,8 @@ CASES = [
 
 @pytest.mark.parametrize("policy,law,stale,d", CASES)
 def test_matches_reference_event_loop(policy, law, stale, d):
-    model = QueueingModel(n_servers=5, n_requests=403, warmup=40, ring=64, max_d=3)  # 403: a partial last block
-    params = dispatch_params(policy, load=0.9, service=law, stale=stale, d=d)
+    model = DispatchModel(n_servers=5, n_requests=403, warmup=40, ring=64, max_d=3)  # 403: a partial last block
+    params = make_params(policy, load=0.9, service=law, stale=stale, d=d)
     key = jax.random.key(7)
     gaps, svcs, picks = _draws(model, key, params)
     expect = ref.simulate_dispatch(gaps, svcs, picks, policy, 5, stale=stale, d=d, ring=64)
@@ -63,16 +67,16 @@ def test_matches_reference_event_loop(policy, law, stale, d):
 
 
 def test_policies_really_differ_on_the_same_draws():
-    model = QueueingModel(n_servers=5, n_requests=400, ring=64, block=2)
-    means = {p: float(_run_one(model, jax.random.key(1), dispatch_params(p, 0.9))[1]["mean_response"])
+    model = DispatchModel(n_servers=5, n_requests=400, ring=64, block=2)
+    means = {p: float(_run_one(model, jax.random.key(1), make_params(p, 0.9))[1]["mean_response"])
              for p in POLICY_NAMES}
     assert len({round(v, 4) for v in means.values()}) == len(POLICY_NAMES)
 
 
 @pytest.mark.parametrize("policy,stale", [("jsq", 2.0), ("pod", 0.0), ("random", 0.0)])
 def test_ring_overflow_flag_matches_reference(policy, stale):
-    model = QueueingModel(n_servers=3, n_requests=300, ring=2, block=2)
-    params = dispatch_params(policy, load=0.95, service="pareto", stale=stale)
+    model = DispatchModel(n_servers=3, n_requests=300, ring=2, block=2)
+    params = make_params(policy, load=0.95, service="pareto", stale=stale)
     key = jax.random.key(3)
     gaps, svcs, picks = _draws(model, key, params)
     expect = ref.simulate_dispatch(gaps, svcs, picks, policy, 3, stale=stale, d=2, ring=2)
@@ -96,12 +100,15 @@ def test_bins_match_reference(d):
 
 
 def test_all_policies_compile_once_and_chunking_is_exact():
-    model = QueueingModel(n_servers=4, n_requests=203, warmup=20, ring=16, block=2)
-    params = sim.stack_params([dispatch_params(p, 0.8) for p in POLICY_NAMES])
-    before = sim.TRACE_COUNTS.get("QueueingModel.run", 0)
+    model = DispatchModel(n_servers=4, n_requests=203, warmup=20, ring=16, block=2)
+    params = sim.stack_params([make_params(p, 0.8) for p in POLICY_NAMES])
+    sim.clear_compiled(model)
     whole = sim.run_grid(model, jax.random.key(0), None, params, n_seeds=6)
-    assert sim.TRACE_COUNTS["QueueingModel.run"] == before + 1
+    sim.run_grid(model, jax.random.key(1), None, sim.stack_params([make_params(p, 0.7) for p in POLICY_NAMES[::-1]]),
+                 n_seeds=6)
+    assert sim.compile_count(model, "run") == 1  # five policies, two grids: one program
     chunked = sim.run_grid(model, jax.random.key(0), None, params, n_seeds=6, chunk=50)
+    assert sim.compile_count(model, "chunk") == 1
     # Padded steps after the end are no-ops; the two programs may differ by float rounding only.
     for name in ("mean_response", "p99_response"):
         np.testing.assert_allclose(whole.metrics[name], chunked.metrics[name], rtol=1e-6)
@@ -131,14 +138,14 @@ def test_default_ring_grows_with_staleness():
                                     dict(stale=-1.0), dict(d=0)])
 def test_bad_params_raise_clear_errors(kwargs):
     with pytest.raises(JaxrouteError):
-        dispatch_params(**kwargs)
+        make_params(**kwargs)
 
 
 def test_bad_static_config_raises():
     with pytest.raises(JaxrouteError):
-        QueueingModel(n_servers=0)
+        DispatchModel(n_servers=0)
     with pytest.raises(JaxrouteError):
-        QueueingModel(n_requests=10, warmup=10)
+        DispatchModel(n_requests=10, warmup=10)
 
 
 @pytest.mark.parametrize("n", [1, 2, 7, 100, 1001])
@@ -154,3 +161,79 @@ def test_quantile_by_bisection_equals_sorting(n):
         assert np.isclose(masked_quantile_select(x, mask, q),
                           np.quantile(np.asarray(x)[np.asarray(mask)], q) if np.asarray(mask).any() else 0.0,
                           rtol=1e-5)
+
+
+# --------------------------------------------------------------------------- params meet the model
+
+
+@pytest.mark.parametrize("d", [3, 0])
+def test_d_outside_max_d_is_refused_before_tracing(d):
+    model = DispatchModel(n_servers=4, n_requests=40, max_d=2)
+    row = dataclasses.replace(make_params("pod", 0.8), d=jnp.int32(d))
+    with pytest.raises(JaxrouteError, match=f"d={d}.*max_d=2"):
+        sim.run_grid(model, jax.random.key(0), None, sim.stack_params([make_params("jsq", 0.8), row]), 1)
+    bins_model = BinsModel(n=10, max_d=2)
+    with pytest.raises(JaxrouteError, match=f"d={d}.*max_d=2"):
+        sim.run_grid(bins_model, jax.random.key(0), None, sim.stack_params([BinsParams(jnp.int32(d))]), 1)
+
+
+@pytest.mark.parametrize("field,value", [("policy", len(POLICY_NAMES)), ("policy", -1), ("service", 4)])
+def test_out_of_range_ids_are_refused(field, value):
+    """lax.switch would clamp them and silently run the last policy / law."""
+    row = dataclasses.replace(make_params("jsq", 0.8), **{field: jnp.int32(value)})
+    with pytest.raises(JaxrouteError, match="out of range"):
+        sim.run_grid(DispatchModel(n_servers=4, n_requests=40), jax.random.key(0), None, sim.stack_params([row]), 1)
+
+
+def test_bins_make_params_and_errors():
+    assert int(bins.make_params(3).d) == 3
+    with pytest.raises(JaxrouteError):
+        bins.make_params(0)
+
+
+# --------------------------------------------------------------------------- conservation can fail
+
+
+def test_dispatch_conservation_catches_a_lost_arrival(monkeypatch):
+    """A router that returns no valid server for one request loses it: the check must say so."""
+    model = DispatchModel(n_servers=4, n_requests=60, ring=32, block=4)
+    params = make_params("jsq", 0.8)
+    good = jax.jit(lambda k: model.run(k, None, params))(jax.random.key(0))
+    assert int(good["conservation_error"]) == 0
+    route = classic.route
+
+    def lossy(policy, view):
+        server = route(policy, view)
+        return jnp.where(view.rr_index == 2, model.n_servers, server)  # out of range: no server chosen
+
+    monkeypatch.setattr(classic, "route", lossy)
+    bad = jax.jit(lambda k: model.run(k, None, params))(jax.random.key(0))
+    assert int(bad["conservation_error"]) > 0
+
+
+@pytest.mark.parametrize("corrupt", ["arrivals", "assigned", "server_of"])
+def test_dispatch_conservation_catches_a_corrupted_counter(corrupt):
+    model = DispatchModel(n_servers=4, n_requests=60, ring=32, block=4)
+    params = make_params("lwl", 0.8)
+    state, m = _run_one(model, jax.random.key(2), params)
+    assert int(m["conservation_error"]) == 0 and isinstance(state, DispatchState)
+    broken = {
+        "arrivals": lambda s: dataclasses.replace(s, arrivals=s.arrivals - 1),
+        "assigned": lambda s: dataclasses.replace(s, assigned=s.assigned.at[0].add(1).at[1].add(-1)),
+        "server_of": lambda s: dataclasses.replace(s, server_of=s.server_of.at[0, 0].set((s.server_of[0, 0] + 1) % 4)),
+    }[corrupt](state)
+    assert int(model.metrics(broken, None, params)["conservation_error"]) > 0
+
+
+@pytest.mark.parametrize("corrupt", ["balls", "loads", "placed"])
+def test_bins_conservation_catches_a_corrupted_counter(corrupt):
+    model = BinsModel(n=50, max_d=2)
+    params = bins.make_params(2)
+    state = jax.jit(lambda k: sim.scan_steps(model, model.init(k, None, params), None, params, 50))(jax.random.key(0))
+    assert int(model.metrics(state, None, params)["conservation_error"]) == 0
+    broken = {
+        "balls": lambda s: dataclasses.replace(s, balls=s.balls + 1),
+        "loads": lambda s: dataclasses.replace(s, loads=s.loads.at[0].add(1).at[1].add(-1)),
+        "placed": lambda s: dataclasses.replace(s, placed=s.placed.at[3].set(-1)),
+    }[corrupt](state)
+    assert int(model.metrics(broken, None, params)["conservation_error"]) > 0

@@ -10,11 +10,13 @@ import numpy as np
 import pytest
 
 from jaxroute import sim
-from jaxroute.clusters.queueing import BinsModel, BinsParams, QueueingModel, default_ring, dispatch_params
+from jaxroute.clusters import bins
+from jaxroute.clusters.bins import BinsModel
+from jaxroute.clusters.queueing import DispatchModel, default_ring, make_params
 
 
 def _grid(model, rows, seeds, key=0):
-    params = sim.stack_params([dispatch_params(**r) for r in rows])
+    params = sim.stack_params([make_params(**r) for r in rows])
     grid = sim.run_grid(model, jax.random.key(key), None, params, seeds)
     assert not grid.overflow.any()
     assert not np.any(grid.metrics["conservation_error"])
@@ -30,7 +32,7 @@ def _mean_se(x):
 def test_random_dispatch_is_mm1_and_md1():
     """Random split of Poisson arrivals: each server is M/M/1 (mean 1/(1-rho), P99 ln(100)/(1-rho));
     with deterministic service it is M/D/1 (Pollaczek-Khinchine: 1 + rho / (2 (1 - rho)))."""
-    model = QueueingModel(n_servers=4, n_requests=40_000, warmup=4_000, ring=8)
+    model = DispatchModel(n_servers=4, n_requests=40_000, warmup=4_000, ring=8)
     rows = [dict(policy="random", load=0.5, service="exp"), dict(policy="random", load=0.8, service="exp"),
             dict(policy="random", load=0.8, service="det")]
     g = _grid(model, rows, seeds=16)
@@ -48,7 +50,7 @@ def test_balls_into_bins_at_1e5():
     """Random: E[max] ~ 7.7 at n = 1e5 (Poisson approximation); two choices: 3-4."""
     n, seeds = 100_000, 24
     grid = sim.run_grid(BinsModel(n=n, max_d=2), jax.random.key(0), None,
-                        sim.stack_params([BinsParams(d=np.int32(1)), BinsParams(d=np.int32(2))]), seeds)
+                        sim.stack_params([bins.make_params(1), bins.make_params(2)]), seeds)
     assert not np.any(grid.metrics["conservation_error"])
     max_load = grid.metrics["max_load"].astype(np.float64)
     # E[max of n iid Poisson(1)] = sum_k P(max >= k), P(max >= k) = 1 - (1 - P(X >= k))^n.
@@ -64,7 +66,7 @@ def test_balls_into_bins_at_1e5():
 def test_stale_information_herds_jsq_but_not_p2c():
     """Mitzenmacher (2000): with the board refreshed every T = 4 service times, JSQ herds and is worse
     than random, while the two-choice rule barely moves."""
-    model = QueueingModel(n_servers=16, n_requests=10_000, warmup=1_000, ring=default_ring(16, 0.9, 4.0))
+    model = DispatchModel(n_servers=16, n_requests=10_000, warmup=1_000, ring=default_ring(16, 0.9, 4.0))
     rows = [dict(policy="random", load=0.9), dict(policy="jsq", load=0.9),
             dict(policy="jsq", load=0.9, stale=4.0), dict(policy="pod", load=0.9),
             dict(policy="pod", load=0.9, stale=4.0)]
@@ -82,7 +84,7 @@ def test_stale_information_herds_jsq_but_not_p2c():
 def test_heavy_tails_erase_round_robin_gain_and_favour_least_work():
     """Exponential service: RR about halves random's mean. Bounded Pareto (CV 5.7): RR is within
     noise of random over 8 seeds (the lecture's setting), and LWL's P99 is below JSQ's."""
-    model = QueueingModel(n_servers=16, n_requests=20_000, warmup=2_000, ring=32)
+    model = DispatchModel(n_servers=16, n_requests=20_000, warmup=2_000, ring=32)
     rows = [dict(policy=p, load=0.9, service=law) for law in ("exp", "pareto") for p in ("random", "rr", "jsq", "lwl")]
     g = _grid(model, rows, seeds=8)
     mean = g.metrics["mean_response"].astype(np.float64)
@@ -99,7 +101,7 @@ def test_supermarket_model_tail_fractions():
     """Power-of-d at large N (Mitzenmacher / Vvedenskaya et al.): the fraction of servers with >= i jobs
     is rho^((d^i - 1) / (d - 1)); i = 1 is the utilisation rho for any policy."""
     rho, levels = 0.9, 5
-    model = QueueingModel(n_servers=100, n_requests=40_000, warmup=8_000, ring=32, max_d=3, tail_levels=levels)
+    model = DispatchModel(n_servers=100, n_requests=40_000, warmup=8_000, ring=32, max_d=3, tail_levels=levels)
     g = _grid(model, [dict(policy="pod", load=rho, d=2), dict(policy="pod", load=rho, d=3)], seeds=2)
     for row, d in ((0, 2), (1, 3)):
         for i in range(1, levels + 1):

@@ -10,7 +10,7 @@ import pytest
 from jaxroute import sim
 from jaxroute.clusters import replicas as R
 from jaxroute.errors import JaxrouteError
-from jaxroute.routers import prefix as routers
+from jaxroute.routers import preble
 from jaxroute.workloads import prefix as W
 from tests import reference_replicas as ref
 
@@ -22,23 +22,25 @@ CASES = {
 }
 
 
-def _compare(case, policy, G=3, B=8, Q=64, local="fcfs", stale=0.0, leap=32, key=1, theta=0.5):
+def _compare(case, policy, G=3, B=8, Q=64, local="fcfs", stale=0.0, leap=32, key=1, theta=0.5, e2_ring=64,
+             router=None):
     make, cap, rate = CASES[case]
     wl = make()
-    model = R.ReplicaCluster(n_replicas=G, max_running=B, max_queue=Q, local_order=local, stale_view=stale > 0,
-                             leap=leap, e2_ring=Q if policy == "preble_e2" else 0)
-    p = R.make_params(policy, rate=rate, kv_capacity=cap, stale_s=stale, theta=theta)
+    model = R.ReplicaModel(n_replicas=G, max_running=B, max_queue=Q, local_order=local, stale_view=stale > 0,
+                           leap=leap, e2_ring=e2_ring if policy == "preble_e2" else 0)
+    p = R.make_params(policy, rate=rate, kv_capacity=cap, stale_s=stale, theta=theta, **(router or {}))
     st = R.run_single(model, jax.random.key(key), wl, p)
     got = R.records(st)
     want, violations = ref.simulate(st.req, G=G, cap=cap, policy=policy, cost=p.cost, B=B, Q=Q, local=local,
-                                    stale=stale, router={"theta": theta})
+                                    stale=stale, router={"theta": theta, **(router or {})})
     assert violations == []
     np.testing.assert_array_equal(got["replica"], want["replica"])
     np.testing.assert_array_equal(got["cached_tokens"], want["cached"])
     for a, b in (("admit_s", "admit"), ("first_token_s", "first"), ("finish_s", "finish")):
         np.testing.assert_allclose(got[a], want[b], rtol=1e-6)
     m = model.metrics(st, wl, p)
-    assert bool(m["overflow"]) == want["overflow"]
+    assert bool(m["overflow"]) == want["overflow"] == bool(m["queue_overflow"])
+    assert not bool(m["e2_ring_overflow"])
     assert bool(m["running_full"]) == want["running_full"]
     assert int(m["conservation_error"]) == 0
     prompt = got["prompt_tokens"]
@@ -63,34 +65,30 @@ def test_preble_e2_matches_reference_on_every_path():
     _compare("agent", "preble_e2", stale=2.0)
 
 
-def _view(match, load, extra, prompt=1000.0):
+def test_preble_e2_rule_on_hand_built_costs():
     f = lambda x: jnp.asarray(x, jnp.float32)
-    G = len(match)
-    return routers.RouterView(f([0.0] * G), f([0.0] * G), f(match), f([0.0] * G), f([0.0] * G), f(prompt),
-                              jnp.int32(0), f(load), f(extra))
+    no_rebalance = preble.make_params(e2_th_bal=float("inf"))
 
+    def route(match, load, extra, p=no_rebalance):
+        return int(preble.rule(f(load), f(extra), f(match), f(1000.0), p))
 
-def test_preble_e2_rule_on_hand_built_views():
-    e2 = jnp.int32(routers.policy_id("preble_e2"))
-    no_rebalance = routers.router_params(e2_th_bal=float("inf"))
-    route = lambda v, p=no_rebalance: int(routers.route(e2, v, p))
     # cached 600 > missed 400: exploit -> cheapest of the holders (2), not the cheapest overall (1)
-    assert route(_view([600, 0, 600], [5.0, 1.0, 4.0], [0, 0, 0])) == 2
+    assert route([600, 0, 600], [5.0, 1.0, 4.0], [0, 0, 0]) == 2
     # cached 400 <= missed 600: explore -> cheapest overall
-    assert route(_view([400, 0, 400], [5.0, 1.0, 4.0], [0, 0, 0])) == 1
-    assert route(_view([500, 0, 500], [5.0, 1.0, 4.0], [0, 0, 0])) == 1  # a tie explores
+    assert route([400, 0, 400], [5.0, 1.0, 4.0], [0, 0, 0]) == 1
+    assert route([500, 0, 500], [5.0, 1.0, 4.0], [0, 0, 0]) == 1  # a tie explores
     # M + P count: replica 1's eviction + prefill cost makes replica 2 cheaper
-    assert route(_view([400, 0, 400], [5.0, 1.0, 4.0], [0, 3.5, 0])) == 2
+    assert route([400, 0, 400], [5.0, 1.0, 4.0], [0, 3.5, 0]) == 2
     # rebalancing: the exploited replica's L (4) > 1.5 x the lightest's (1) -> the lightest
-    assert route(_view([600, 0, 600], [5.0, 1.0, 4.0], [0, 0, 0]), routers.router_params(e2_th_bal=1.5)) == 1
-    assert route(_view([600, 0, 600], [5.0, 1.0, 4.0], [0, 0, 0]), routers.router_params(e2_th_bal=5.0)) == 2
+    assert route([600, 0, 600], [5.0, 1.0, 4.0], [0, 0, 0], preble.make_params(e2_th_bal=1.5)) == 1
+    assert route([600, 0, 600], [5.0, 1.0, 4.0], [0, 0, 0], preble.make_params(e2_th_bal=5.0)) == 2
 
 
 def test_preble_e2_rebalancing_moves_a_hot_prefix():
     """A hot tool (60 % of traffic): without rebalancing E2 keeps exploiting the one replica that holds it;
     with Th_bal = 1.5 the hot tool's requests are sent to other replicas too (its prefix gets replicated)."""
     wl = W.toolbench(120, n_tools=20, tool_mean=1500, hot_tool_share=0.6)
-    model = R.ReplicaCluster(n_replicas=4, max_queue=120, e2_ring=120)
+    model = R.ReplicaModel(n_replicas=4, max_queue=120, e2_ring=120)
     spread, share = {}, {}
     for th in (float("inf"), 1.5):
         p = R.make_params("preble_e2", rate=40.0, kv_capacity=60_000, e2_th_bal=th)
@@ -128,8 +126,8 @@ def test_event_leaping_changes_nothing():
     make, cap, rate = CASES["agent"]
     wl = make()
     p = R.make_params("threshold", rate=rate, kv_capacity=cap)
-    a = R.records(R.run_single(R.ReplicaCluster(n_replicas=3, leap=0), jax.random.key(3), wl, p))
-    b = R.records(R.run_single(R.ReplicaCluster(n_replicas=3, leap=32), jax.random.key(3), wl, p))
+    a = R.records(R.run_single(R.ReplicaModel(n_replicas=3, leap=0), jax.random.key(3), wl, p))
+    b = R.records(R.run_single(R.ReplicaModel(n_replicas=3, leap=32), jax.random.key(3), wl, p))
     for k in a:
         np.testing.assert_allclose(a[k], b[k], rtol=1e-6)
 
@@ -157,7 +155,7 @@ def test_cache_invariants_during_a_run():
     """Cached tokens + private tokens never exceed capacity; every cached segment's parent is cached."""
     make, cap, rate = CASES["agent"]
     wl = make()
-    model = R.ReplicaCluster(n_replicas=2, max_running=8, max_queue=64)
+    model = R.ReplicaModel(n_replicas=2, max_running=8, max_queue=64)
     p = R.make_params("rr", rate=rate, kv_capacity=cap)
     state = model.init(jax.random.key(5), wl, p)
     parent = _parents(state.req)
@@ -180,14 +178,14 @@ def test_overflow_flags():
     make, cap, rate = CASES["toolbench"]
     wl = make()
     p = R.make_params("affinity", rate=rate, kv_capacity=50_000)
-    m = R.ReplicaCluster(n_replicas=2, max_running=2, max_queue=64)
+    m = R.ReplicaModel(n_replicas=2, max_running=2, max_queue=64)
     met = m.metrics(R.run_single(m, jax.random.key(0), wl, p), wl, p)
     assert bool(met["running_full"]) and not bool(met["overflow"])  # a modeled limit, not an overflow
-    m = R.ReplicaCluster(n_replicas=2, max_running=64, max_queue=2)
+    m = R.ReplicaModel(n_replicas=2, max_running=64, max_queue=2)
     st = R.run_single(m, jax.random.key(0), wl, p)
     met = m.metrics(st, wl, p)
     assert bool(met["overflow"])  # a local queue was full
-    m = R.ReplicaCluster(n_replicas=2, max_running=64, max_queue=64)
+    m = R.ReplicaModel(n_replicas=2, max_running=64, max_queue=64)
     met = m.metrics(R.run_single(m, jax.random.key(0), wl, p), wl, p)
     assert not bool(met["overflow"]) and int(met["conservation_error"]) == 0
 
@@ -195,7 +193,7 @@ def test_overflow_flags():
 def test_incomplete_run_is_flagged():
     make, cap, rate = CASES["toolbench"]
     wl = make()
-    model = R.ReplicaCluster(n_replicas=2)
+    model = R.ReplicaModel(n_replicas=2)
     p = R.make_params("rr", rate=rate, kv_capacity=cap)
     state = jax.jit(lambda: sim.scan_steps(model, model.init(jax.random.key(0), wl, p), wl, p, 30))()
     m = model.metrics(state, wl, p)
@@ -205,12 +203,12 @@ def test_incomplete_run_is_flagged():
 def test_compiles_once_for_policies_and_theta_sweep():
     make, cap, rate = CASES["toolbench"]
     wl = make()
-    model = R.ReplicaCluster(n_replicas=2, max_queue=64, e2_ring=64)
+    model = R.ReplicaModel(n_replicas=2, max_queue=64, e2_ring=64)
+    sim.clear_compiled(model)
     rows = [R.make_params(pol, rate=rate, kv_capacity=cap) for pol in ref.POLICIES]
     rows += [R.make_params("threshold", rate=rate, kv_capacity=cap, theta=th) for th in (0.1, 0.9)]
-    before = dict(sim.TRACE_COUNTS)
     grid = sim.run_grid(model, jax.random.key(0), wl, sim.stack_params(rows), 2, chunk=400)
-    assert sim.TRACE_COUNTS.get("ReplicaCluster.chunk", 0) - before.get("ReplicaCluster.chunk", 0) == 1
+    assert sim.compile_count(model, "chunk") == 1
     assert (grid.metrics["conservation_error"] == 0).all()
     # batched rows equal the single runs
     single = R.run_single(model, jax.random.split(jax.random.key(0), 2)[1], wl, rows[4])
@@ -221,7 +219,7 @@ def test_compiles_once_for_policies_and_theta_sweep():
 def test_policies_behave_as_described():
     """Pure affinity herds on the shared system prompt; load-only routers replicate the cache."""
     wl = W.toolbench(150, n_tools=30, tool_mean=1500, sys_tokens=13)
-    model = R.ReplicaCluster(n_replicas=4, max_queue=150)
+    model = R.ReplicaModel(n_replicas=4, max_queue=150)
     res = {}
     for pol in ("rr", "affinity", "threshold"):
         p = R.make_params(pol, rate=20.0, kv_capacity=30_000)
@@ -232,7 +230,7 @@ def test_policies_behave_as_described():
 
 
 def test_bad_input():
-    with pytest.raises(JaxrouteError, match="unknown policy"):
+    with pytest.raises(JaxrouteError, match="unknown .*policy"):
         R.make_params("jsq")
     with pytest.raises(JaxrouteError, match="staleness"):
         R.make_params("rr", stale_s=-1)
@@ -241,11 +239,11 @@ def test_bad_input():
     with pytest.raises(JaxrouteError, match="rebalancing threshold"):
         R.make_params("preble_e2", e2_th_bal=0.5)
     with pytest.raises(JaxrouteError, match="e2_ring"):
-        R.ReplicaCluster(e2_ring=-1)
+        R.ReplicaModel(e2_ring=-1)
     with pytest.raises(JaxrouteError, match="local order"):
-        R.ReplicaCluster(local_order="lifo")
+        R.ReplicaModel(local_order="lifo")
     with pytest.raises(JaxrouteError, match=">= 1"):
-        R.ReplicaCluster(n_replicas=0)
+        R.ReplicaModel(n_replicas=0)
     with pytest.raises(JaxrouteError, match="holds only"):
         W.check_fits(W.longdoc(10), 10_000)
 
@@ -253,7 +251,7 @@ def test_bad_input():
 def test_records_are_consistent():
     make, cap, rate = CASES["programming"]
     wl = make()
-    model = R.ReplicaCluster(n_replicas=3)
+    model = R.ReplicaModel(n_replicas=3)
     p = R.make_params("cache_guard", rate=rate, kv_capacity=cap)
     rec = R.records(R.run_single(model, jax.random.key(2), wl, p))
     assert (rec["arrival_s"] <= rec["admit_s"]).all()
@@ -272,3 +270,67 @@ def test_params_are_vmappable_pytrees():
     q = dataclasses.replace(p, router=dataclasses.replace(p.router, theta=jnp.float32(0.7)))
     stacked = sim.stack_params([p, q])
     assert stacked.router.theta.shape == (2,)
+
+
+def test_preble_e2_window_expiry_matches_reference():
+    """A short window: entries leave the incremental window sums and hit counts during the run."""
+    stats, m = _compare("toolbench", "preble_e2", router={"e2_window_s": 0.4})
+    assert min(stats["e2_exploit"], stats["e2_explore"]) > 0
+    assert not bool(m["e2_ring_overflow"])
+
+
+def test_capacity_flags_are_separate():
+    make, cap, rate = CASES["toolbench"]
+    wl = make()
+    p = R.make_params("preble_e2", rate=rate, kv_capacity=cap)
+    model = R.ReplicaModel(n_replicas=2, max_queue=2, e2_ring=2)
+    met = model.metrics(R.run_single(model, jax.random.key(0), wl, p), wl, p)
+    assert bool(met["queue_overflow"]) and bool(met["e2_ring_overflow"]) and bool(met["overflow"])
+    q = R.make_params("rr", rate=rate, kv_capacity=cap)  # the ring is E2's: other rows are not flagged
+    model = R.ReplicaModel(n_replicas=2, max_queue=64, e2_ring=2)
+    met = model.metrics(R.run_single(model, jax.random.key(0), wl, q), wl, q)
+    assert not bool(met["e2_ring_overflow"]) and not bool(met["overflow"])
+
+
+def test_default_capacities():
+    assert R.default_max_queue(300, 4) == 300  # small runs: everything
+    assert R.default_max_queue(100_000, 4) == 100_000  # 4 x 25,000, capped at n
+    assert R.default_max_queue(100_000, 40) == 10_000
+    assert R.default_e2_ring(40.0, 180.0, 4, 100_000) == 7_200
+    assert R.default_e2_ring(40.0, 180.0, 4, 1_000) == 1_000
+    assert R.default_e2_ring(0.0, 180.0, 4, 5_000) == 5_000  # recorded trace times: no rate to size from
+    assert R.default_e2_ring(1.0, 1.0, 4, 5_000) == 64
+
+
+def test_static_switches_refuse_traced_values_they_would_ignore():
+    make, cap, rate = CASES["toolbench"]
+    wl = make()
+    with pytest.raises(JaxrouteError, match="e2_ring"):
+        R.run_single(R.ReplicaModel(n_replicas=2), jax.random.key(0), wl, R.make_params("preble_e2", rate=rate))
+    rows = sim.stack_params([R.make_params(p, rate=rate) for p in ("rr", "preble_e2")])
+    with pytest.raises(JaxrouteError, match="e2_ring"):
+        sim.run_grid(R.ReplicaModel(n_replicas=2), jax.random.key(0), wl, rows, 1)
+    with pytest.raises(JaxrouteError, match="stale_view"):
+        R.run_single(R.ReplicaModel(n_replicas=2), jax.random.key(0), wl, R.make_params("rr", rate=rate, stale_s=1.0))
+
+
+def test_lru_eviction_order():
+    """Least recently used first, deeper first on ties, then lowest id; whole segments until the deficit;
+    `value` summed over the evicted ones (Preble E2's eviction cost uses the same walk)."""
+    from jaxroute.clusters import prefix_cache as C
+
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        m = 30
+        ev, last = rng.random(m) < 0.7, rng.integers(0, 5, m).astype(np.float32)  # many ties
+        depth, seg_len, value = rng.integers(0, 3, m), rng.integers(1, 50, m), rng.random(m).astype(np.float32)
+        deficit = int(rng.integers(-10, 600))
+        want, freed, total = np.zeros(m, bool), 0, np.float32(0)
+        for k in sorted(np.nonzero(ev)[0], key=lambda k: (last[k], -depth[k], k)):
+            if freed >= deficit:
+                break
+            want[k], freed, total = True, freed + seg_len[k], np.float32(total + value[k])
+        mask, got_freed, got_total = C.evict_lru(jnp.asarray(ev), jnp.asarray(last), jnp.asarray(depth),
+                                                 jnp.asarray(seg_len), jnp.int32(deficit), jnp.asarray(value))
+        np.testing.assert_array_equal(np.asarray(mask), want)
+        assert int(got_freed) == freed and float(got_total) == total

@@ -1,13 +1,19 @@
 """`jaxroute cluster` end to end: table, JSON, PNG, traces, and bad input."""
 
 import json
-from pathlib import Path
 
 import pytest
 
 from jaxroute.cli import main
+from tests.data_paths import AZURE_CONV, MOONCAKE, require
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+def cli(argv) -> int:
+    """Exit code of `jaxroute argv`: bad numbers are argparse usage errors (SystemExit 2)."""
+    try:
+        return main(argv)
+    except SystemExit as e:
+        return e.code
 
 
 def test_cluster_writes_table_json_and_plot(tmp_path, capsys):
@@ -40,13 +46,12 @@ def test_cluster_preble_e2(tmp_path, capsys):
     assert res["config"]["e2_th_bal"] == 2.0
 
 
-@pytest.mark.skipif(not (DATA / "mooncake_synthetic_trace.jsonl").exists(), reason="shared data not present")
 def test_cluster_on_traces(tmp_path, capsys):
-    rc = main(["cluster", "--workload", "mooncake", "--trace", str(DATA / "mooncake_synthetic_trace.jsonl"),
+    rc = main(["cluster", "--workload", "mooncake", "--trace", str(require(MOONCAKE)),
                "--requests", "40", "--seeds", "1", "--policies", "rr,affinity", "--rate", "2",
                "--out", str(tmp_path / "m.json")])
     assert rc == 0
-    rc = main(["cluster", "--workload", "azure-conv", "--trace", str(DATA / "azure_llm_2023_conv.csv"),
+    rc = main(["cluster", "--workload", "azure-conv", "--trace", str(require(AZURE_CONV)),
                "--requests", "40", "--seeds", "1", "--policies", "rr", "--out", str(tmp_path / "a.json")])
     assert rc == 0
     azure = json.loads((tmp_path / "a.json").read_text())
@@ -67,6 +72,25 @@ def test_cluster_on_traces(tmp_path, capsys):
     (["--policies", "preble_e2", "--e2-th-bal", "0.9"], "--e2-th-bal"),
 ])
 def test_cluster_bad_input(argv, msg, capsys):
-    assert main(["cluster", "--requests", "5", "--seeds", "1", *argv]) == 2
+    assert cli(["cluster", "--requests", "5", "--seeds", "1", *argv]) == 2
     err = capsys.readouterr().err
     assert "jaxroute cluster: error:" in err and msg in err
+
+
+def test_cluster_refuses_broken_conservation(monkeypatch, capsys):
+    from jaxroute.commands import cluster as cmd
+
+    real = cmd.run_cluster
+
+    def leaky(*a, **k):
+        res = real(*a, **k)
+        err = res.grid.metrics["conservation_error"].copy()
+        err[0, 1] = 1  # row 'rr', seed 1
+        res.grid.metrics["conservation_error"] = err
+        return res
+
+    monkeypatch.setattr(cmd, "run_cluster", leaky)
+    assert main(["cluster", "--workload", "toolbench", "--requests", "30", "--seeds", "2", "--rate", "20",
+                 "--policies", "rr,least_load", "--allow-overflow"]) == 2
+    captured = capsys.readouterr()
+    assert "conservation failed" in captured.err and "in: rr;" in captured.err and "hit_rate" not in captured.out

@@ -1,6 +1,7 @@
 """Engine tests: sharding, batch-of-one, chunking and compile-once, on a toy model."""
 
 import dataclasses
+import os
 
 import jax
 import jax.numpy as jnp
@@ -8,6 +9,7 @@ import numpy as np
 import pytest
 
 from jaxroute import metrics, sim
+from jaxroute.errors import JaxrouteError
 
 
 @jax.tree_util.register_dataclass
@@ -18,10 +20,15 @@ class ToyParams:
 
 
 @dataclasses.dataclass(frozen=True)
-class ToyModel:
+class ToyModel(sim.Model):
     """A random walk with a policy switch: small enough to check by hand."""
 
     n: int = 10
+    max_scale: float = 1e6
+
+    def check_params(self, params, workload=None):
+        if np.max(np.asarray(params.scale)) > self.max_scale:
+            raise JaxrouteError(f"scale {np.max(np.asarray(params.scale))} > max_scale {self.max_scale}")
 
     def init(self, key, workload, params):
         return {"t": jnp.int32(0), "x": jnp.float32(0.0), "key": key}
@@ -38,6 +45,9 @@ class ToyModel:
 
     def num_steps(self, workload):
         return self.n
+
+    def is_done(self, state):
+        return state["t"] >= self.n
 
 
 def _params(policies, scale=1.0):
@@ -76,11 +86,68 @@ def test_chunked_equals_single_scan():
 def test_policy_comparison_compiles_once():
     model = ToyModel(n=7)
     key = jax.random.PRNGKey(2)
-    name = "ToyModel.run"
-    before = sim.TRACE_COUNTS.get(name, 0)
+    sim.clear_compiled(model)
+    assert sim.compile_count(model, "run") == 0
     sim.run_grid(model, key, jnp.float32(1.0), _params([0, 1]), 4)
     sim.run_grid(model, key, jnp.float32(1.0), _params([1, 0]), 4)  # same shapes: cached
-    assert sim.TRACE_COUNTS[name] - before == 1
+    assert sim.compile_count(model, "run") == 1
+    sim.run_grid(model, key, jnp.float32(1.0), _params([1, 0, 1]), 4)  # a new batch shape compiles again
+    assert sim.compile_count(model, "run") == 2
+    sim.run_grid(model, key, jnp.float32(1.0), _params([0, 1]), 4, chunk=3)
+    sim.run_grid(model, key, jnp.float32(1.0), _params([1, 1]), 4, chunk=3)
+    assert sim.compile_count(model, "chunk") == 1 and sim.compile_count(model, "init") == 1
+
+
+def test_models_must_implement_the_whole_contract():
+    class NoDone(sim.Model):
+        def init(self, key, workload, params):
+            return 0
+
+        def step(self, state, workload, params):
+            return state
+
+        def metrics(self, state, workload, params):
+            return {}
+
+        def num_steps(self, workload):
+            return 1
+
+    with pytest.raises(TypeError, match="is_done"):
+        NoDone()
+    with pytest.raises(TypeError, match="subclass"):
+        sim.run_grid(object(), jax.random.PRNGKey(0), None, _params([0]), 1)
+
+
+def test_check_params_runs_before_tracing():
+    model = ToyModel(n=3, max_scale=2.0)
+    sim.clear_compiled(model)
+    with pytest.raises(JaxrouteError, match="max_scale"):
+        sim.run_grid(model, jax.random.PRNGKey(0), jnp.float32(1.0), _params([0], scale=5.0), 2)
+    assert sim.compile_count(model, "run") == 0
+
+
+@dataclasses.dataclass(frozen=True)
+class EarlyModel(ToyModel):
+    """Done after `stop` steps although num_steps allows n: chunked runs stop early, same result."""
+
+    stop: int = 5
+
+    def step(self, state, workload, params):
+        new = super().step(state, workload, params)
+        return jax.tree.map(lambda a, b: jnp.where(self.is_done(state), a, b), state, new)
+
+    def is_done(self, state):
+        return state["t"] >= self.stop
+
+
+def test_chunked_run_stops_early_and_equals_the_full_run():
+    model = EarlyModel(n=100, stop=5)
+    key = jax.random.PRNGKey(4)
+    whole = sim.run_grid(model, key, jnp.float32(1.0), _params([0, 1]), 3)
+    sim.clear_compiled(model)
+    chunked = sim.run_grid(model, key, jnp.float32(1.0), _params([0, 1]), 3, chunk=2)
+    np.testing.assert_allclose(whole.metrics["x"], chunked.metrics["x"], rtol=1e-6)
+    assert sim.compile_count(model, "done") == 1
 
 
 def test_run_batch_fn_and_summary():
@@ -108,3 +175,16 @@ def test_masked_quantile_matches_numpy():
         got = float(metrics.masked_quantile(jnp.asarray(x), jnp.asarray(mask), q))
         assert got == pytest.approx(np.quantile(x[mask], q), rel=1e-6)
     assert float(metrics.masked_mean(jnp.asarray(x), jnp.asarray(mask))) == pytest.approx(5.0)
+
+
+def test_cli_compile_cache_location_and_switches(tmp_path):
+    from jaxroute import cli
+
+    assert cli.compile_cache_dir({"XDG_CACHE_HOME": str(tmp_path)}) == tmp_path / "jaxroute" / "jax"
+    assert cli.compile_cache_dir({"HOME": "/nowhere"}) == cli.Path.home() / ".cache" / "jaxroute" / "jax"
+    assert cli.compile_cache_dir({"XDG_CACHE_HOME": str(tmp_path), "JAXROUTE_NO_COMPILE_CACHE": "1"}) is None
+    assert cli.compile_cache_dir({"JAX_COMPILATION_CACHE_DIR": str(tmp_path)}) == tmp_path
+    assert os.environ.get("JAXROUTE_NO_COMPILE_CACHE") == "1"  # conftest: tests never write the user's cache
+    assert cli.use_compile_cache(True) is None and cli.use_compile_cache(False) is None
+    args = cli.build_parser().parse_args(["--no-compile-cache", "bins", "--n", "10"])
+    assert args.no_compile_cache

@@ -1,14 +1,11 @@
 """Trace loaders: real files parse, and every kind of bad input gets a clear error naming the problem."""
 
-from pathlib import Path
-
 import numpy as np
 import pytest
+from data_paths import AZURE_CONV, MOONCAKE, require
 
 from jaxroute.errors import JaxrouteError
 from jaxroute.workloads.traces import load_azure_csv, load_mooncake_jsonl, load_trace
-
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 
 
 def _write(tmp_path, name, text):
@@ -72,9 +69,8 @@ def test_missing_file_and_unknown_format(tmp_path):
         load_trace(_write(tmp_path, "x.parquet", "x"))
 
 
-@pytest.mark.skipif(not DATA.exists(), reason="public traces live in ../shared/data beside the repo")
 def test_real_traces_load():
-    conv = load_trace(DATA / "azure_llm_2023_conv.csv")
-    moon = load_trace(DATA / "mooncake_synthetic_trace.jsonl")
+    conv = load_trace(require(AZURE_CONV))
+    moon = load_trace(require(MOONCAKE))
     assert len(conv) > 10_000 and conv.prompt_tokens.min() >= 1
     assert len(moon) > 1_000 and moon.block_ids is not None

@@ -31,12 +31,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxroute import cost_models, metrics
+from jaxroute import cost_models, metrics, sim
+from jaxroute.errors import JaxrouteError
 from jaxroute.predictors import base as predictors
+from jaxroute.registry import PolicyRegistry
 from jaxroute.routers import balance
 from jaxroute.workloads.decode import DecodeRequests
 
 ARRIVALS = ("saturated", "poisson", "trace")
+ARRIVAL_REGISTRY = PolicyRegistry("decode", ARRIVALS, what="arrival mode")
 SATURATED, POISSON, TRACE = range(3)
 
 # Documented default deployment: Llama-3-8B (dense, GQA, 128 KiB KV/token) on one H200 per DP
@@ -58,7 +61,7 @@ DEFAULT_GAMMA = 0.95
 
 
 @jax.tree_util.register_dataclass
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class DecodeWorkload:
     """Requests and deployment, broadcast to every (config, seed) row."""
 
@@ -68,35 +71,37 @@ class DecodeWorkload:
     key_id: jax.Array  # [N] int32 prompt key for predictors (-1 unknown)
     cost: cost_models.CostParams  # per-worker step-time model
     collective_s: jax.Array  # [] float32 fixed per-step barrier overhead
-    bank: tuple = ()  # fitted predictor tables (predictors.base), one per registered kind
+    bank: tuple = ()  # fitted predictor tables (predictors.base), one per registered deployable kind
 
 
 @jax.tree_util.register_dataclass
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class DecodeParams:
     """Traced per-row settings (vmapped over for comparisons and sweeps)."""
 
-    policy: jax.Array  # [] int32 index into balance.POLICIES
-    dispatch: jax.Array  # [] int32 0 immediate, 1 pooled
-    predictor: jax.Array  # [] int32 predictor kind id (BR-H only)
+    policy: jax.Array  # [] int32 id in balance.REGISTRY
+    dispatch: jax.Array  # [] int32 id in balance.DISPATCH_REGISTRY (0 immediate, 1 pooled)
+    predictor: jax.Array  # [] int32 predictor kind id (predictors.base.kind_names(); BR-H only)
     alpha: jax.Array  # [] float32 BR-H gain weight
     beta: jax.Array  # [] float32 BR-H overflow penalty
     gamma: jax.Array  # [] float32 BR-H discount
-    arrival: jax.Array  # [] int32 0 saturated, 1 poisson, 2 trace
+    arrival: jax.Array  # [] int32 id in ARRIVAL_REGISTRY (0 saturated, 1 poisson, 2 trace)
     rate: jax.Array  # [] float32 Poisson rate (requests/s)
 
 
 def make_params(policy: str, *, n_workers: int, dispatch: str | None = None, predictor: int = 1,
                 alpha: float = DEFAULT_ALPHA, beta: float | None = None, gamma: float = DEFAULT_GAMMA,
                 arrival: str = "saturated", rate: float = 1.0) -> DecodeParams:
-    """Params for one row; beta defaults to G; dispatch defaults to the policy's own mode."""
-    from jaxroute.errors import JaxrouteError
+    """Params for one row; beta defaults to G; dispatch defaults to the policy's own mode.
 
+    predictor is a kind id (`predictors.base.kind_id(name)`); whether the workload's bank has
+    its fitted table is checked where params and workload meet (`DecodeModel.check_params`).
+    """
     pid = balance.policy_id(policy)
-    if dispatch is not None and dispatch not in balance.DISPATCH_MODES:
-        raise JaxrouteError(f"unknown dispatch mode '{dispatch}'; choose from: {', '.join(balance.DISPATCH_MODES)}")
-    if arrival not in ARRIVALS:
-        raise JaxrouteError(f"unknown arrival mode '{arrival}'; choose from: {', '.join(ARRIVALS)}")
+    if dispatch is not None:
+        balance.DISPATCH_REGISTRY.id(dispatch)
+    ARRIVAL_REGISTRY.id(arrival)
+    predictors.check_kind_ids(predictor)
     if arrival == "poisson" and not (math.isfinite(rate) and rate > 0):
         raise JaxrouteError(f"Poisson arrival rate must be positive and finite, got {rate}")
     for name, v in (("alpha", alpha), ("beta", beta), ("gamma", gamma)):
@@ -123,7 +128,7 @@ def make_workload(req: DecodeRequests, cost: cost_models.CostParams, collective_
 
 
 @jax.tree_util.register_dataclass
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class DecodeState:
     key: jax.Array  # PRNG key for router coin flips
     t: jax.Array  # [] float32 clock (s)
@@ -159,7 +164,7 @@ class DecodeState:
 
 
 @dataclasses.dataclass(frozen=True)
-class DPDecodeModel:
+class DecodeModel(sim.Model):
     """Static configuration (shapes) of the decode DP barrier simulator."""
 
     n_workers: int
@@ -174,8 +179,6 @@ class DPDecodeModel:
     trace_points: int = 128
 
     def __post_init__(self):
-        from jaxroute.errors import JaxrouteError
-
         for name in ("n_workers", "n_requests", "max_steps", "slots", "pool", "window", "r_max", "trace_points"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
@@ -195,6 +198,22 @@ class DPDecodeModel:
 
     def num_steps(self, workload) -> int:
         return self.max_steps
+
+    def is_done(self, st: DecodeState) -> jax.Array:
+        """Every request has finished (`step` is then a no-op)."""
+        return jnp.all(st.done)
+
+    def check_params(self, params: DecodeParams, workload: DecodeWorkload | None = None) -> None:
+        """Refuse ids that `lax.switch` / `lax.cond` would clamp or misread, before tracing.
+
+        Policy, dispatch mode and arrival mode ids must name an entry; a predictor id must
+        name a predictor whose fitted table is in the workload's bank (a `learned` id with a
+        bank that lacks the learned slot would otherwise run the last fitted predictor).
+        """
+        balance.REGISTRY.check_id(params.policy)
+        balance.DISPATCH_REGISTRY.check_id(params.dispatch)
+        ARRIVAL_REGISTRY.check_id(params.arrival)
+        predictors.check_kind_ids(params.predictor, None if workload is None else workload.bank)
 
     # ------------------------------------------------------------------ init
 
@@ -216,9 +235,11 @@ class DPDecodeModel:
             slot_req=jnp.full((g, s), -1, jnp.int32), slot_gen=jnp.zeros((g, s), jnp.int32),
             admit_t=jnp.zeros((n,), jnp.float32), finish_t=jnp.zeros((n,), jnp.float32),
             done=jnp.zeros((n,), bool), worker_of=jnp.full((n,), -1, jnp.int32), tokens_out=i0,
-            sum_imb=f0, sum_idle=f0, sum_load=f0, sum_imb_loaded=f0, steps_loaded=i0, busy_s=jnp.zeros((g,), jnp.float32), barrier_s=f0,
+            sum_imb=f0, sum_idle=f0, sum_load=f0, sum_imb_loaded=f0, steps_loaded=i0,
+            busy_s=jnp.zeros((g,), jnp.float32), barrier_s=f0,
             kv_overflow=jnp.bool_(False), all_admitted_t=f0, tokens_loaded=i0,
-            trace_kv=jnp.zeros((self.trace_points, g), jnp.float32), trace_t=jnp.zeros((self.trace_points,), jnp.float32),
+            trace_kv=jnp.zeros((self.trace_points, g), jnp.float32),
+            trace_t=jnp.zeros((self.trace_points,), jnp.float32),
         )
 
     # ------------------------------------------------------------------ helpers
@@ -288,7 +309,7 @@ class DPDecodeModel:
     # ------------------------------------------------------------------ step
 
     def step(self, st: DecodeState, wl: DecodeWorkload, params: DecodeParams) -> DecodeState:
-        finished = jnp.all(st.done)
+        finished = self.is_done(st)  # a no-op once done, so chunked runs that stop early equal full runs
         new = self._step(st, wl, params)
         return jax.tree.map(lambda a, b: jnp.where(finished, a, b), st, new)
 
@@ -477,6 +498,9 @@ class DPDecodeModel:
             "trace_t": st.trace_t,
         }
         return out
+
+
+# Old name, kept while the commands and scripts move to the new one (removed at the end of issue 9).
 
 
 def compact(ids: jax.Array) -> jax.Array:

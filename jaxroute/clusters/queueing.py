@@ -1,4 +1,4 @@
-"""Classic dispatch: N FCFS servers behind one router, and balls into bins.
+"""Classic dispatch: N FCFS servers behind one router (`DispatchModel`).
 
 Time is measured in mean service times. Requests arrive as a Poisson process of
 rate load * N; the router picks a server with one of the classic policies
@@ -21,9 +21,14 @@ Stale mode (Mitzenmacher 2000): a board of queue lengths is refreshed at times
 T = 0 means fresh information. The board value at a refresh instant between two
 arrivals is computed exactly from the ring.
 
-Balls into bins (`BinsModel`) is the zero-departure special case: n balls, n
-bins, each ball goes to the least loaded of d sampled bins. It uses gathers
-instead of dense per-server passes because n is large.
+Conservation: every arrival is counted three ways that are updated independently:
+the arrival counter, the per-request record of the router's decision (`server_of`),
+and the per-server assignment counters (updated from the routing one-hot). Since
+each departure time is fixed on arrival (FCFS), a request is either completed or in
+flight at the end, and both are recorded servers; a lost or duplicated routing update
+shows as `conservation_error` > 0.
+
+Balls into bins, the zero-departure special case, is `jaxroute.clusters.bins`.
 """
 
 from __future__ import annotations
@@ -32,11 +37,16 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxroute import metrics as metrics_lib
+from jaxroute import sim
 from jaxroute.errors import JaxrouteError
 from jaxroute.routers import classic
 from jaxroute.workloads import service as service_lib
+
+# The unit of every time metric of this model (mean_response, p99_response): the mean service time is 1.
+TIME_UNIT = "mean service time"
 
 
 @jax.tree_util.register_dataclass
@@ -44,20 +54,18 @@ from jaxroute.workloads import service as service_lib
 class DispatchParams:
     """Traced configuration of one dispatch run (vmapped over in sweeps)."""
 
-    policy: jax.Array  # () int32 index into classic.POLICY_NAMES
-    load: jax.Array  # () float32 utilisation rho = arrival rate / (N * service rate)
-    service: jax.Array  # () int32 index into service.SERVICE_LAWS
-    stale: jax.Array  # () float32 board refresh interval T in service times (0 = fresh)
-    d: jax.Array  # () int32 choices for power-of-d (1 <= d <= model.max_d)
+    policy: jax.Array  # [] int32 id in classic.REGISTRY
+    load: jax.Array  # [] float32 utilisation rho = arrival rate / (N * service rate)
+    service: jax.Array  # [] int32 id in service.REGISTRY
+    stale: jax.Array  # [] float32 board refresh interval T in service times (0 = fresh)
+    d: jax.Array  # [] int32 choices for power-of-d (1 <= d <= model.max_d)
 
 
-def dispatch_params(policy: str = "jsq", load: float = 0.9, service: str = "exp", stale: float = 0.0,
-                    d: int = 2) -> DispatchParams:
-    """Build DispatchParams from names (validated)."""
-    if policy not in classic.POLICY_NAMES:
-        raise JaxrouteError(f"unknown policy '{policy}'; choose from: {', '.join(classic.POLICY_NAMES)}")
-    if service not in service_lib.SERVICE_LAWS:
-        raise JaxrouteError(f"unknown service law '{service}'; choose from: {', '.join(service_lib.SERVICE_LAWS)}")
+def make_params(policy: str = "jsq", load: float = 0.9, service: str = "exp", stale: float = 0.0,
+                d: int = 2) -> DispatchParams:
+    """Build DispatchParams from names (validated; `DispatchModel.check_params` checks d <= max_d)."""
+    policy_id = classic.REGISTRY.id(policy)
+    service_id = service_lib.REGISTRY.id(service)
     if not load > 0:
         raise JaxrouteError(f"load must be > 0, got {load}")
     if not stale >= 0:
@@ -65,9 +73,9 @@ def dispatch_params(policy: str = "jsq", load: float = 0.9, service: str = "exp"
     if d < 1:
         raise JaxrouteError(f"d must be >= 1, got {d}")
     return DispatchParams(
-        policy=jnp.int32(classic.POLICY_NAMES.index(policy)),
+        policy=jnp.int32(policy_id),
         load=jnp.float32(load),
-        service=jnp.int32(service_lib.SERVICE_LAWS.index(service)),
+        service=jnp.int32(service_id),
         stale=jnp.float32(stale),
         d=jnp.int32(d),
     )
@@ -85,25 +93,26 @@ class RequestDraws:
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
-class QueueState:
+class DispatchState:
     """Times are relative to the start of the current block of arrivals (rebased once per block)."""
 
-    key: jax.Array  # () PRNG key of this seed
-    block: jax.Array  # () int32 blocks of arrivals processed (= scan step)
-    arrivals: jax.Array  # () int32 requests routed so far
+    key: jax.Array  # [] PRNG key of this seed
+    block: jax.Array  # [] int32 blocks of arrivals processed (= scan step)
+    arrivals: jax.Array  # [] int32 requests routed so far
     free: jax.Array  # [N] float32 time each server becomes free (may be < 0: idle)
     ring: jax.Array  # [K, N] float32 departure times of the last K jobs sent to each server
     assigned: jax.Array  # [N] int32 jobs sent to each server
     cursor: jax.Array  # [N] int32 ring slot the next job of each server goes to (assigned mod K)
     board: jax.Array  # [N] int32 stale queue-length snapshot
-    board_age: jax.Array  # () float32 time since the last board refresh
+    board_age: jax.Array  # [] float32 time since the last board refresh
     response: jax.Array  # [R / B, B] float32 response time of each request
-    overflow: jax.Array  # () bool a ring that the policy reads was overrun
+    server_of: jax.Array  # [R / B, B] int32 server each request went to (-1 before routing)
+    overflow: jax.Array  # [] bool a ring that the policy reads was overrun
     tails: jax.Array  # [I] float32 sum over arrivals of the fraction of servers with >= i jobs
 
 
 @dataclasses.dataclass(frozen=True)
-class QueueingModel:
+class DispatchModel(sim.Model):
     """Static configuration: shapes and sizes (changing any of them recompiles).
 
     One scan step handles a block of `block` consecutive arrivals: their random draws
@@ -137,6 +146,21 @@ class QueueingModel:
     def num_steps(self, workload=None) -> int:
         return self.n_blocks
 
+    def is_done(self, state: DispatchState) -> jax.Array:
+        return state.block >= self.n_blocks
+
+    def check_params(self, params: DispatchParams, workload=None) -> None:
+        """Refuse traced values this static configuration would silently clamp (before tracing)."""
+        classic.REGISTRY.check_id(params.policy)
+        service_lib.REGISTRY.check_id(params.service)
+        if isinstance(params.d, jax.core.Tracer):
+            return
+        d = np.asarray(params.d)
+        if d.size and (d.min() < 1 or d.max() > self.max_d):
+            bad = int(d.max()) if d.max() > self.max_d else int(d.min())
+            raise JaxrouteError(f"power-of-d d={bad} needs 1 <= d <= max_d={self.max_d} (the samples drawn "
+                                f"per request); build the model with max_d >= {bad}")
+
     def block_draws(self, key: jax.Array, block: jax.Array, params: DispatchParams) -> RequestDraws:
         """Random inputs of the B arrivals of block `block` (one counter-based key per block)."""
         u = jax.random.uniform(jax.random.fold_in(key, block), (self.block, 2 + self.max_d))
@@ -151,9 +175,9 @@ class QueueingModel:
         blocks = jax.vmap(lambda b: self.block_draws(key, b, params))(jnp.arange(self.n_blocks))
         return jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:])[: self.n_requests], blocks)
 
-    def init(self, key: jax.Array, workload, params: DispatchParams) -> QueueState:
+    def init(self, key: jax.Array, workload, params: DispatchParams) -> DispatchState:
         n, k = self.n_servers, self.ring
-        return QueueState(
+        return DispatchState(
             key=key,
             block=jnp.int32(0),
             arrivals=jnp.int32(0),
@@ -164,6 +188,7 @@ class QueueingModel:
             board=jnp.zeros(n, jnp.int32),
             board_age=jnp.float32(0.0),
             response=jnp.zeros((self.n_blocks, self.block), jnp.float32),
+            server_of=jnp.full((self.n_blocks, self.block), -1, jnp.int32),
             overflow=jnp.bool_(False),
             tails=jnp.zeros(self.tail_levels, jnp.float32),
         )
@@ -218,22 +243,24 @@ class QueueingModel:
             tails=tails,
             arrivals=carry["arrivals"] + active.astype(jnp.int32),
         )
-        return carry, (chosen, finish - now)
+        return carry, (chosen, finish - now, jnp.where(active, server, -1))
 
-    def step(self, state: QueueState, workload, params: DispatchParams) -> QueueState:
+    def step(self, state: DispatchState, workload, params: DispatchParams) -> DispatchState:
         dr = self.block_draws(state.key, state.block, params)
         carry = dict(now=jnp.float32(0.0), age=state.board_age, free=state.free, ring=state.ring,
                      assigned=state.assigned, cursor=state.cursor, board=state.board, tails=state.tails,
                      arrivals=state.arrivals, overrun=jnp.zeros(self.n_servers, bool))
-        chosen, waits = [], []
+        chosen, waits, servers = [], [], []
         for j in range(self.block):  # unrolled: B arrivals per scan step
-            carry, (c, w) = self._arrival(carry, dr.gap[j], dr.service[j], dr.picks[j],
+            carry, (c, w, srv) = self._arrival(carry, dr.gap[j], dr.service[j], dr.picks[j],
                                           state.block * self.block + j, params)
             chosen.append(c)
             waits.append(w)
+            servers.append(srv)
         now = carry["now"]
         # One reduction per block: each arrival's response at the server it chose.
         responses = jnp.sum(jnp.where(jnp.stack(chosen), jnp.stack(waits), 0.0), axis=1)  # [B]
+        servers = jnp.stack(servers)  # [B] the router's decisions (-1: padded arrivals past the end)
         overrun = jnp.any(carry["overrun"])
         if not self.tail_levels:  # the tail statistics read the ring whatever the policy
             overrun = overrun & jnp.asarray(classic.USES_QUEUE_LENGTH)[params.policy]
@@ -241,7 +268,9 @@ class QueueingModel:
         done = state.block >= self.n_blocks
         response = jax.lax.dynamic_update_slice(
             state.response, jnp.where(done, state.response[row], responses)[None], (row, 0))
-        return QueueState(
+        server_of = jax.lax.dynamic_update_slice(
+            state.server_of, jnp.where(done, state.server_of[row], servers)[None], (row, 0))
+        return DispatchState(
             key=state.key,
             block=state.block + 1,
             arrivals=carry["arrivals"],
@@ -252,11 +281,30 @@ class QueueingModel:
             board=carry["board"],
             board_age=carry["age"],
             response=response,
+            server_of=server_of,
             overflow=state.overflow | overrun,
             tails=carry["tails"],
         )
 
-    def metrics(self, state: QueueState, workload, params: DispatchParams) -> dict[str, jax.Array]:
+    def conservation_error(self, state: DispatchState) -> jax.Array:
+        """[] int32: how far independent counts of the routed requests disagree (0 when conserved).
+
+        arrived = the arrival counter; recorded = the router's decisions, one per request
+        (each request is completed or in flight at the end: its departure time was fixed on
+        arrival); every decision must name a server, and per server the decisions must equal
+        the server's own counter (updated from the routing one-hot); a finished run must have
+        routed every request.
+        """
+        n = self.n_servers
+        server_of = state.server_of.reshape(-1)[: self.n_requests]
+        recorded = server_of >= 0
+        per_server = jnp.zeros(n, jnp.int32).at[jnp.where(recorded, server_of, n)].add(1, mode="drop")
+        n_recorded = jnp.sum(recorded, dtype=jnp.int32)
+        missing = jnp.where(self.is_done(state), self.n_requests - state.arrivals, 0)
+        return (jnp.abs(state.arrivals - n_recorded) + jnp.abs(n_recorded - jnp.sum(per_server))
+                + jnp.sum(jnp.abs(per_server - state.assigned)) + jnp.abs(missing)).astype(jnp.int32)
+
+    def metrics(self, state: DispatchState, workload, params: DispatchParams) -> dict[str, jax.Array]:
         response = state.response.reshape(-1)
         index = jnp.arange(response.shape[0])
         mask = (index >= self.warmup) & (index < self.n_requests)
@@ -264,8 +312,7 @@ class QueueingModel:
             "mean_response": metrics_lib.masked_mean(response, mask),
             "p99_response": metrics_lib.masked_quantile_select(response, mask, 0.99),
             "overflow": state.overflow,
-            # Every arrival went to exactly one server (a lost one-hot update would show here).
-            "conservation_error": state.arrivals - jnp.sum(state.assigned),
+            "conservation_error": self.conservation_error(state),
         }
         counted = jnp.maximum(state.arrivals - self.warmup, 1)
         for level in range(1, self.tail_levels + 1):
@@ -285,55 +332,3 @@ def default_ring(n_servers: int, load: float, stale: float) -> int:
         k *= 2
     return k
 
-
-# --------------------------------------------------------------------------- balls into bins
-
-
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass(frozen=True)
-class BinsParams:
-    d: jax.Array  # () int32 bins sampled per ball (1 = random)
-
-
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass(frozen=True)
-class BinsState:
-    key: jax.Array  # () PRNG key
-    balls: jax.Array  # () int32 balls placed so far
-    loads: jax.Array  # [n] int32 balls per bin
-
-
-@dataclasses.dataclass(frozen=True)
-class BinsModel:
-    """n balls into n bins; each ball joins the least loaded of d uniform samples (no departures)."""
-
-    n: int = 100_000
-    max_d: int = 3
-
-    def __post_init__(self):
-        if self.n < 1:
-            raise JaxrouteError(f"n must be >= 1, got {self.n}")
-
-    def num_steps(self, workload=None) -> int:
-        return self.n
-
-    def draws(self, key: jax.Array, index: jax.Array) -> jax.Array:
-        """[D] int32 bins sampled for ball `index`."""
-        return jax.random.randint(jax.random.fold_in(key, index), (self.max_d,), 0, self.n, dtype=jnp.int32)
-
-    def init(self, key, workload, params: BinsParams) -> BinsState:
-        return BinsState(key=key, balls=jnp.int32(0), loads=jnp.zeros(self.n, jnp.int32))
-
-    def step(self, state: BinsState, workload, params: BinsParams) -> BinsState:
-        active = state.balls < self.n
-        picks = self.draws(state.key, state.balls)
-        j = classic.best_of_sampled(state.loads[picks], params.d)
-        loads = state.loads.at[picks[j]].add(active.astype(jnp.int32))
-        return BinsState(key=state.key, balls=state.balls + active.astype(jnp.int32), loads=loads)
-
-    def metrics(self, state: BinsState, workload, params: BinsParams) -> dict[str, jax.Array]:
-        return {
-            "max_load": jnp.max(state.loads),
-            "overflow": jnp.bool_(False),
-            "conservation_error": state.balls - jnp.sum(state.loads),
-        }

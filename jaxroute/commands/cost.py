@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from jaxroute import cost_models as cm
-from jaxroute.commands._common import warn
+from jaxroute.commands._common import non_negative_int, positive_fraction, positive_int, warn
 from jaxroute.errors import JaxrouteError
 
 
@@ -18,29 +18,20 @@ def register(subparsers) -> None:
     )
     p.add_argument("--gpu", default="A6000", metavar="NAME", help=f"GPU: {', '.join(cm.GPUS)} (default A6000)")
     p.add_argument("--model", default="Mistral-7B", metavar="NAME", help=f"model: {', '.join(cm.MODELS)} (default Mistral-7B)")
-    p.add_argument("--tp", default="1", metavar="T", help="tensor-parallel degree: GPUs that split the weights and KV (default 1)")
+    p.add_argument("--tp", type=positive_int, default=1, metavar="T", help="tensor-parallel degree: GPUs that split the weights and KV (default 1)")
     p.add_argument("--cost-model", default="roofline", metavar="KIND",
                    help="roofline (calibrated on the lecture's A6000 anchors; any GPU/model) or preble "
                    "(Preble's fitted equations; Mistral-7B on one A6000 only) (default roofline)")
-    p.add_argument("--prefill", default="2048", metavar="N", help="prompt tokens of one prefill (default 2048)")
-    p.add_argument("--cached", default="0", metavar="C", help="tokens of that prompt already in the prefix cache (default 0)")
-    p.add_argument("--decode-batch", default="1", metavar="B", help="requests in one decode iteration (default 1)")
-    p.add_argument("--context", default="2048", metavar="C", help="context tokens of each decode request (default 2048)")
-    p.add_argument("--mem-util", default="0.9", metavar="F", help="fraction of GPU memory for weights + KV (default 0.9)")
+    p.add_argument("--prefill", type=positive_int, default=2048, metavar="N", help="prompt tokens of one prefill (default 2048)")
+    p.add_argument("--cached", type=non_negative_int, default=0, metavar="C", help="tokens of that prompt already in the prefix cache (default 0)")
+    p.add_argument("--decode-batch", type=positive_int, default=1, metavar="B", help="requests in one decode iteration (default 1)")
+    p.add_argument("--context", type=positive_int, default=2048, metavar="C", help="context tokens of each decode request (default 2048)")
+    p.add_argument("--mem-util", type=positive_fraction, default=0.9, metavar="F", help="fraction of GPU memory for weights + KV (default 0.9)")
     p.add_argument("--json", action="store_true",
-                   help="print one JSON object (keys include kv_capacity_tokens, prefill_s, decode_step_s)")
-    p.add_argument("--list", action="store_true", help="list the GPU and model catalogs and exit")
+                   help="print one JSON object (keys include kv_capacity_tokens, prefill_s, decode_step_s) "
+                   "(default: a text report)")
+    p.add_argument("--list", action="store_true", help="list the GPU and model catalogs and exit (default: off)")
     p.set_defaults(func=run)
-
-
-def _number(text: str, flag: str, minimum: int, kind=int):
-    try:
-        v = kind(text)
-    except ValueError:
-        raise JaxrouteError(f"{flag} expects {'an integer' if kind is int else 'a number'}, got '{text}'") from None
-    if not v >= minimum:
-        raise JaxrouteError(f"{flag} must be >= {minimum}, got {text}")
-    return v
 
 
 def _catalogs() -> str:
@@ -63,14 +54,8 @@ def run(args) -> int:
     kind = args.cost_model.lower()
     if kind not in cm.KINDS:
         raise JaxrouteError(f"unknown cost model '{args.cost_model}'; choose from: {', '.join(cm.KINDS)}")
-    tp = _number(args.tp, "--tp", 1)
-    prefill = _number(args.prefill, "--prefill", 1)
-    cached = _number(args.cached, "--cached", 0)
-    batch = _number(args.decode_batch, "--decode-batch", 1)
-    context = _number(args.context, "--context", 1)
-    mem_util = _number(args.mem_util, "--mem-util", 0.0, float)
-    if not 0.0 < mem_util <= 1.0:
-        raise JaxrouteError(f"--mem-util must be in (0, 1], got {args.mem_util}")
+    tp, prefill, cached, batch, context = args.tp, args.prefill, args.cached, args.decode_batch, args.context
+    mem_util = args.mem_util
 
     cp = cm.cost_params(gpu, model, tp=tp, kind=kind)
     capacity = cm.kv_capacity_tokens(gpu, model, tp=tp, mem_util=mem_util)

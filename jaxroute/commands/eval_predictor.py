@@ -6,7 +6,7 @@ import argparse
 
 import numpy as np
 
-from jaxroute.commands._common import add_output_args, csv_list, positive_int, warn
+from jaxroute.commands._common import add_output_args, csv_list, non_negative_int, positive_int, warn
 from jaxroute.errors import JaxrouteError
 
 # The paper's offline accuracy (BalanceRoute write-up, section 12): (Stage-1 AUC, Stage-2 MAE).
@@ -35,19 +35,20 @@ def register(subparsers) -> None:
         "whose scores give the 95% CI. The paper's numbers are printed alongside.",
     )
     p.add_argument("--workload", required=True, choices=WORKLOADS, help="requests to evaluate on")
-    p.add_argument("--trace", metavar="PATH", help="trace file for azure-conv/azure-code (CSV) or mooncake (JSONL)")
+    p.add_argument("--trace", metavar="PATH", help="trace file for azure-conv/azure-code (CSV) or mooncake (JSONL) "
+                   "(default: ../shared/data/...)")
     p.add_argument("--requests", metavar="N", type=positive_int, default=None,
                    help="use the first N requests (default: 20000 for synthetic workloads, the whole trace "
                    "otherwise); use the same value and --seed as train-predictor so the splits line up")
     p.add_argument("--horizon", metavar="H", type=positive_int, default=80, help="prediction horizon H (default 80)")
     p.add_argument("--load", metavar="DIR", help="learned predictor checkpoint (from train-predictor --save); "
-                   "without it only survival and exact are compared")
+                   "without it only survival and exact are compared (default: none)")
     p.add_argument("--predictors", metavar="LIST", type=csv_list, default=None,
                    help=f"subset of {','.join(EVAL_KINDS)} to compare (default: all available)")
     p.add_argument("--pairs", metavar="N", type=positive_int, default=20000,
                    help="(request, step) pairs sampled per fold (default 20000)")
     p.add_argument("--folds", metavar="K", type=positive_int, default=8, help="contiguous folds of the held-out split (default 8)")
-    p.add_argument("--seed", metavar="S", type=int, default=0, help="seed of the synthetic workload and pair sampling (default 0)")
+    p.add_argument("--seed", metavar="S", type=non_negative_int, default=0, help="seed of the synthetic workload and pair sampling (default 0)")
     add_output_args(p, plot=False)
     p.set_defaults(func=run)
 

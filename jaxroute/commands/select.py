@@ -9,11 +9,16 @@ import numpy as np
 
 from jaxroute import report
 from jaxroute.commands._common import (
-    add_output_args,
+    add_grid_args,
     check_overflow,
     choose,
     csv_list,
+    list_of,
+    non_negative_float,
+    positive_float,
     positive_int,
+    probability,
+    save_outputs,
     show_progress,
 )
 from jaxroute.errors import JaxrouteError
@@ -44,40 +49,32 @@ def register(subparsers) -> None:
                    help="models per random pool (the lecture world always has 5) (default 5)")
     p.add_argument("--pools", type=positive_int, default=10, metavar="P",
                    help="independent worlds (random pools, or question draws of the lecture world) (default 10)")
-    p.add_argument("--seeds", type=positive_int, default=4, metavar="S",
-                   help="optimizer seeds: random start, diagnoser errors, random-search draws (default 4)")
-    p.add_argument("--diagnoser-accuracy", type=float, default=1.0, metavar="Q",
+    p.add_argument("--diagnoser-accuracy", type=probability, default=1.0, metavar="Q",
                    help="probability that the diagnoser's verdict on a wrong answer is right (default 1.0)")
-    p.add_argument("--gamma", type=float, default=1.0, metavar="G",
+    p.add_argument("--gamma", type=non_negative_float, default=1.0, metavar="G",
                    help="weight of end-to-end correctness in LLMSelector's module score (default 1.0)")
-    p.add_argument("--blind-spot", type=float, default=1.0, metavar="F",
+    p.add_argument("--blind-spot", type=probability, default=1.0, metavar="F",
                    help="self-refine: the critic's catch probability is multiplied by F when it is the "
                    "generator's model (0.3 = the lecture's blind spot; default 1.0 = none)")
-    p.add_argument("--prices", metavar="P1,P2,...",
+    p.add_argument("--prices", type=list_of(positive_float, unique=False), metavar="P1,P2,...",
                    help="price per call of each model (default: A 5, B 3, C 1, D 0.5, E 0.2 for the lecture "
                    "world, 1 each for random pools); reported as cost_per_question")
-    p.add_argument("--cost-lambda", type=float, default=0.0, metavar="L",
-                   help="LLMSelector subtracts L * price / max price from each candidate's score (exercise 7)")
+    p.add_argument("--cost-lambda", type=non_negative_float, default=0.0, metavar="L",
+                   help="LLMSelector subtracts L * price / max price from each candidate's score (exercise 7) (default 0)")
     p.add_argument("--optimizers", default=",".join(opt.OPTIMIZERS), metavar="LIST",
                    help=f"comma list from: {', '.join(opt.OPTIMIZERS + opt.EXTRA_OPTIMIZERS)} (default: "
                    f"{', '.join(opt.OPTIMIZERS)}; llmselector_downgrade then moves modules to cheaper models, "
                    "exercise 7)")
-    p.add_argument("--downgrade-tolerance", type=float, default=0.0, metavar="T",
+    p.add_argument("--downgrade-tolerance", type=non_negative_float, default=0.0, metavar="T",
                    help="llmselector_downgrade: largest train-accuracy drop accepted for a cheaper model (default 0)")
     p.add_argument("--train", type=positive_int, default=100, metavar="N", help="training questions (default 100)")
     p.add_argument("--test", type=positive_int, default=100, metavar="N", help="test questions (default 100)")
     p.add_argument("--threshold", action="store_true",
-                   help="deterministic success (ability - difficulty + luck > 0) instead of the sigmoid draw")
+                   help="deterministic success (ability - difficulty + luck > 0) instead of the sigmoid draw (default: the sigmoid draw)")
     p.add_argument("--max-rounds", type=positive_int, default=400, metavar="R",
                    help="cap on LLMSelector / greedy rounds; a run that hits it is flagged as overflow (default 400)")
-    p.add_argument("--seed", type=int, default=0, help="root random seed (default 0)")
-    add_output_args(p)
+    add_grid_args(p, seeds=4, seeds_help="optimizer seeds: random start, diagnoser errors, random-search draws")
     p.set_defaults(func=run)
-
-
-def _check_range(value: float, flag: str, lo: float, hi: float) -> None:
-    if not (lo <= value <= hi):
-        raise JaxrouteError(f"{flag} must be in [{lo}, {hi}], got {value}")
 
 
 def build(args):
@@ -85,10 +82,6 @@ def build(args):
     system = get_system(args.system)
     world_kind = choose([args.world], ("lecture", "random"), "world")[0]
     optimizers = choose(csv_list(args.optimizers), opt.OPTIMIZERS + opt.EXTRA_OPTIMIZERS, "optimizer")
-    _check_range(args.diagnoser_accuracy, "--diagnoser-accuracy", 0.0, 1.0)
-    _check_range(args.blind_spot, "--blind-spot", 0.0, 1.0)
-    if args.cost_lambda < 0 or args.gamma < 0 or args.downgrade_tolerance < 0:
-        raise JaxrouteError("--gamma, --cost-lambda and --downgrade-tolerance must be >= 0")
     if world_kind == "lecture":
         if system.name != "locate-solve":
             raise JaxrouteError(f"--world lecture is the constructed locate-solve case; use --world random "
@@ -105,12 +98,9 @@ def build(args):
     start = None if args.start is None else wl.parse_allocation(args.start, n_models, system.n_modules)
     prices = default_prices
     if args.prices is not None:
-        try:
-            prices = np.array([float(x) for x in csv_list(args.prices)], np.float32)
-        except ValueError:
-            raise JaxrouteError(f"--prices expects numbers, got '{args.prices}'") from None
-        if prices.shape != (n_models,) or np.any(prices <= 0):
-            raise JaxrouteError(f"--prices needs {n_models} positive numbers (one per model), got '{args.prices}'")
+        prices = np.array(args.prices, np.float32)
+        if prices.shape != (n_models,):
+            raise JaxrouteError(f"--prices needs {n_models} positive numbers (one per model), got {len(prices)}")
     params = opt.make_params(n_models, system.n_modules, start=start, price=prices,
                              diagnoser_accuracy=args.diagnoser_accuracy, gamma=args.gamma,
                              cost_lambda=args.cost_lambda, blind_spot=args.blind_spot,
@@ -160,29 +150,7 @@ def run(args) -> int:
                    "prices": np.asarray(params.price).tolist(),
                    "most_common_allocation": modes,
                    "ci": "mean over pools per seed; 95% Student-t CI over seeds"}
-    if args.out:
-        path = report.write_results(args.out, "select", config_json, records)
-        print(f"wrote {path}")
-    if getattr(args, "plot", None):
-        _plot(records, args.plot, f"{system.name}, world {args.world}")
+    save_outputs(args, "select", config_json, records,
+                 lambda path: report.bar_plot(records, ["test_accuracy"], path, f"{system.name}, world {args.world}",
+                                              ylabel="test accuracy", ylim=(0, 1), log_if_spread=False))
     return 0
-
-
-def _plot(records, path: str, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    names = [r.policy for r in records]
-    means = [r.metrics["test_accuracy"].mean for r in records]
-    errs = [r.metrics["test_accuracy"].half_width for r in records]
-    ax.bar(names, means, yerr=errs, capsize=4, color="tab:blue")
-    ax.set_ylabel("test accuracy")
-    ax.set_ylim(0, 1)
-    ax.set_title(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    print(f"wrote {path}")

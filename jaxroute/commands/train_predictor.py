@@ -8,7 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
-from jaxroute.commands._common import positive_int, show_progress
+from jaxroute import report
+from jaxroute.commands._common import non_negative_int, positive_float, positive_int, show_progress
 from jaxroute.errors import JaxrouteError
 
 
@@ -32,11 +33,11 @@ def register(subparsers) -> None:
     p.add_argument("--save", required=True, metavar="DIR", help="checkpoint directory (created; older steps replaced)")
     p.add_argument("--steps", metavar="N", type=positive_int, default=2000, help="optimiser steps at most (default 2000)")
     p.add_argument("--batch", metavar="B", type=positive_int, default=512, help="minibatch size in (request, step) pairs (default 512)")
-    p.add_argument("--lr", metavar="LR", type=float, default=3e-3, help="peak AdamW learning rate (default 3e-3)")
+    p.add_argument("--lr", metavar="LR", type=positive_float, default=3e-3, help="peak AdamW learning rate (default 3e-3)")
     p.add_argument("--patience", metavar="K", type=positive_int, default=5,
                    help="stop after this many validation checks (every 100 steps) without improvement (default 5)")
-    p.add_argument("--seed", metavar="S", type=int, default=0, help="seed of the synthetic workload, pair sampling and init (default 0)")
-    p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    p.add_argument("--seed", metavar="S", type=non_negative_int, default=0, help="seed of the synthetic workload, pair sampling and init (default 0)")
+    p.add_argument("--no-progress", action="store_true", help="hide the progress bar (default: shown)")
     p.set_defaults(func=run)
 
 
@@ -46,8 +47,6 @@ def run(args: argparse.Namespace) -> int:
     from jaxroute.predictors.evaluation import horizon_scores
     from jaxroute.predictors.training import TrainSettings, train
 
-    if not np.isfinite(args.lr) or args.lr <= 0:
-        raise JaxrouteError(f"--lr must be a positive number, got {args.lr}")
     reqs = data.load_lengths(args.workload, args.requests, args.seed, args.trace)
     tr, va, _ = data.temporal_split(reqs)
     if len(tr) < 20 or len(va) < 5:
@@ -89,25 +88,14 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _plot_losses(history: list[dict], path: Path, best_step: int) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     steps = [h["step"] for h in history]
-    fig, ax = plt.subplots(figsize=(6, 4))
+    lines = []
     tr = [(h["step"], h["train_loss"]) for h in history if h["train_loss"] is not None]
     if tr:
-        ax.plot(*zip(*tr, strict=True), marker=".", label="train (chunk mean)")
-    ax.plot(steps, [h["val_loss"] for h in history], marker=".", label="validation")
-    ax.plot(steps, [h["val_bce"] for h in history], ls="--", label="validation BCE (termination)")
-    ax.plot(steps, [h["val_mse"] for h in history], ls=":", label="validation MSE of mu/H")
-    ax.axvline(best_step, color="grey", lw=0.8, label=f"best step {best_step}")
-    ax.set_xlabel("optimiser step")
-    ax.set_ylabel("loss")
-    ax.set_title("horizon predictor training")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+        x, y = zip(*tr, strict=True)
+        lines.append({"x": x, "y": y, "marker": ".", "label": "train (chunk mean)"})
+    lines += [{"x": steps, "y": [h["val_loss"] for h in history], "marker": ".", "label": "validation"},
+              {"x": steps, "y": [h["val_bce"] for h in history], "ls": "--", "label": "validation BCE (termination)"},
+              {"x": steps, "y": [h["val_mse"] for h in history], "ls": ":", "label": "validation MSE of mu/H"},
+              {"vline": best_step, "label": f"best step {best_step}"}]
+    return report.line_plot({"horizon predictor training": lines}, path, xlabel="optimiser step", ylabel="loss")

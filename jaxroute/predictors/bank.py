@@ -73,6 +73,7 @@ _predict_jit = jax.jit(base.predict, static_argnums=(3,))
 
 def predict_pairs(bank: tuple, kind: int, pairs: Pairs, horizon: int, chunk: int = 1 << 16):
     """Host arrays (p_fin, mu_rem) for every pair, predicted in jitted fixed-size chunks."""
+    base.check_kind_ids(kind, bank)  # before tracing: lax.switch would clamp a missing slot
     fn = _predict_jit
     n = len(pairs)
     p_out = np.empty(n, np.float32)
@@ -108,8 +109,8 @@ def bank_for_simulation(specs, workload: str, n_sim: int, seed: int, trace_path,
 
 
 def _warn_learned_provenance(directory: str, workload: str, seed: int) -> None:
-    from jaxroute.commands._common import warn
     from jaxroute.predictors import checkpoint
+    from jaxroute.report import warn
 
     info = checkpoint.read_config(directory)[0].info
     if info.get("workload") != workload:

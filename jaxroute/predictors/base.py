@@ -17,12 +17,16 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+
+from jaxroute.errors import JaxrouteError
+from jaxroute.registry import PolicyRegistry
 
 PyTree = Any
 
 
 @jax.tree_util.register_dataclass
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class RequestFeatures:
     """What a predictor may see about each active request (fixed size N, masked by the caller)."""
 
@@ -73,23 +77,53 @@ def kind_names() -> tuple[str, ...]:
 
 
 def kind_id(name: str) -> int:
-    names = kind_names()
-    if name not in names:
-        from jaxroute.errors import JaxrouteError
+    """The id of a registered predictor (JaxrouteError naming the choices when unknown)."""
+    return registry().id(name)
 
-        raise JaxrouteError(f"unknown predictor '{name}'; choose from: {', '.join(names)}")
-    return names.index(name)
+
+def registry(bank: tuple | None = None) -> PolicyRegistry:
+    """The predictors a bank can run, in switch order (all registered kinds when bank is None).
+
+    bank[i] is the fitted table of the i-th deployable kind, so a bank of length k serves
+    the built-ins and the first k deployable kinds.
+    """
+    deployable = _DEPLOYABLE if bank is None else _DEPLOYABLE[: len(bank)]
+    return PolicyRegistry("predictor", BUILTIN + tuple(k.name for k in deployable), what="predictor")
+
+
+def check_kind_ids(kind: Any, bank: tuple | None = None) -> None:
+    """JaxrouteError when a host-side predictor id (or array of ids) names no predictor of `bank`.
+
+    `lax.switch` clamps an out-of-range index: without this check, a `learned` id with a bank
+    that lacks the learned table would silently run the last fitted predictor (`exact`).
+    """
+    if isinstance(kind, jax.core.Tracer):
+        return
+    ids = np.asarray(kind)
+    if not ids.size:
+        return
+    every, usable = kind_names(), registry(bank).names
+    for i in np.unique(ids).tolist():
+        if not 0 <= i < len(every):
+            raise JaxrouteError(f"predictor id {i} is out of range 0..{len(every) - 1} ({', '.join(every)})")
+        if i >= len(usable):
+            raise JaxrouteError(f"predictor '{every[i]}' (id {i}) has no fitted table in the predictor bank, "
+                                f"which serves only: {', '.join(usable)}; build the bank with a '{every[i]}' "
+                                "spec (predictors.bank.build_bank)")
 
 
 def predict(bank: tuple, kind: jax.Array, feats: RequestFeatures, horizon: int) -> tuple[jax.Array, jax.Array]:
     """(p_fin [N], mu_rem [N]) from the predictor with traced id `kind`.
 
-    bank[i] is the fitted table of the i-th registered deployable kind.
+    bank[i] is the fitted table of the i-th registered deployable kind. A concrete `kind`
+    is checked against the bank here; a traced one must be checked on the host before
+    tracing (`check_kind_ids`, which `DecodeModel.check_params` calls).
     """
+    check_kind_ids(kind, bank)
     branches = [lambda b, f: predict_none(f, horizon), lambda b, f: predict_oracle(f, horizon)]
     for i, k in enumerate(_DEPLOYABLE[: len(bank)]):
         branches.append(lambda b, f, i=i, k=k: k.predict(b[i], f, horizon))
-    p, mu = jax.lax.switch(kind, branches, bank, feats)
+    p, mu = registry(bank).switch(kind, branches, bank, feats)
     return p.astype(jnp.float32), mu.astype(jnp.float32)
 
 

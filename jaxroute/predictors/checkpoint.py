@@ -99,7 +99,8 @@ def read_config(directory: str | Path) -> tuple[learned.LearnedConfig, int]:
     with _manager(path, create=False) as mngr:
         step = mngr.latest_step()
         if step is None:
-            raise JaxrouteError(f"no predictor checkpoint in {path}; train one with `jaxroute train-predictor --save DIR`")
+            raise JaxrouteError(f"no predictor checkpoint in {path}; "
+                                "train one with `jaxroute train-predictor --save DIR`")
         try:
             raw = mngr.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore()))["config"]
         except Exception as e:  # noqa: BLE001 - orbax raises many types for a damaged directory

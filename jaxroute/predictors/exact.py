@@ -31,7 +31,7 @@ _NO_KEY = np.iinfo(np.int32).max  # padding for an empty key table (never matche
 
 
 @jax.tree_util.register_dataclass
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class ExactTable:
     keys: jax.Array  # [K] int32, sorted prompt keys seen in training
     lengths: jax.Array  # [K, M] int32, training output lengths per key, 0 = empty slot

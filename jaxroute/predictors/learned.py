@@ -75,7 +75,8 @@ class LearnedConfig:
     def from_json(d: dict, where: str = "checkpoint") -> LearnedConfig:
         try:
             if d.get("version") != CONFIG_VERSION:
-                raise JaxrouteError(f"{where}: config version {d.get('version')!r}, this jaxroute reads {CONFIG_VERSION}")
+                raise JaxrouteError(f"{where}: config version {d.get('version')!r}, "
+                                    f"this jaxroute reads {CONFIG_VERSION}")
             cfg = LearnedConfig(
                 horizon=int(d["horizon"]),
                 features=tuple(d["features"]),
@@ -184,7 +185,7 @@ def losses(params: Params, norm_mean: jax.Array, norm_std: jax.Array, feats: Req
 
 
 @jax.tree_util.register_dataclass
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class LearnedTable:
     """A trained model as a bank entry."""
 

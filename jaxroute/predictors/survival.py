@@ -28,7 +28,7 @@ MIN_SURVIVORS = 20  # rows with fewer surviving training requests carry the prev
 
 
 @jax.tree_util.register_dataclass
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class SurvivalTable:
     p_fin: jax.Array  # [J] float32, P(L <= j+H | L > j) at age j
     mu_rem: jax.Array  # [J] float32, E[L - j | j < L <= j+H] at age j

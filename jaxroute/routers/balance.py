@@ -27,19 +27,20 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxroute.registry import PolicyRegistry
+
 POLICIES = ("random", "rr", "p2c", "jsq", "least_kv", "br0", "brh")
+REGISTRY = PolicyRegistry("decode", POLICIES)
 PAPER_BASELINES = ("random", "rr", "p2c", "jsq")
 RANDOM, RR, P2C, JSQ, LEAST_KV, BR0, BRH = range(len(POLICIES))
 IMMEDIATE, POOLED = 0, 1
 DISPATCH_MODES = ("immediate", "pooled")
+DISPATCH_REGISTRY = PolicyRegistry("decode", DISPATCH_MODES, what="dispatch mode")
 
 
 def policy_id(name: str) -> int:
-    if name not in POLICIES:
-        from jaxroute.errors import JaxrouteError
-
-        raise JaxrouteError(f"unknown decode policy '{name}'; choose from: {', '.join(POLICIES)}")
-    return POLICIES.index(name)
+    """The traced id of a decode policy (a JaxrouteError naming the choices when unknown)."""
+    return REGISTRY.id(name)
 
 
 def default_dispatch(policy: str) -> int:
@@ -149,7 +150,7 @@ def choose_worker(policy, key, counts, kv, rr_next, eligible, single_scores) -> 
     def balance(_):
         return jnp.argmax(jnp.where(eligible, single_scores, -inf))
 
-    return jax.lax.switch(policy, [rand, rr, p2c, jsq, least_kv, balance, balance], None).astype(jnp.int32)
+    return REGISTRY.switch(policy, [rand, rr, p2c, jsq, least_kv, balance, balance], None).astype(jnp.int32)
 
 
 # --------------------------------------------------------------------------- pooled dispatch

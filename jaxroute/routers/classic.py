@@ -3,7 +3,7 @@
 Every policy has the same signature, `score(view) -> [N] float32`: the router
 sends the request to the lowest-scoring server, breaking ties by scanning
 cyclically from a random start (the first sampled server). A comparison selects
-among policies with `lax.switch(policy_id, SCORES, view)`: one compiled program
+among policies with `REGISTRY.switch(policy_id, SCORES, view)`: one compiled program
 for all of them. Arrays are dense and small (one entry per server), built with
 masks instead of gathers or scatters.
 
@@ -19,7 +19,10 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from jaxroute.registry import PolicyRegistry
+
 POLICY_NAMES: tuple[str, ...] = ("random", "rr", "jsq", "pod", "lwl")
+REGISTRY = PolicyRegistry("dispatch", POLICY_NAMES)
 RANDOM, ROUND_ROBIN, JSQ, POWER_OF_D, LEAST_WORK_LEFT = range(5)
 # Policies whose decision reads queue lengths (and so depends on the ring of finish times).
 USES_QUEUE_LENGTH: tuple[bool, ...] = (False, False, True, True, False)
@@ -96,4 +99,4 @@ SCORES = (random_score, round_robin_score, shortest_queue_score, power_of_d_scor
 
 def route(policy: jax.Array, view: RouterView) -> jax.Array:
     """The server chosen by policy id `policy` (traced int32): the lowest score, random ties."""
-    return argmin_random_tie(jax.lax.switch(policy, SCORES, view), view.tie_offset)
+    return argmin_random_tie(REGISTRY.switch(policy, SCORES, view), view.tie_offset)

@@ -1,9 +1,10 @@
-"""Prefix-cache-aware routers for the replica cluster, selected with `lax.switch`.
+"""Replica-cluster routers: the registry of presets and the one router the cluster model talks to.
 
-Every router reads the same `RouterView` (what a cluster router can know) and returns a
-replica index. Ties always go to the lowest index, so runs are reproducible.
+A preset is either a stateless function `(view, request, params, key) -> replica` (`presets.py`) or
+a module that owns its state (`sglang.py`, `preble.py`; see `jaxroute/routers/__init__.py` for the
+module interface). The cluster model calls only the functions below; it knows no router by name.
 
-| policy | rule |
+| policy | rule (details and sources in the preset's docstring) |
 |---|---|
 | rr | round robin |
 | least_load | fewest requests in flight |
@@ -11,122 +12,143 @@ replica index. Ties always go to the lowest index, so runs are reproducible.
 | affinity | longest view match; ties -> least load |
 | threshold | longest match if its ratio >= theta, else least load (Preble E2's split at theta = 0.5) |
 | cache_guard | least load when max - min in-flight > guard_abs and max > guard_rel * min, else threshold |
-| sglang_cache_aware | SGLang router (sgl-router `policies/cache_aware.rs`): imbalanced (max - min > balance_abs and max > balance_rel * min) -> shortest queue; else match on its own approximate tree (insert on dispatch, never told of evictions): ratio > cache_threshold -> the matching worker, else the worker with the smallest tree |
-| preble_e2 | Preble E2 (lecture 3.2-3.4): cached = longest match, missed = prompt - cached; cached > missed -> exploit (lowest load cost L+M+P among the replicas holding the longest match), else explore (lowest L+M+P overall); then post-hoc rebalancing: if the chosen replica's window load L > e2_th_bal * the lightest replica's L, the lightest. The cost terms are computed by the cluster (`clusters/replicas.py`, `_preble_costs`). Autoscaling and the prefill/decode pairing rule are not modeled. |
+| sglang_cache_aware | SGLang router (`cache_aware.rs`): imbalanced -> shortest queue; else its own approximate tree: ratio > cache_threshold -> the matching worker, else the smallest tree |
+| preble_e2 | Preble E2: exploit (cached > missed) or explore by load cost L + M + P; post-hoc rebalancing |
+| weighted | llm-d-style weighted scorers (prefix ratio, queue, tokens) and a traced picker |
 """
 
 from __future__ import annotations
 
 import dataclasses
+import inspect
+from types import ModuleType
 
 import jax
 import jax.numpy as jnp
 
-PREFIX_POLICIES = ("rr", "least_load", "least_tokens", "affinity", "threshold", "cache_guard", "sglang_cache_aware",
-                   "preble_e2")
+from jaxroute.errors import JaxrouteError
+from jaxroute.registry import PolicyRegistry
+from jaxroute.routers import parts, preble, presets, sglang
+from jaxroute.routers.view import Request, RouterStatic, RouterView
+
+# name -> a stateless preset function or a stateful router module (order = traced policy id)
+PRESETS: dict[str, object] = {
+    "rr": presets.rr,
+    "least_load": presets.least_load,
+    "least_tokens": presets.least_tokens,
+    "affinity": presets.affinity,
+    "threshold": presets.threshold,
+    "cache_guard": presets.cache_guard,
+    "sglang_cache_aware": sglang,
+    "preble_e2": preble,
+    "weighted": presets.weighted,
+}
+REGISTRY = PolicyRegistry("replica-cluster router", tuple(PRESETS))
+PREFIX_POLICIES = REGISTRY.names
 LOAD_ONLY = ("rr", "least_load", "least_tokens")
+STATEFUL: dict[str, ModuleType] = {k: v for k, v in PRESETS.items() if isinstance(v, ModuleType)}
 
 
 def policy_id(name: str) -> int:
-    return PREFIX_POLICIES.index(name)
+    return REGISTRY.id(name)
 
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class RouterParams:
-    """Traced router settings (vmappable for sweeps)."""
+    """Traced router settings (vmappable: a sweep over any of them is one compilation)."""
 
     theta: jax.Array  # [] float32 match ratio needed by threshold / cache_guard
     guard_abs: jax.Array  # [] float32 cache_guard: in-flight spread that counts as imbalanced
     guard_rel: jax.Array  # [] float32 cache_guard: max / min ratio that counts as imbalanced
-    sgl_cache_threshold: jax.Array  # [] float32 SGLang --cache-threshold
-    sgl_balance_abs: jax.Array  # [] float32 SGLang --balance-abs-threshold
-    sgl_balance_rel: jax.Array  # [] float32 SGLang --balance-rel-threshold
-    e2_window_s: jax.Array  # [] float32 Preble E2 load window H (seconds)
-    e2_th_bal: jax.Array  # [] float32 Preble E2 rebalancing threshold Th_bal (inf = no rebalancing)
+    weights: jax.Array  # [3] float32 weighted: prefix ratio, queue, tokens in flight
+    picker: jax.Array  # [] int32 weighted: index into parts.PICKERS
+    temperature: jax.Array  # [] float32 weighted: softmax temperature
+    own: dict  # stateful preset name -> its module's Params
+
+    def __getattr__(self, name: str):
+        """A stateful module's setting by name (e.g. `e2_window_s`)."""
+        own = self.__dict__.get("own") or {}
+        for q in own.values():
+            if name in getattr(q, "__dataclass_fields__", {}):
+                return getattr(q, name)
+        raise AttributeError(name)
 
 
-def router_params(theta=0.5, guard_abs=8.0, guard_rel=1.5, sgl_cache_threshold=0.3, sgl_balance_abs=64.0,
-                  sgl_balance_rel=1.5, e2_window_s=180.0, e2_th_bal=1.5) -> RouterParams:
+def _own_kwargs(module: ModuleType) -> set[str]:
+    return set(inspect.signature(module.make_params).parameters)
+
+
+def router_params(theta=0.5, guard_abs=8.0, guard_rel=1.5, weights=(3.0, 2.0, 2.0), picker="argmax",
+                  temperature=0.0, **own_kw) -> RouterParams:
+    """Router settings; keywords of stateful modules (e.g. e2_window_s, sgl_cache_threshold) go to them."""
+    known = set().union(*(_own_kwargs(m) for m in STATEFUL.values()))
+    if unknown := set(own_kw) - known:
+        raise JaxrouteError(f"unknown router setting(s) {sorted(unknown)}")
+    if picker not in parts.PICKERS:
+        raise JaxrouteError(f"unknown picker '{picker}'; choose from: {', '.join(parts.PICKERS)}")
+    w = jnp.asarray(weights, jnp.float32)
+    if w.shape != (3,):
+        raise JaxrouteError(f"weights are (prefix, queue, tokens): 3 numbers, got {weights}")
+    own = {name: m.make_params(**{k: v for k, v in own_kw.items() if k in _own_kwargs(m)})
+           for name, m in STATEFUL.items()}
     f = lambda x: jnp.asarray(x, jnp.float32)
-    return RouterParams(f(theta), f(guard_abs), f(guard_rel), f(sgl_cache_threshold), f(sgl_balance_abs),
-                        f(sgl_balance_rel), f(e2_window_s), f(e2_th_bal))
+    return RouterParams(f(theta), f(guard_abs), f(guard_rel), w, jnp.int32(parts.PICKERS.index(picker)),
+                        f(temperature), own)
 
 
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass(frozen=True)
-class RouterView:
-    """What the router sees for one arriving request."""
-
-    inflight: jax.Array  # [G] float32 requests dispatched and not finished
-    tokens: jax.Array  # [G] float32 prompt + output tokens of those requests
-    match_tokens: jax.Array  # [G] float32 leading prompt tokens the router's record places on each replica
-    tree_match_tokens: jax.Array  # [G] float32 same on SGLang's approximate tree
-    tree_size: jax.Array  # [G] float32 tokens in SGLang's approximate tree per replica
-    prompt_tokens: jax.Array  # [] float32
-    rr_counter: jax.Array  # [] int32 requests routed so far
-    e2_load: jax.Array  # [G] float32 Preble L: GPU seconds dispatched to each replica in the window
-    e2_extra: jax.Array  # [G] float32 Preble M + P: eviction cost + prefill time of this request's missed part
+def check(static: RouterStatic, policies) -> None:
+    """Refuse, on the host, policies whose module cannot run with these static sizes."""
+    for name in policies:
+        m = PRESETS[name]
+        if isinstance(m, ModuleType) and hasattr(m, "check"):
+            m.check(static)
 
 
-def _least_load(v: RouterView, p: RouterParams) -> jax.Array:
-    return jnp.argmin(v.inflight)
+# ----------------------------------------------------------------------------- the router's hooks
 
 
-def _imbalanced(load: jax.Array, abs_thr: jax.Array, rel_thr: jax.Array) -> jax.Array:
-    hi, lo = jnp.max(load), jnp.min(load)
-    return (hi - lo > abs_thr) & (hi > rel_thr * lo)
+def init(static: RouterStatic) -> dict:
+    """The router state: each stateful module's state by preset name."""
+    return {name: m.init(static) for name, m in STATEFUL.items()}
 
 
-def _best_match(match: jax.Array, load: jax.Array) -> jax.Array:
-    """Replica with the longest match; ties -> least load, then lowest index."""
-    best = match == jnp.max(match)
-    return jnp.argmin(jnp.where(best, load, jnp.inf))
+def on_refresh(state: dict, view: RouterView, active: jax.Array, params: RouterParams) -> dict:
+    """Before a decision: the view is new (time advanced, possibly a new snapshot)."""
+    return {name: (m.on_refresh(state[name], view, active, params.own[name]) if hasattr(m, "on_refresh")
+                   else state[name]) for name, m in STATEFUL.items()}
 
 
-def _rr(v, p):
-    return v.rr_counter % v.inflight.shape[0]
+def choose(state: dict, view: RouterView, req: Request, policy: jax.Array, params: RouterParams,
+           key: jax.Array) -> jax.Array:
+    """Replica index (int32) chosen by preset `policy` (a traced REGISTRY id)."""
+
+    def branch(name, f):
+        if isinstance(f, ModuleType):
+            return lambda: jnp.asarray(f.choose(state[name], view, req, params.own[name], key), jnp.int32)
+        return lambda: jnp.asarray(f(view, req, params, key), jnp.int32)
+
+    return REGISTRY.switch(policy, [branch(n, f) for n, f in PRESETS.items()])
 
 
-def _least_tokens(v, p):
-    return jnp.argmin(v.tokens)
+def on_dispatch(state: dict, view: RouterView, req: Request, g: jax.Array, active: jax.Array,
+                params: RouterParams) -> dict:
+    """The request was sent to replica g (only where `active`: masked point updates, O(row))."""
+    return {name: (m.on_dispatch(state[name], view, req, g, active, params.own[name])
+                   if hasattr(m, "on_dispatch") else state[name]) for name, m in STATEFUL.items()}
 
 
-def _affinity(v, p):
-    return _best_match(v.match_tokens, v.inflight)
+def on_finish(state: dict, g: jax.Array, rids: jax.Array, finished: jax.Array, params: RouterParams) -> dict:
+    """Requests `rids[finished]` finished on replica g (no preset needs it yet: both keep their records)."""
+    return {name: (m.on_finish(state[name], g, rids, finished, params.own[name]) if hasattr(m, "on_finish")
+                   else state[name]) for name, m in STATEFUL.items()}
 
 
-def _threshold(v, p):
-    b = _best_match(v.match_tokens, v.inflight)
-    return jnp.where(v.match_tokens[b] >= p.theta * v.prompt_tokens, b, _least_load(v, p))
-
-
-def _cache_guard(v, p):
-    return jnp.where(_imbalanced(v.inflight, p.guard_abs, p.guard_rel), _least_load(v, p), _threshold(v, p))
-
-
-def _sglang(v, p):
-    b = _best_match(v.tree_match_tokens, v.inflight)
-    ratio = v.tree_match_tokens[b] / jnp.maximum(v.prompt_tokens, 1.0)
-    cached = jnp.where(ratio > p.sgl_cache_threshold, b, jnp.argmin(v.tree_size))
-    return jnp.where(_imbalanced(v.inflight, p.sgl_balance_abs, p.sgl_balance_rel), _least_load(v, p), cached)
-
-
-def _preble_e2(v, p):
-    cached = jnp.max(v.match_tokens)
-    cost = v.e2_load + v.e2_extra
-    holders = v.match_tokens == cached
-    exploit = cached > v.prompt_tokens - cached
-    g = jnp.where(exploit, jnp.argmin(jnp.where(holders, cost, jnp.inf)), jnp.argmin(cost))
-    lightest = jnp.argmin(v.e2_load)
-    return jnp.where(v.e2_load[g] > p.e2_th_bal * v.e2_load[lightest], lightest, g)
-
-
-_BRANCHES = (_rr, _least_load, _least_tokens, _affinity, _threshold, _cache_guard, _sglang, _preble_e2)
-assert len(_BRANCHES) == len(PREFIX_POLICIES)
-
-
-def route(policy: jax.Array, view: RouterView, params: RouterParams) -> jax.Array:
-    """Replica index (int32) chosen by policy `policy` (an index into PREFIX_POLICIES)."""
-    branches = [lambda v, p, f=f: jnp.asarray(f(v, p), jnp.int32) for f in _BRANCHES]
-    return jax.lax.switch(policy, branches, view, params)
+def flags(state: dict, policy: jax.Array) -> dict[str, jax.Array]:
+    """Capacity flags of the stateful modules, raised only for rows whose policy uses that module."""
+    out = {}
+    for name, m in STATEFUL.items():
+        if hasattr(m, "flags"):
+            uses = policy == REGISTRY.id(name)
+            out.update({k: uses & v for k, v in m.flags(state[name]).items()})
+    return out

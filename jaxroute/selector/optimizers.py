@@ -264,8 +264,8 @@ def llmselector_downgrade(key, world: World, params: SelectorParams, config: Sel
     return alloc, evaluated + n_models * system.n_modules, rounds, capped
 
 
-_FUNCTIONS = {"llmselector": llmselector, "llmselector_downgrade": llmselector_downgrade, "greedy": greedy, "random_search": random_search,
-              "exhaustive": exhaustive, "best_single": best_single}
+_FUNCTIONS = {"llmselector": llmselector, "llmselector_downgrade": llmselector_downgrade, "greedy": greedy,
+              "random_search": random_search, "exhaustive": exhaustive, "best_single": best_single}
 
 
 def run_one(optimizer: str, key, world: World, params: SelectorParams, config: SelectorConfig) -> dict:

@@ -19,7 +19,10 @@ import jax
 import jax.numpy as jnp
 from jax.scipy.special import ndtri
 
+from jaxroute.registry import PolicyRegistry
+
 SERVICE_LAWS: tuple[str, ...] = ("exp", "pareto", "lognormal", "det")
+REGISTRY = PolicyRegistry("service", SERVICE_LAWS, what="service law")
 EXP, PARETO, LOGNORMAL, DET = range(4)
 
 # Bounded Pareto on [L, H]: shape alpha, range ratio H / L; L is chosen so the mean is 1.
@@ -70,4 +73,4 @@ def service_time(law: jax.Array, u: jax.Array) -> jax.Array:
         lambda u: jnp.exp(LOGNORMAL_MU + LOGNORMAL_SIGMA * ndtri(u)),
         lambda u: jnp.ones_like(u),
     )
-    return jax.lax.switch(law, branches, u)
+    return REGISTRY.switch(law, branches, u)

@@ -1,32 +1,12 @@
-"""Prefix-sharing workloads for the replica cluster: prompts as sequences of segments.
+"""Synthetic prefix-sharing workloads, built from *units*.
 
-A segment is a radix-tree node: an id plus a token count (a system prompt, a document, a tool
-description, a question, a 512-token Mooncake block). A segment id always has the same parent,
-so "the leading segments that are cached" is a prefix match. Each workload declares its own id
-space of `n_segments` ids; id `n_segments` is a padding dummy of length 0.
-
-Synthetic workloads are built from *units*: a unit is a small group of requests that belong
-together (one question; 8 parallel samples of one problem; the turns of one agent session).
-Per seed (from the JAX key) units arrive as a Poisson process and each arrival picks its unit by
-popularity; a unit's requests arrive at fixed offsets after it. Segment codes >= 0 in a unit
-are shared ids; code -1-k is the unit instance's private slot k (a question, an output that the
-next turn reads), which becomes a fresh id for every instance. Structure (document lengths, tool
-lengths) is drawn once with numpy from `structure_seed`, so every seed sees the same catalogue.
-
-Parameters (lecture §2.1-2.5, Preble Table 1 averages; DESIGN.md facts):
-
-| name | shared prefix | private suffix | output | popularity |
-|---|---|---|---|---|
-| longdoc | 13-token system prompt + 1 of 300 documents (mean 21,000 tokens, LogNormal sigma 0.4, clipped 4k-60k) | question = f_d of the prompt, f_d ~ U(4 %, 14 %) per document (mean 9 %) | 45 | Zipf(1.1) over documents |
-| toolbench | 300-token system prompt + 1 of 500 tool descriptions (mean 1,500, sigma 0.3, clipped 600-2,500) | question 130 | 43 | Zipf(1.1); `hot_tool_share` (e.g. 0.4) puts that share on tool 0 |
-| videoqa | 13-token system prompt + 1 of 200 videos (mean 8,700, sigma 0.3) | question 1,150 | 4 | Zipf(1.1) |
-| programming | 13-token system prompt + 1 of 1,000 problems (mean 3,700, sigma 0.3) | 100-token sample tag | 190 | uniform; 8 parallel samples arrive together |
-| agent | 1,200-token system prompt + 1 of 50 environments (mean 600) | per turn: 150-token observation; 16-token output kept in the cache | 16 | Zipf(1.1) over environments; 6 turns, 5 s apart, turn t reads all earlier turns |
-
-Trace adapters: Mooncake JSONL (each hash id is a 512-token block, the last one partial; ids are
-re-numbered by their full path so equal ids always share ancestors) and Azure CSV (one private
-segment per request: no sharing). Trace timestamps are replayed as recorded, or rescaled to a
-given mean rate.
+A unit is a small group of requests that belong together (one question; 8 parallel samples of one
+problem; the turns of one agent session). Per seed (from the JAX key) units arrive as a Poisson
+process and each arrival picks its unit by popularity; a unit's requests arrive at fixed offsets
+after it. Segment codes >= 0 in a unit are shared ids; code -1-k is the unit instance's private slot
+k (a question, an output that the next turn reads), which becomes a fresh id for every instance.
+Structure (document lengths, tool lengths) is drawn once with numpy from `structure_seed`, so every
+seed sees the same catalogue. Parameters: see the table in `jaxroute/workloads/prefix/__init__.py`.
 """
 
 from __future__ import annotations
@@ -39,29 +19,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxroute.errors import JaxrouteError
-from jaxroute.workloads.traces import MOONCAKE_BLOCK_TOKENS, Trace
+from jaxroute.workloads.prefix.types import RequestTable, request_steps
 
 PREFIX_WORKLOADS = ("longdoc", "toolbench", "agent", "programming", "videoqa")
-TRACE_WORKLOADS = ("mooncake", "azure-conv")
-DEFAULT_TRACE_PATHS = {
-    "mooncake": "../shared/data/mooncake_synthetic_trace.jsonl",
-    "azure-conv": "../shared/data/azure_llm_2023_conv.csv",
-}
-
-
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass(frozen=True)
-class RequestTable:
-    """One realised run's requests (sorted by arrival) and its segment catalogue."""
-
-    arrival_s: jax.Array  # [N] float32 arrival time
-    seg_ids: jax.Array  # [N, S] int32 segment ids in prompt order (pad = n_segments)
-    seg_tok: jax.Array  # [N, S] int32 tokens per segment (0 = pad)
-    out_tok: jax.Array  # [N] int32 output tokens (>= 1)
-    out_seg: jax.Array  # [N] int32 segment id the output becomes in the cache (n_segments = not kept)
-    seg_len: jax.Array  # [n_segments + 1] int32 tokens of each segment id (dummy last = 0)
-    seg_depth: jax.Array  # [n_segments + 1] int32 position of each id in any prompt (tree depth)
-    prompt_tok: jax.Array  # [N] int32 prompt tokens (sum of seg_tok)
 
 
 def _zipf(n: int, s: float) -> np.ndarray:
@@ -104,7 +64,8 @@ class SyntheticPrefixWorkload:
     n_shared: int = dataclasses.field(metadata=dict(static=True), default=0)
     n_slots: int = dataclasses.field(metadata=dict(static=True), default=1)
     requests_per_unit: float = dataclasses.field(metadata=dict(static=True), default=1.0)
-    max_steps_per_request: int = dataclasses.field(metadata=dict(static=True), default=0)  # see num_steps
+    # distinct (prompt tokens, output tokens) of the unit requests: static, for step_bound and check_fits
+    request_shapes: tuple[tuple[int, int], ...] = dataclasses.field(metadata=dict(static=True), default=())
 
     @property
     def n_segments(self) -> int:
@@ -115,8 +76,12 @@ class SyntheticPrefixWorkload:
         return int(self.unit_seg.shape[2])
 
     def step_bound(self, chunk: int) -> int:
-        """Upper bound on events: arrivals + sum over requests of (prefill chunks + output - 1)."""
-        return self.n_requests * (1 + self.max_steps_per_request)
+        """Upper bound on events: per request, its arrival + its worst (prefill chunks + output - 1)."""
+        return self.n_requests * (1 + max(request_steps(p, o, chunk) for p, o in self.request_shapes))
+
+    def max_request_tokens(self) -> int:
+        """KV tokens (prompt + output) of the largest request."""
+        return max(p + o for p, o in self.request_shapes)
 
     def realize(self, key: jax.Array, rate: jax.Array) -> RequestTable:
         """Draw one seed's requests: unit arrivals ~ Poisson(rate / requests_per_unit), unit ~ popularity."""
@@ -154,8 +119,8 @@ class _Unit:
     slot_len: list = dataclasses.field(default_factory=list)
 
 
-def _build(name: str, units: list[_Unit], prob: np.ndarray, shared_len: np.ndarray, n_requests: int,
-           chunk: int = 512) -> SyntheticPrefixWorkload:
+def _build(name: str, units: list[_Unit], prob: np.ndarray, shared_len: np.ndarray,
+           n_requests: int) -> SyntheticPrefixWorkload:
     n_u = len(units)
     n_r = max(len(u.requests) for u in units)
     n_s = max(len(req[0]) for u in units for req in u.requests)
@@ -168,7 +133,7 @@ def _build(name: str, units: list[_Unit], prob: np.ndarray, shared_len: np.ndarr
     slot_len = np.zeros((n_u, n_k), np.int32)
     slot_depth = np.zeros((n_u, n_k), np.int32)
     shared_depth = np.zeros(len(shared_len), np.int32)
-    worst = 0
+    shapes = set()
     for ui, u in enumerate(units):
         slot_len[ui, : len(u.slot_len)] = u.slot_len
         for ri, (codes, toks, o, oslot, off) in enumerate(u.requests):
@@ -182,7 +147,7 @@ def _build(name: str, units: list[_Unit], prob: np.ndarray, shared_len: np.ndarr
                     slot_depth[ui, -1 - c] = d
             if oslot >= 0:
                 slot_depth[ui, oslot] = len(codes)
-            worst = max(worst, math.ceil(sum(toks) / chunk) + o - 1)
+            shapes.add((int(sum(toks)), int(o)))
     n_per_unit = np.array([len(u.requests) for u in units], np.float64)
     mean_r = float((prob * n_per_unit).sum())
     n_inst = math.ceil(n_requests / n_per_unit.min()) + 1
@@ -191,7 +156,7 @@ def _build(name: str, units: list[_Unit], prob: np.ndarray, shared_len: np.ndarr
         jnp.asarray(out_slot), jnp.asarray(offset), jnp.asarray(slot_len), jnp.asarray(slot_depth),
         jnp.asarray(shared_len, jnp.int32), jnp.asarray(shared_depth),
         name=name, n_requests=n_requests, n_instances=n_inst, n_shared=len(shared_len), n_slots=n_k,
-        requests_per_unit=mean_r, max_steps_per_request=worst)
+        requests_per_unit=mean_r, request_shapes=tuple(sorted(shapes)))
 
 
 def _single_question(name, sys_len, item_len, item_prob, question_len, out, n_requests) -> SyntheticPrefixWorkload:
@@ -294,99 +259,3 @@ def synthetic(name: str, n_requests: int, **kwargs) -> SyntheticPrefixWorkload:
     if n_requests < 1:
         raise JaxrouteError(f"need at least 1 request, got {n_requests}")
     return SYNTHETIC[name](n_requests, **kwargs)
-
-
-# ----------------------------------------------------------------------------- traces
-
-
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass(frozen=True)
-class TracePrefixWorkload:
-    """A recorded trace in segment form; every seed replays the same requests (no randomness)."""
-
-    table: RequestTable
-    name: str = dataclasses.field(metadata=dict(static=True), default="trace")
-    native_rate: float = dataclasses.field(metadata=dict(static=True), default=1.0)  # requests/s as recorded
-    n_segments: int = dataclasses.field(metadata=dict(static=True), default=0)
-    step_total: int = dataclasses.field(metadata=dict(static=True), default=0)  # sum of per-request bounds
-
-    @property
-    def n_requests(self) -> int:
-        return int(self.table.arrival_s.shape[0])
-
-    @property
-    def max_segments(self) -> int:
-        return int(self.table.seg_ids.shape[1])
-
-    def step_bound(self, chunk: int) -> int:
-        return self.step_total
-
-    def realize(self, key: jax.Array, rate: jax.Array) -> RequestTable:
-        """Replay the trace; rate > 0 rescales time so the mean rate becomes `rate` requests/s."""
-        scale = jnp.where(rate > 0, self.native_rate / jnp.where(rate > 0, rate, 1.0), 1.0)
-        return dataclasses.replace(self.table, arrival_s=self.table.arrival_s * scale)
-
-
-def _trace_workload(name: str, trace: Trace, segs: list[list[tuple[int, int]]], n_seg: int,
-                    depth: np.ndarray, seg_len: np.ndarray, chunk: int = 512) -> TracePrefixWorkload:
-    n = len(trace)
-    n_s = max(len(s) for s in segs)
-    ids = np.full((n, n_s), n_seg, np.int32)
-    tok = np.zeros((n, n_s), np.int32)
-    for i, s in enumerate(segs):
-        ids[i, : len(s)] = [a for a, _ in s]
-        tok[i, : len(s)] = [b for _, b in s]
-    out = trace.output_tokens.astype(np.int32)
-    span = float(trace.arrival_s[-1] - trace.arrival_s[0])
-    native = (n - 1) / span if span > 0 and n > 1 else 1.0
-    steps = int(n + sum(math.ceil(int(p) / chunk) + int(o) - 1 for p, o in zip(trace.prompt_tokens, out, strict=True)))
-    table = RequestTable(jnp.asarray(trace.arrival_s, jnp.float32), jnp.asarray(ids), jnp.asarray(tok),
-                         jnp.asarray(out), jnp.full((n,), n_seg, jnp.int32),
-                         jnp.asarray(np.append(seg_len, 0), jnp.int32), jnp.asarray(np.append(depth, 0), jnp.int32),
-                         jnp.asarray(tok.sum(1), jnp.int32))
-    return TracePrefixWorkload(table, name=name, native_rate=native, n_segments=n_seg, step_total=steps)
-
-
-def from_mooncake(trace: Trace) -> TracePrefixWorkload:
-    """Mooncake trace -> segments: one per hash id (512 tokens, the last one takes the remainder)."""
-    if trace.block_ids is None:
-        raise JaxrouteError(f"trace '{trace.name}' has no hash_ids; it is not a Mooncake trace")
-    node: dict[tuple[int, int, int], int] = {}
-    lens, depth, segs = [], [], []
-    for i, (blocks, p) in enumerate(zip(trace.block_ids, trace.prompt_tokens, strict=True)):
-        p, nb = int(p), len(blocks)
-        if nb == 0 or not (MOONCAKE_BLOCK_TOKENS * (nb - 1) < p <= MOONCAKE_BLOCK_TOKENS * nb):
-            raise JaxrouteError(f"{trace.name} request {i}: input_length {p} does not match {nb} hash ids "
-                                f"of {MOONCAKE_BLOCK_TOKENS} tokens (the last one may be partial)")
-        parent, s = -1, []
-        for d, h in enumerate(blocks):
-            t = MOONCAKE_BLOCK_TOKENS if d < nb - 1 else p - MOONCAKE_BLOCK_TOKENS * (nb - 1)
-            k = (parent, int(h), t)
-            if k not in node:
-                node[k] = len(lens)
-                lens.append(t)
-                depth.append(d)
-            parent = node[k]
-            s.append((parent, t))
-        segs.append(s)
-    return _trace_workload("mooncake", trace, segs, len(lens), np.array(depth), np.array(lens))
-
-
-def from_azure(trace: Trace) -> TracePrefixWorkload:
-    """Azure trace -> one private segment per request (no prefix sharing)."""
-    p = trace.prompt_tokens.astype(np.int64)
-    segs = [[(i, int(t))] for i, t in enumerate(p)]
-    return _trace_workload("azure-conv", trace, segs, len(p), np.zeros(len(p), np.int64), p)
-
-
-def check_fits(workload, kv_capacity: int) -> None:
-    """Every request must fit alone (prompt + output <= KV capacity), else it could never be admitted."""
-    if isinstance(workload, TracePrefixWorkload):
-        need = np.asarray(workload.table.seg_tok).sum(1) + np.asarray(workload.table.out_tok)
-    else:
-        need = (np.asarray(workload.unit_tok).sum(2) + np.asarray(workload.unit_out)).reshape(-1)
-    worst = int(need.max())
-    if worst > kv_capacity:
-        raise JaxrouteError(f"workload '{workload.name}' has a request needing {worst} KV tokens "
-                            f"(prompt + output) but a replica holds only {kv_capacity}; "
-                            "raise the capacity or shorten the requests")

@@ -1,0 +1,45 @@
+"""Prefix-cache rules shared by the replicas and by routers that estimate them: the leading match
+and the LRU eviction order, defined once.
+
+A replica's cache is `cached[M+1]` with `last_use`/`refcnt` per segment id. The matched prefix is the
+cumulative product of the leading segments' present flags (`leading_match`). LRU order: least recently
+used first, deeper first on ties (leaves before their parents, which are touched whenever a child is),
+then lowest id. `evict_lru` takes whole segments in that order until the freed tokens reach the
+deficit: the replicas evict with it, and Preble E2 estimates its eviction cost with it on the router's
+record. This module imports no model or router, so both sides can use it.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+
+def leading_match(present: jax.Array, seg_ids: jax.Array, seg_tok: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(segments, tokens) of the longest prefix whose segments are all present. present [..., M+1]."""
+    ok = present[..., seg_ids] | (seg_tok == 0)
+    lead = jnp.cumprod(ok.astype(jnp.int32), axis=-1)
+    return jnp.sum(lead * (seg_tok > 0), axis=-1), jnp.sum(lead * seg_tok, axis=-1)
+
+
+def evict_lru(evictable: jax.Array, last_use: jax.Array, depth: jax.Array, seg_len: jax.Array,
+              deficit: jax.Array, value: jax.Array | None = None) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """(mask [M+1], tokens, value) of the segments to evict in LRU order until `deficit` tokens are
+    freed; `value` [M+1] (optional) is summed over them in eviction order. One segment per loop step, so
+    the cost follows the number evicted (usually a few), not a sort of all M+1."""
+    value = jnp.zeros(seg_len.shape, jnp.float32) if value is None else value
+
+    def body(c):
+        ev, out, freed, total = c
+        lu = jnp.where(ev, last_use, jnp.inf)
+        cand = ev & (lu == jnp.min(lu))
+        cand &= depth == jnp.max(jnp.where(cand, depth, -1))
+        k = jnp.argmax(cand)
+        return ev.at[k].set(False), out.at[k].set(True), freed + seg_len[k], total + value[k]
+
+    def cond(c):
+        return (c[2] < deficit) & jnp.any(c[0])
+
+    init = (evictable, jnp.zeros_like(evictable), jnp.int32(0), jnp.zeros((), value.dtype))
+    _, out, freed, total = jax.lax.while_loop(cond, body, init)
+    return out, freed, total

@@ -1,0 +1,309 @@
+"""Replicas with prefix caches: G replicas of one model behind a router (DESIGN.md).
+
+Event loop (one `step` = one event): if the next arrival is no later than the earliest replica
+clock, route it; otherwise run one iteration (`iteration.py`) on the replica with the earliest clock
+(ties -> lowest index). An idle replica's clock is +inf until a request is routed to it.
+
+Memory: cached segments + private tokens of running requests (uncached prompt + output
+reservation) <= kv_capacity. The cache (`clusters/prefix_cache.py`) is `cached[G, M+1]` with `last_use`/`refcnt`.
+
+Speed: one `step` touches one replica's row only (both event kinds are computed on that row and
+the right one kept, so a vmapped step is O(row)), and a replica leaps over iterations in which
+nothing but token counts change; both keep events identical to the plain loop
+(tests/reference_replicas.py is a radix-tree reference that the tests match exactly).
+
+Router: the model builds a `RouterView` (in-flight requests and tokens per replica, and the record
+of which replica should hold which segment: its cache plus the segments of requests dispatched to it
+and not finished, i.e. insert on dispatch) and calls the router's hooks (`routers/prefix.py`):
+`on_refresh` and `choose` at an arrival, `on_dispatch` after it, `on_finish` after an iteration. The
+router's state is one opaque field. With `stale_s` = T > 0 (needs `stale_view`) the loads and the
+record are snapshots refreshed every T seconds; dispatches since the snapshot are added at once.
+Routing is instantaneous, so a request's dispatch time is its arrival time.
+
+Capacities (each one has its own bool metric, OR-ed into `overflow`; grow it and rerun):
+- `max_queue` (Q), the local queue per replica: `queue_overflow`; `default_max_queue` sizes it.
+- `e2_ring`, Preble E2's window ring per replica: `e2_ring_overflow`; `default_e2_ring` sizes it
+  (0 = E2 not modeled; a preble_e2 row is then refused by `check_params`).
+- `max_running` (B) is a modeled engine limit (SGLang's max_running_requests), not a capacity:
+  requests wait for a slot and `running_full` reports that it bound.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxroute import cost_models, sim
+from jaxroute import metrics as mlib
+from jaxroute.clusters.prefix_cache import leading_match
+from jaxroute.clusters.replicas.iteration import iterate_row
+from jaxroute.clusters.replicas.types import Replica, ReplicaParams, ReplicaState, Snapshot
+from jaxroute.errors import JaxrouteError
+from jaxroute.routers import prefix as routers
+from jaxroute.routers.view import Request, RouterStatic, RouterView
+
+INF = jnp.inf
+METRICS = ("mean_latency_s", "p99_latency_s", "ttft_mean_s", "ttft_p99_s", "tpot_mean_s", "hit_rate",
+           "replication_factor", "max_replica_share")
+_ROUTER_KEY = 0x7E57  # fold_in tag: the router's coin flips never reuse the workload's draws
+
+
+def make_params(policy: str = "rr", rate: float = 1.0, stale_s: float = 0.0, kv_capacity: int | None = None,
+                gpu: str = "a6000", model: str = "mistral-7b", cost_model: str = "roofline",
+                **router_kw) -> ReplicaParams:
+    """Traced params of one row; router settings (theta, e2_window_s, weights, ...) go to the router."""
+    pid = routers.REGISTRY.id(policy)
+    if stale_s < 0:
+        raise JaxrouteError(f"staleness must be >= 0 seconds, got {stale_s}")
+    cap = cost_models.kv_capacity_tokens(gpu, model) if kv_capacity is None else int(kv_capacity)
+    if cap < 1:
+        raise JaxrouteError(f"kv capacity must be >= 1 token, got {cap}")
+    return ReplicaParams(jnp.int32(pid), jnp.float32(rate), jnp.float32(stale_s), jnp.int32(cap),
+                         routers.router_params(**router_kw), cost_models.cost_params(gpu, model, kind=cost_model))
+
+
+def default_max_queue(n_requests: int, n_replicas: int) -> int:
+    """Local queue slots per replica to start from: 4 x an even share of the requests, at least 64,
+    at most all of them (a run that overflows it sets `queue_overflow`: double it and rerun)."""
+    return int(min(n_requests, max(64, 4 * math.ceil(n_requests / n_replicas))))
+
+
+def default_e2_ring(rate: float, window_s: float, n_replicas: int, n_requests: int) -> int:
+    """Preble E2 window entries per replica to start from: 4 x the requests an even share gets in one
+    window at `rate` (traces replaying recorded times pass rate <= 0: all requests), at least 64, at
+    most all requests (`e2_ring_overflow` says when it was too small: double it and rerun)."""
+    if rate <= 0 or not math.isfinite(window_s):
+        return int(n_requests)
+    return int(min(n_requests, max(64, 4 * math.ceil(rate * window_s / n_replicas))))
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplicaModel(sim.Model):
+    """Static configuration (shapes); see the module docstring for the model."""
+
+    n_replicas: int = 4
+    chunk: int = 512  # prefill tokens per iteration
+    max_running: int = 64  # B: running requests per replica (SGLang's max_running_requests; a real limit)
+    max_queue: int = 256  # Q: local queue per replica (overflow -> queue_overflow)
+    max_admit: int = 4  # admissions per iteration
+    local_order: str = "fcfs"  # or "lpm"
+    stale_view: bool = False  # keep a router snapshot refreshed every params.stale_s seconds
+    e2_ring: int = 0  # Preble E2 window ring per replica (0 = E2 not modeled; preble_e2 refused)
+    leap: int = 32  # pure-decode iterations a replica may take in one step (0 = none; exact either way)
+
+    def __post_init__(self):
+        if self.n_replicas < 1 or self.chunk < 1 or self.max_running < 1 or self.max_queue < 1 or self.max_admit < 1:
+            raise JaxrouteError("replicas, chunk, max_running, max_queue and max_admit must all be >= 1")
+        if self.e2_ring < 0:
+            raise JaxrouteError(f"e2_ring must be >= 0, got {self.e2_ring}")
+        if self.local_order not in ("fcfs", "lpm"):
+            raise JaxrouteError(f"unknown local order '{self.local_order}'; choose from: fcfs, lpm")
+
+    def router_static(self, n_segments: int) -> RouterStatic:
+        return RouterStatic(self.n_replicas, n_segments, self.e2_ring)
+
+    # ------------------------------------------------------------------ protocol
+
+    def check_params(self, params: ReplicaParams, workload=None) -> None:
+        """Refuse, before tracing: unknown policy ids, a policy the static sizes cannot run (preble_e2
+        with e2_ring = 0), and stale_s > 0 without stale_view (it would be ignored)."""
+        ids = np.asarray(params.policy).reshape(-1)
+        routers.REGISTRY.check_id(ids)
+        routers.check(self.router_static(1), {routers.REGISTRY.name(int(i)) for i in ids})
+        if not self.stale_view and np.any(np.asarray(params.stale_s) > 0):
+            raise JaxrouteError("stale_s > 0 needs a model built with stale_view=True "
+                                "(the router view would silently stay fresh)")
+
+    def num_steps(self, workload) -> int:
+        return int(workload.step_bound(self.chunk))
+
+    def init(self, key, workload, params: ReplicaParams) -> ReplicaState:
+        req = workload.realize(key, params.rate)
+        n, m1 = req.arrival_s.shape[0], req.seg_len.shape[0]
+        G, B, Q = self.n_replicas, self.max_running, self.max_queue
+        f = lambda shape, v: jnp.full(shape, v, jnp.float32)
+        i = lambda shape, v: jnp.full(shape, v, jnp.int32)
+        b = lambda shape: jnp.zeros(shape, bool)
+        rep = Replica(cached=b((G, m1)), refcnt=i((G, m1), 0), last_use=f((G, m1), 0.0), pending=i((G, m1), 0),
+                      queue=i((G, Q), -1), run_req=i((G, B), -1), run_pos=i((G, B), 0),
+                      run_gen=i((G, B), 0), run_nseg=i((G, B), 0), run_res=i((G, B), 0), run_seq=i((G, B), 0))
+        view = Snapshot(b((G, m1 if self.stale_view else 1)), f((G,), 0.0), f((G,), 0.0), jnp.float32(-INF))
+        return ReplicaState(
+            req=req, rep=rep, router=routers.init(self.router_static(m1)), key=jax.random.fold_in(key, _ROUTER_KEY),
+            next_req=jnp.int32(0), now=jnp.float32(0), clock=f((G,), INF), n_admitted=jnp.int32(0),
+            inflight=f((G,), 0.0), inflight_tok=f((G,), 0.0), view=view,
+            copies=i((m1,), 0), cache_tok=i((G,), 0), unique_tok=jnp.int32(0),
+            rec_replica=i((n,), -1), rec_admit=f((n,), INF), rec_first=f((n,), INF), rec_finish=f((n,), INF),
+            rec_cached=i((n,), 0), rep_area=jnp.float32(0), rep_time=jnp.float32(0), running_full=jnp.bool_(False),
+            queue_overflow=jnp.bool_(False))
+
+    def is_done(self, state: ReplicaState) -> jax.Array:
+        return (state.next_req >= state.req.arrival_s.shape[0]) & jnp.all(jnp.isinf(state.clock))
+
+    def _view(self, s: ReplicaState, params: ReplicaParams, a, is_route, req: Request):
+        """(router view, the snapshot to keep, refresh flag) for a request arriving at `a`."""
+        record = s.rep.cached | (s.rep.pending > 0)
+        snap, refresh = s.view, jnp.bool_(False)
+        if self.stale_view:
+            refresh = is_route & (a >= s.view.time + params.stale_s)
+            snap = Snapshot(jnp.where(refresh, record, s.view.present), jnp.where(refresh, s.inflight, s.view.inflight),
+                            jnp.where(refresh, s.inflight_tok, s.view.tokens), jnp.where(refresh, a, s.view.time))
+            record, v_inf, v_tok = snap.present, snap.inflight, snap.tokens
+        else:
+            v_inf, v_tok = s.inflight, s.inflight_tok
+        _, match = leading_match(record[:, req.segs], jnp.arange(req.segs.shape[0]), req.tok)
+        view = RouterView(now=a, inflight=v_inf, tokens=v_tok, record=record, locked=s.rep.pending > 0,
+                          match_tokens=match.astype(jnp.float32), kv_capacity=params.kv_capacity, cost=params.cost,
+                          table=s.req)
+        return view, snap
+
+    def step(self, state: ReplicaState, workload, params: ReplicaParams) -> ReplicaState:
+        """One event. Both kinds are computed on one replica's row and the right one is kept, so a
+        batched (vmapped) step costs O(row), not O(whole state)."""
+        s, r = state, state.req
+        n = r.arrival_s.shape[0]
+        i = jnp.minimum(s.next_req, n - 1)
+        a = jnp.where(s.next_req < n, r.arrival_s[i], INF)
+        m = jnp.min(s.clock)
+        t = jnp.minimum(a, m)
+        live = jnp.isfinite(t)
+        is_route = live & (a <= m)
+        is_iter = live & ~is_route
+
+        # time-averaged replication factor over [now, t)
+        has = s.unique_tok > 0
+        dt_ev = jnp.where(live, t - s.now, 0.0)
+        ratio = jnp.sum(s.cache_tok) / jnp.maximum(s.unique_tok, 1)
+        rep_area = s.rep_area + jnp.where(has, ratio * dt_ev, 0.0)
+        rep_time = s.rep_time + jnp.where(has, dt_ev, 0.0)
+
+        # ---- routing decision for request i (used only if is_route)
+        req = Request.of(r, i)
+        view, snap = self._view(s, params, a, is_route, req)
+        router = routers.on_refresh(s.router, view, is_route, params.router)
+        g_route = routers.choose(router, view, req, params.policy, params.router, jax.random.fold_in(s.key, i))
+        g = jnp.where(is_route, g_route, jnp.argmin(s.clock))
+        row = jax.tree.map(lambda x: x[g], s.rep)
+        router = routers.on_dispatch(router, view, req, g, is_route, params.router)
+
+        # ---- route: enqueue; the record counts the request's segments at once (insert on dispatch)
+        all_segs = req.all_segs
+        free_q = row.queue < 0
+        q_ok = jnp.any(free_q)
+        qslot = jnp.argmax(free_q)
+        routed = dataclasses.replace(row, queue=row.queue.at[qslot].set(jnp.where(q_ok, i, row.queue[qslot])),
+                                     pending=row.pending.at[all_segs].add(1))
+
+        # ---- iterate
+        it, side = iterate_row(self, row, r, m, params, s.n_admitted, a)
+        router = routers.on_finish(router, g, side["rid"], is_iter & side["finished"], params.router)
+
+        pick = lambda x0, xr, xi: jnp.where(is_route, xr, jnp.where(is_iter, xi, x0))
+        new_row = jax.tree.map(pick, row, routed, it)
+        rep = jax.tree.map(lambda x, v: x.at[g].set(v), s.rep, new_row)
+
+        # cache accounting for the replication factor
+        d = new_row.cached.astype(jnp.int32) - row.cached.astype(jnp.int32)
+        copies = s.copies + d
+        unique_tok = s.unique_tok + jnp.sum(((copies > 0).astype(jnp.int32) - (s.copies > 0)) * r.seg_len)
+        cache_tok = s.cache_tok.at[g].add(jnp.sum(d * r.seg_len))
+
+        # replica-level vectors
+        size = (req.prompt + req.out).astype(jnp.float32)
+        clock_r = jnp.where(jnp.isinf(s.clock[g]), a, s.clock[g])
+        clock = s.clock.at[g].set(pick(s.clock[g], clock_r, side["clock"]))
+        d_inf = jnp.where(is_route, 1.0, jnp.where(is_iter, -side["n_fin"], 0.0))
+        d_tok = jnp.where(is_route, size, jnp.where(is_iter, -side["tok_fin"], 0.0))
+        if self.stale_view:  # the router knows its own dispatches at once
+            snap = Snapshot(snap.present.at[g, all_segs].set(snap.present[g, all_segs] | is_route),
+                            snap.inflight.at[g].add(jnp.where(is_route, 1.0, 0.0)),
+                            snap.tokens.at[g].add(jnp.where(is_route, size, 0.0)), snap.time)
+        # per-request records: point updates (out-of-range index n = no update)
+        nowhere = n
+        admitted = jnp.where(is_iter & side["adm_go"], side["adm_id"], nowhere)
+        return dataclasses.replace(
+            s, rep=rep, router=router, view=snap, now=jnp.where(live, t, s.now), clock=clock, copies=copies,
+            unique_tok=unique_tok, cache_tok=cache_tok, rep_area=rep_area, rep_time=rep_time,
+            next_req=s.next_req + is_route, n_admitted=jnp.where(is_iter, side["n_admitted"], s.n_admitted),
+            inflight=s.inflight.at[g].add(d_inf), inflight_tok=s.inflight_tok.at[g].add(d_tok),
+            queue_overflow=s.queue_overflow | (is_route & ~q_ok),
+            running_full=s.running_full | (is_iter & side["full"]),
+            rec_replica=s.rec_replica.at[jnp.where(is_route, i, nowhere)].set(g, mode="drop"),
+            rec_admit=s.rec_admit.at[admitted].set(m, mode="drop"),
+            rec_cached=s.rec_cached.at[admitted].set(side["adm_tok"], mode="drop"),
+            rec_first=s.rec_first.at[jnp.where(is_iter & side["first"], side["rid"], nowhere)].set(
+                side["t_end"], mode="drop"),
+            rec_finish=s.rec_finish.at[jnp.where(is_iter & side["finished"], side["rid"], nowhere)].set(
+                side["t_end"], mode="drop"),
+        )
+
+    # ------------------------------------------------------------------ results
+
+    def metrics(self, state: ReplicaState, workload, params: ReplicaParams) -> dict[str, jax.Array]:
+        r = state.req
+        n = r.arrival_s.shape[0]
+        done = jnp.isfinite(state.rec_finish)
+        prompt = r.prompt_tok
+        lat = state.rec_finish - r.arrival_s
+        ttft = state.rec_first - r.arrival_s
+        multi = done & (r.out_tok > 1)
+        tpot = (state.rec_finish - state.rec_first) / jnp.maximum(r.out_tok - 1, 1)
+        arrived = state.next_req
+        in_queue = jnp.sum(state.rep.queue >= 0)
+        running = jnp.sum(state.rep.run_req >= 0)
+        completed = jnp.sum(done)
+        routed = jnp.maximum(jnp.sum(state.rec_replica >= 0), 1)
+        share = jnp.max(jnp.sum(state.rec_replica[None, :] == jnp.arange(self.n_replicas)[:, None], axis=1)) / routed
+        fin = lambda x: jnp.where(jnp.isfinite(x), x, 0.0)
+        flags = {"queue_overflow": state.queue_overflow, **routers.flags(state.router, params.policy)}
+        overflow = completed < n
+        for v in flags.values():
+            overflow = overflow | v
+        return {
+            "mean_latency_s": mlib.masked_mean(fin(lat), done),
+            "p99_latency_s": mlib.masked_quantile(fin(lat), done, 0.99),
+            "ttft_mean_s": mlib.masked_mean(fin(ttft), done),
+            "ttft_p99_s": mlib.masked_quantile(fin(ttft), done, 0.99),
+            "tpot_mean_s": mlib.masked_mean(fin(tpot), multi),
+            "hit_rate": jnp.sum(state.rec_cached * done) / jnp.maximum(jnp.sum(prompt * done), 1),
+            "replication_factor": jnp.where(state.rep_time > 0, state.rep_area / jnp.maximum(state.rep_time, 1e-30), 1.0),
+            "max_replica_share": share,
+            "completed": completed,
+            "running_full": state.running_full,
+            **flags,
+            "overflow": overflow,
+            "conservation_error": jnp.abs(arrived - (completed + in_queue + running)),
+        }
+
+
+
+
+def run_single(model: ReplicaModel, key, workload, params: ReplicaParams) -> ReplicaState:
+    """One run to completion with a while loop (for tests and per-request records); compiled once per model."""
+    model.check_params(params, workload)
+    go = _SINGLE.get(model)
+    if go is None:
+
+        def run(key, workload, params):
+            state = model.init(key, workload, params)
+            return jax.lax.while_loop(lambda s: ~model.is_done(s), lambda s: model.step(s, workload, params), state)
+
+        go = _SINGLE[model] = jax.jit(run)
+    return go(key, workload, params)
+
+
+_SINGLE: dict[ReplicaModel, object] = {}
+
+
+def records(state: ReplicaState) -> dict[str, np.ndarray]:
+    """Per-request records as host arrays."""
+    r = state.req
+    return {"arrival_s": np.asarray(r.arrival_s), "replica": np.asarray(state.rec_replica),
+            "dispatch_s": np.asarray(r.arrival_s), "admit_s": np.asarray(state.rec_admit),
+            "first_token_s": np.asarray(state.rec_first), "finish_s": np.asarray(state.rec_finish),
+            "cached_tokens": np.asarray(state.rec_cached), "prompt_tokens": np.asarray(r.seg_tok.sum(1)),
+            "output_tokens": np.asarray(r.out_tok)}

@@ -1,0 +1,82 @@
+"""Traced params and state of the replica cluster (shapes: G replicas, M+1 segment ids, Q queue slots,
+B running slots, N requests)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+
+from jaxroute import cost_models
+from jaxroute.routers.prefix import RouterParams
+from jaxroute.workloads.prefix import RequestTable
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class ReplicaParams:
+    """Traced configuration of one run (every field vmappable)."""
+
+    policy: jax.Array  # [] int32 router preset id (routers.prefix.REGISTRY)
+    rate: jax.Array  # [] float32 requests/s (traces: <= 0 replays recorded times)
+    stale_s: jax.Array  # [] float32 router view refresh period (0 = always fresh; > 0 needs stale_view)
+    kv_capacity: jax.Array  # [] int32 KV tokens per replica
+    router: RouterParams
+    cost: cost_models.CostParams
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Replica:
+    """One replica's local state (a row of the cluster arrays)."""
+
+    cached: jax.Array  # [M+1] bool segment in the cache
+    refcnt: jax.Array  # [M+1] int32 running requests locking the segment
+    last_use: jax.Array  # [M+1] float32 LRU stamp
+    pending: jax.Array  # [M+1] int32 unfinished requests dispatched here that contain the segment
+    queue: jax.Array  # [Q] int32 request ids waiting locally (-1 = empty)
+    run_req: jax.Array  # [B] int32 running request ids (-1 = empty slot)
+    run_pos: jax.Array  # [B] int32 prompt tokens already in KV (cached + computed)
+    run_gen: jax.Array  # [B] int32 output tokens generated
+    run_nseg: jax.Array  # [B] int32 leading prompt segments locked in the cache
+    run_res: jax.Array  # [B] int32 private KV tokens held (prompt not yet in the cache + output)
+    run_seq: jax.Array  # [B] int32 admission stamp (prefill budget order)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Snapshot:
+    """The stale router view (only with `stale_view`): refreshed every `stale_s` seconds."""
+
+    present: jax.Array  # [G, M+1] bool record (cache + dispatched) at the snapshot ([G, 1] when unused)
+    inflight: jax.Array  # [G] float32 loads at the snapshot (+ dispatches since)
+    tokens: jax.Array  # [G] float32
+    time: jax.Array  # [] float32 time of the snapshot
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class ReplicaState:
+    req: RequestTable  # this seed's requests
+    rep: Replica  # every field with a leading [G] axis
+    router: dict  # the router's own state (routers.prefix.init): the model never looks inside
+    key: jax.Array  # [] the router's key (coin flips: fold_in the request id)
+    next_req: jax.Array  # [] int32 index of the next arrival (= requests routed)
+    now: jax.Array  # [] float32 time of the last event
+    clock: jax.Array  # [G] float32 when each replica starts its next iteration (+inf = idle)
+    n_admitted: jax.Array  # [] int32
+    inflight: jax.Array  # [G] float32 requests dispatched and unfinished
+    inflight_tok: jax.Array  # [G] float32 their prompt + output tokens
+    view: Snapshot
+    copies: jax.Array  # [M+1] int32 replicas caching each segment
+    cache_tok: jax.Array  # [G] int32 cached tokens per replica
+    unique_tok: jax.Array  # [] int32 tokens of segments cached somewhere
+    rec_replica: jax.Array  # [N] int32 (-1 = not routed)
+    rec_admit: jax.Array  # [N] float32 (inf = not yet)
+    rec_first: jax.Array  # [N] float32 first-token time
+    rec_finish: jax.Array  # [N] float32
+    rec_cached: jax.Array  # [N] int32 prompt tokens found in the cache at admission
+    rep_area: jax.Array  # [] float32 integral of the replication factor over time
+    rep_time: jax.Array  # [] float32 time with a non-empty cache
+    running_full: jax.Array  # [] bool admission ever waited only for a running slot (max_running)
+    queue_overflow: jax.Array  # [] bool a request found its replica's local queue full (max_queue)

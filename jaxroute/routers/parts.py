@@ -1,0 +1,100 @@
+"""Parts replica-cluster routers are built from: filters, scorers, weights, pickers.
+
+A scorer returns `[G]` float32 (higher is better); a filter returns a `[G]` bool mask; a picker turns
+scores into one replica index. Weights are traced (`RouterParams.weights`), so a sweep over them
+is one compilation. Every picker states its tie rule.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from jaxroute.routers.view import Request, RouterView
+
+# ----------------------------------------------------------------------------- filters
+
+
+def keep(score: jax.Array, mask: jax.Array) -> jax.Array:
+    """Filter: replicas outside `mask` can never be picked."""
+    return jnp.where(mask, score, -jnp.inf)
+
+
+def imbalanced(load: jax.Array, abs_thr: jax.Array, rel_thr: jax.Array) -> jax.Array:
+    """Balance guard (SGLang's rule): max - min > abs_thr and max > rel_thr * min."""
+    hi, lo = jnp.max(load), jnp.min(load)
+    return (hi - lo > abs_thr) & (hi > rel_thr * lo)
+
+
+# ----------------------------------------------------------------------------- scorers
+
+
+def turn(view: RouterView, req: Request) -> jax.Array:
+    """1 for the replica whose turn it is (round robin over routed requests), else 0."""
+    G = view.inflight.shape[0]
+    return (jnp.arange(G) == req.id % G).astype(jnp.float32)
+
+
+def fewest_requests(view: RouterView, req: Request) -> jax.Array:
+    return -view.inflight
+
+
+def fewest_tokens(view: RouterView, req: Request) -> jax.Array:
+    return -view.tokens
+
+
+def prefix_tokens(view: RouterView, req: Request) -> jax.Array:
+    """Leading prompt tokens the router's record places on each replica."""
+    return view.match_tokens
+
+
+def prefix_above(view: RouterView, req: Request, theta: jax.Array) -> jax.Array:
+    """prefix_tokens where they reach theta x the prompt, else 0."""
+    m = view.match_tokens
+    return jnp.where(m >= theta * req.prompt.astype(jnp.float32), m, 0.0)
+
+
+def spread(x: jax.Array) -> jax.Array:
+    """(max - x) / (max - min) in [0, 1] (1 everywhere when all equal): llm-d's queue-scorer normalisation."""
+    hi, lo = jnp.max(x), jnp.min(x)
+    return jnp.where(hi > lo, (hi - x) / jnp.where(hi > lo, hi - lo, 1.0), 1.0)
+
+
+def normalized(view: RouterView, req: Request) -> jax.Array:
+    """[3, G] scores in [0, 1]: prefix match ratio, short queue, few tokens in flight (llm-d's scorer kinds:
+    prefix-cache, queue, kv-cache utilisation)."""
+    ratio = view.match_tokens / jnp.maximum(req.prompt.astype(jnp.float32), 1.0)
+    return jnp.stack([ratio, spread(view.inflight), spread(view.tokens)])
+
+
+# ----------------------------------------------------------------------------- pickers
+
+
+def argmax(score: jax.Array, tie: jax.Array | None = None) -> jax.Array:
+    """Highest score; ties -> highest `tie` score, then the lowest index."""
+    if tie is None:
+        return jnp.argmax(score).astype(jnp.int32)
+    best = score == jnp.max(score)
+    return jnp.argmax(jnp.where(best, tie, -jnp.inf)).astype(jnp.int32)
+
+
+def random_among_ties(score: jax.Array, key: jax.Array) -> jax.Array:
+    """Highest score; ties -> uniformly at random among them."""
+    best = score == jnp.max(score)
+    return jnp.argmax(jnp.where(best, jax.random.uniform(key, score.shape), -1.0)).astype(jnp.int32)
+
+
+def softmax(score: jax.Array, key: jax.Array, temperature: jax.Array) -> jax.Array:
+    """Sample with probability proportional to exp(score / T); T <= 0 is `argmax`."""
+    hot = temperature > 0
+    logits = score / jnp.where(hot, temperature, 1.0)
+    return jnp.where(hot, jax.random.categorical(key, logits), argmax(score)).astype(jnp.int32)
+
+
+PICKERS = ("argmax", "random", "softmax")
+
+
+def pick(picker: jax.Array, score: jax.Array, key: jax.Array, temperature: jax.Array) -> jax.Array:
+    """The picker with traced id `picker` (an index into PICKERS)."""
+    branches = (lambda s, k, t: argmax(s), lambda s, k, t: random_among_ties(s, k), softmax)
+    return jax.lax.switch(picker, branches, score, key, temperature)

@@ -1,0 +1,56 @@
+"""Stateless replica-cluster routers: each one is a choice of parts (`parts.py`) and traced weights.
+
+Signature: `preset(view, request, params, key) -> replica` (int32). Register a new one in
+`prefix.REGISTRY`. Tie rules are stated per preset; `argmax` ties go to the lowest index.
+"""
+
+from __future__ import annotations
+
+import jax
+
+from jaxroute.routers import parts
+
+
+def rr(view, req, p, key) -> jax.Array:
+    """Round robin over routed requests (the lecture's load-only baseline)."""
+    return parts.argmax(parts.turn(view, req))
+
+
+def least_load(view, req, p, key) -> jax.Array:
+    """Fewest requests in flight (SGLang's shortest-queue fallback, `cache_aware.rs`; llm-d queue-scorer)."""
+    return parts.argmax(parts.fewest_requests(view, req))
+
+
+def least_tokens(view, req, p, key) -> jax.Array:
+    """Fewest prompt + output tokens in flight."""
+    return parts.argmax(parts.fewest_tokens(view, req))
+
+
+def affinity(view, req, p, key) -> jax.Array:
+    """Longest match on the router's record; ties -> fewest requests, then lowest index."""
+    return parts.argmax(parts.prefix_tokens(view, req), tie=parts.fewest_requests(view, req))
+
+
+def threshold(view, req, p, key) -> jax.Array:
+    """Longest match if it reaches theta x the prompt, else least load (Preble E2's exploit/explore split
+    at theta = 0.5, lecture 3.2): the match scorer gated at theta; ties (all gated to 0) -> least load."""
+    return parts.argmax(parts.prefix_above(view, req, p.theta), tie=parts.fewest_requests(view, req))
+
+
+def cache_guard(view, req, p, key) -> jax.Array:
+    """threshold, but least load when in-flight counts are imbalanced (max - min > guard_abs and max >
+    guard_rel x min): a balance guard that zeroes the match scorer (SGLang's guard on `threshold`)."""
+    guard = parts.imbalanced(view.inflight, p.guard_abs, p.guard_rel)
+    score = parts.prefix_above(view, req, p.theta) * ~guard
+    return parts.argmax(score, tie=parts.fewest_requests(view, req))
+
+
+def weighted(view, req, p, key) -> jax.Array:
+    """llm-d-style scheduling profile (`llm-d/llm-d-inference-scheduler`: filters -> weighted scorers ->
+    picker): score = weights . [prefix match ratio, queue, tokens in flight], each in [0, 1]; the picker
+    is `p.picker` (argmax, random among ties, softmax at `p.temperature`). Weights are traced."""
+    scores = parts.normalized(view, req)
+    score = p.weights[0] * scores[0]
+    for k in range(1, scores.shape[0]):  # in order (the reference sums the same way)
+        score = score + p.weights[k] * scores[k]
+    return parts.pick(p.picker, score, key, p.temperature)

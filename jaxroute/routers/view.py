@@ -1,0 +1,57 @@
+"""What a replica-cluster router is given: static sizes, the view of the cluster, the request."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from jaxroute import cost_models
+from jaxroute.workloads.prefix import RequestTable
+
+
+@dataclasses.dataclass(frozen=True)
+class RouterStatic:
+    """Static sizes a router's state may depend on (hashable; changing one recompiles)."""
+
+    n_replicas: int  # G
+    n_segments: int  # M + 1 (the workload's segment ids + the padding dummy)
+    e2_ring: int = 0  # Preble E2 window ring per replica (0 = E2 not modeled)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Request:
+    """The arriving request."""
+
+    id: jax.Array  # [] int32 index in the request table (= requests routed before it)
+    segs: jax.Array  # [S] int32 segment ids in prompt order (pad = dummy)
+    tok: jax.Array  # [S] int32 tokens per segment (0 = pad)
+    prompt: jax.Array  # [] int32 prompt tokens
+    out: jax.Array  # [] int32 output tokens
+    out_seg: jax.Array  # [] int32 segment its output becomes in the cache (dummy = not kept)
+
+    @classmethod
+    def of(cls, table: RequestTable, i: jax.Array) -> Request:
+        return cls(i, table.seg_ids[i], table.seg_tok[i], table.prompt_tok[i], table.out_tok[i], table.out_seg[i])
+
+    @property
+    def all_segs(self) -> jax.Array:  # [S + 1] the prompt's segments and the output's
+        return jnp.concatenate([self.segs, self.out_seg[None]])
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class RouterView:
+    """What the router can know about the cluster when a request arrives (possibly stale: see the model)."""
+
+    now: jax.Array  # [] float32 time of the decision
+    inflight: jax.Array  # [G] float32 requests dispatched and not finished
+    tokens: jax.Array  # [G] float32 prompt + output tokens of those requests
+    record: jax.Array  # [G, M+1] bool where the router places each segment: cache + dispatched (insert on dispatch)
+    locked: jax.Array  # [G, M+1] bool segments of unfinished requests dispatched to each replica
+    match_tokens: jax.Array  # [G] float32 leading prompt tokens of this request on `record`
+    kv_capacity: jax.Array  # [] int32 KV tokens per replica
+    cost: cost_models.CostParams  # the replicas' cost model (routers that estimate GPU time use it)
+    table: RequestTable  # segment catalogue (seg_len, seg_depth); rows of requests the router dispatched

@@ -1,0 +1,43 @@
+"""Prefix-sharing workloads for the replica cluster: prompts as sequences of segments.
+
+Layout: `types` (the realised `RequestTable`, the prefix-match rule, `check_fits`), `synthetic`
+(unit-based generators, Poisson arrivals per seed), `adapters` (Mooncake and Azure traces).
+
+Parameters (lecture §2.1-2.5, Preble Table 1 averages; DESIGN.md facts):
+
+| name | shared prefix | private suffix | output | popularity |
+|---|---|---|---|---|
+| longdoc | 13-token system prompt + 1 of 300 documents (mean 21,000 tokens, LogNormal sigma 0.4, clipped 4k-60k) | question = f_d of the prompt, f_d ~ U(4 %, 14 %) per document (mean 9 %) | 45 | Zipf(1.1) over documents |
+| toolbench | 300-token system prompt + 1 of 500 tool descriptions (mean 1,500, sigma 0.3, clipped 600-2,500) | question 130 | 43 | Zipf(1.1); `hot_tool_share` (e.g. 0.4) puts that share on tool 0 |
+| videoqa | 13-token system prompt + 1 of 200 videos (mean 8,700, sigma 0.3) | question 1,150 | 4 | Zipf(1.1) |
+| programming | 13-token system prompt + 1 of 1,000 problems (mean 3,700, sigma 0.3) | 100-token sample tag | 190 | uniform; 8 parallel samples arrive together |
+| agent | 1,200-token system prompt + 1 of 50 environments (mean 600) | per turn: 150-token observation; 16-token output kept in the cache | 16 | Zipf(1.1) over environments; 6 turns, 5 s apart, turn t reads all earlier turns |
+"""
+
+from jaxroute.workloads.prefix.adapters import (
+    DEFAULT_TRACE_PATHS,
+    TRACE_WORKLOADS,
+    TracePrefixWorkload,
+    from_azure,
+    from_mooncake,
+)
+from jaxroute.workloads.prefix.synthetic import (
+    PREFIX_WORKLOADS,
+    SYNTHETIC,
+    SyntheticPrefixWorkload,
+    agent,
+    longdoc,
+    programming,
+    synthetic,
+    toolbench,
+    videoqa,
+    zipf_top_shares,
+)
+from jaxroute.workloads.prefix.types import RequestTable, check_fits, request_steps
+
+__all__ = [
+    "DEFAULT_TRACE_PATHS", "PREFIX_WORKLOADS", "SYNTHETIC", "TRACE_WORKLOADS", "RequestTable",
+    "SyntheticPrefixWorkload", "TracePrefixWorkload", "agent", "check_fits", "from_azure", "from_mooncake",
+    "longdoc", "programming", "request_steps", "synthetic", "toolbench", "videoqa",
+    "zipf_top_shares",
+]

@@ -1,0 +1,112 @@
+"""Trace adapters: recorded traces in segment form.
+
+Mooncake JSONL: each hash id is a 512-token block, the last one partial; ids are re-numbered by
+their full path so equal ids always share ancestors. Azure CSV: one private segment per request (no
+sharing). Trace timestamps are replayed as recorded, or rescaled to a given mean rate.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxroute.errors import JaxrouteError
+from jaxroute.workloads.prefix.types import RequestTable, request_steps
+from jaxroute.workloads.traces import MOONCAKE_BLOCK_TOKENS, Trace
+
+TRACE_WORKLOADS = ("mooncake", "azure-conv")
+DEFAULT_TRACE_PATHS = {
+    "mooncake": "../shared/data/mooncake_synthetic_trace.jsonl",
+    "azure-conv": "../shared/data/azure_llm_2023_conv.csv",
+}
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class TracePrefixWorkload:
+    """A recorded trace in segment form; every seed replays the same requests (no randomness)."""
+
+    table: RequestTable
+    name: str = dataclasses.field(metadata=dict(static=True), default="trace")
+    native_rate: float = dataclasses.field(metadata=dict(static=True), default=1.0)  # requests/s as recorded
+    n_segments: int = dataclasses.field(metadata=dict(static=True), default=0)
+    # distinct (prompt tokens, output tokens, count) of the requests: static, for step_bound and check_fits
+    request_shapes: tuple[tuple[int, int, int], ...] = dataclasses.field(metadata=dict(static=True), default=())
+
+    @property
+    def n_requests(self) -> int:
+        return int(self.table.arrival_s.shape[0])
+
+    @property
+    def max_segments(self) -> int:
+        return int(self.table.seg_ids.shape[1])
+
+    def step_bound(self, chunk: int) -> int:
+        """Upper bound on events: per request, its arrival + its (prefill chunks + output - 1)."""
+        return sum(c * (1 + request_steps(p, o, chunk)) for p, o, c in self.request_shapes)
+
+    def max_request_tokens(self) -> int:
+        """KV tokens (prompt + output) of the largest request."""
+        return max(p + o for p, o, _ in self.request_shapes)
+
+    def realize(self, key: jax.Array, rate: jax.Array) -> RequestTable:
+        """Replay the trace; rate > 0 rescales time so the mean rate becomes `rate` requests/s."""
+        scale = jnp.where(rate > 0, self.native_rate / jnp.where(rate > 0, rate, 1.0), 1.0)
+        return dataclasses.replace(self.table, arrival_s=self.table.arrival_s * scale)
+
+
+def _trace_workload(name: str, trace: Trace, segs: list[list[tuple[int, int]]], n_seg: int,
+                    depth: np.ndarray, seg_len: np.ndarray) -> TracePrefixWorkload:
+    n = len(trace)
+    n_s = max(len(s) for s in segs)
+    ids = np.full((n, n_s), n_seg, np.int32)
+    tok = np.zeros((n, n_s), np.int32)
+    for i, s in enumerate(segs):
+        ids[i, : len(s)] = [a for a, _ in s]
+        tok[i, : len(s)] = [b for _, b in s]
+    out = trace.output_tokens.astype(np.int32)
+    span = float(trace.arrival_s[-1] - trace.arrival_s[0])
+    native = (n - 1) / span if span > 0 and n > 1 else 1.0
+    shapes = collections.Counter(zip(tok.sum(1).tolist(), out.tolist(), strict=True))
+    table = RequestTable(jnp.asarray(trace.arrival_s, jnp.float32), jnp.asarray(ids), jnp.asarray(tok),
+                         jnp.asarray(out), jnp.full((n,), n_seg, jnp.int32),
+                         jnp.asarray(np.append(seg_len, 0), jnp.int32), jnp.asarray(np.append(depth, 0), jnp.int32),
+                         jnp.asarray(tok.sum(1), jnp.int32))
+    return TracePrefixWorkload(table, name=name, native_rate=native, n_segments=n_seg,
+                               request_shapes=tuple(sorted((p, o, c) for (p, o), c in shapes.items())))
+
+
+def from_mooncake(trace: Trace) -> TracePrefixWorkload:
+    """Mooncake trace -> segments: one per hash id (512 tokens, the last one takes the remainder)."""
+    if trace.block_ids is None:
+        raise JaxrouteError(f"trace '{trace.name}' has no hash_ids; it is not a Mooncake trace")
+    node: dict[tuple[int, int, int], int] = {}
+    lens, depth, segs = [], [], []
+    for i, (blocks, p) in enumerate(zip(trace.block_ids, trace.prompt_tokens, strict=True)):
+        p, nb = int(p), len(blocks)
+        if nb == 0 or not (MOONCAKE_BLOCK_TOKENS * (nb - 1) < p <= MOONCAKE_BLOCK_TOKENS * nb):
+            raise JaxrouteError(f"{trace.name} request {i}: input_length {p} does not match {nb} hash ids "
+                                f"of {MOONCAKE_BLOCK_TOKENS} tokens (the last one may be partial)")
+        parent, s = -1, []
+        for d, h in enumerate(blocks):
+            t = MOONCAKE_BLOCK_TOKENS if d < nb - 1 else p - MOONCAKE_BLOCK_TOKENS * (nb - 1)
+            k = (parent, int(h), t)
+            if k not in node:
+                node[k] = len(lens)
+                lens.append(t)
+                depth.append(d)
+            parent = node[k]
+            s.append((parent, t))
+        segs.append(s)
+    return _trace_workload("mooncake", trace, segs, len(lens), np.array(depth), np.array(lens))
+
+
+def from_azure(trace: Trace) -> TracePrefixWorkload:
+    """Azure trace -> one private segment per request (no prefix sharing)."""
+    p = trace.prompt_tokens.astype(np.int64)
+    segs = [[(i, int(t))] for i, t in enumerate(p)]
+    return _trace_workload("azure-conv", trace, segs, len(p), np.zeros(len(p), np.int64), p)

@@ -1,0 +1,45 @@
+"""Prompts as sequences of segments: the request table every prefix workload realises.
+
+A segment is a radix-tree node: an id plus a token count (a system prompt, a document, a tool
+description, a question, a 512-token Mooncake block). A segment id always has the same parent,
+so "the leading segments that are present" is a prefix match (`clusters.prefix_cache.leading_match`). Each workload
+declares its own id space of `n_segments` ids; id `n_segments` is a padding dummy of length 0.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+
+from jaxroute.errors import JaxrouteError
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class RequestTable:
+    """One realised run's requests (sorted by arrival) and its segment catalogue."""
+
+    arrival_s: jax.Array  # [N] float32 arrival time
+    seg_ids: jax.Array  # [N, S] int32 segment ids in prompt order (pad = n_segments)
+    seg_tok: jax.Array  # [N, S] int32 tokens per segment (0 = pad)
+    out_tok: jax.Array  # [N] int32 output tokens (>= 1)
+    out_seg: jax.Array  # [N] int32 segment id the output becomes in the cache (n_segments = not kept)
+    seg_len: jax.Array  # [n_segments + 1] int32 tokens of each segment id (dummy last = 0)
+    seg_depth: jax.Array  # [n_segments + 1] int32 position of each id in any prompt (tree depth)
+    prompt_tok: jax.Array  # [N] int32 prompt tokens (sum of seg_tok)
+
+
+def request_steps(prompt_tok: int, out_tok: int, chunk: int) -> int:
+    """Iterations one request can cause at most: its prefill chunks + its output tokens after the first."""
+    return math.ceil(prompt_tok / chunk) + out_tok - 1
+
+
+def check_fits(workload, kv_capacity: int) -> None:
+    """Every request must fit alone (prompt + output <= KV capacity), else it could never be admitted."""
+    worst = workload.max_request_tokens()
+    if worst > kv_capacity:
+        raise JaxrouteError(f"workload '{workload.name}' has a request needing {worst} KV tokens "
+                            f"(prompt + output) but a replica holds only {kv_capacity}; "
+                            "raise the capacity or shorten the requests")
