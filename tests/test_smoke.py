@@ -14,8 +14,7 @@ def test_dispatch_smoke():
     model = queueing.DispatchModel(n_servers=4, n_requests=101, warmup=10, ring=32, max_d=3, tail_levels=2)
     rows = [queueing.make_params(p, 0.8, service="pareto", stale=0.5 if p == "jsq" else 0.0, d=3)
             for p in classic.POLICY_NAMES]
-    check_model(model, None, rows)
-    check_model(model, None, rows[:2], chunk=4)  # 13 blocks in 4 chunks
+    check_model(model, None, rows, chunk=4)  # 13 blocks in 4 chunks (the batch of one runs the whole scan)
 
 
 def test_bins_smoke():
@@ -36,10 +35,11 @@ def test_decode_smoke():
 
 def test_replica_smoke():
     from jaxroute.clusters import replicas
+    from jaxroute.routers.prefix import PREFIX_POLICIES
     from jaxroute.workloads import prefix
 
     wl = prefix.synthetic("toolbench", 60)
-    model_cls = replicas.ReplicaModel
-    model = model_cls(n_replicas=2, max_queue=64)
-    rows = [replicas.make_params(p, rate=20.0) for p in ("rr", "affinity", "threshold")]
+    model = replicas.ReplicaModel(n_replicas=2, max_queue=64, e2_ring=64)
+    rows = [replicas.make_params(p, rate=20.0) for p in PREFIX_POLICIES]  # every preset
+    rows += [replicas.make_params("threshold", rate=20.0, theta=th) for th in (0.1, 0.9)]  # a traced sweep
     check_model(model, wl, rows, chunk=400, key=jax.random.key(1))
