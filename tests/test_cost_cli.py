@@ -6,14 +6,7 @@ import pytest
 
 from jaxroute import cost_models as cm
 from jaxroute.cli import main
-
-
-def cli(argv) -> int:
-    """Exit code of `jaxroute argv`: bad numbers are argparse usage errors (SystemExit 2)."""
-    try:
-        return main(argv)
-    except SystemExit as e:
-        return e.code
+from tests.cli_helpers import cli
 
 
 def run_json(capsys, *argv):

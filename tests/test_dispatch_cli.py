@@ -8,16 +8,9 @@ from jaxroute import sim
 from jaxroute.cli import main
 from jaxroute.clusters.queueing import DispatchModel
 from jaxroute.experiments.dispatch import policy_label
+from tests.cli_helpers import cli, leak
 
 SMALL = ["--servers", "4", "--load", "0.8", "--seeds", "3", "--requests", "400"]
-
-
-def cli(argv) -> int:
-    """Exit code of `jaxroute argv`: bad numbers are argparse usage errors (SystemExit 2)."""
-    try:
-        return main(argv)
-    except SystemExit as e:
-        return e.code
 
 
 def test_dispatch_table_json_plot_and_one_compilation(tmp_path, capsys):
@@ -107,16 +100,7 @@ def test_bins_bad_input(flags, capsys):
 def test_broken_conservation_is_refused_even_with_allow_overflow(monkeypatch, capsys):
     from jaxroute.commands import dispatch as cmd
 
-    real = cmd.run_dispatch
-
-    def leaky(*a, **k):
-        res = real(*a, **k)
-        err = res.grid.metrics["conservation_error"].copy()
-        err[1, 0] = 3  # row 'rr', seed 0
-        res.grid.metrics["conservation_error"] = err
-        return res
-
-    monkeypatch.setattr(cmd, "run_dispatch", leaky)
+    leak(monkeypatch, cmd, "run_dispatch", row=1, seed=0, amount=3)  # row 'rr', seed 0
     assert main(["dispatch", *SMALL, "--policies", "random,rr", "--allow-overflow"]) == 2
     captured = capsys.readouterr()
     assert "conservation failed" in captured.err and "in: rr;" in captured.err

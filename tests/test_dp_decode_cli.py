@@ -7,17 +7,10 @@ import pytest
 from jaxroute import sim
 from jaxroute.cli import main
 from jaxroute.clusters.dp_decode import DecodeModel
+from tests.cli_helpers import cli
 
 SMALL = ["--workload", "synthetic-prod", "--requests", "60", "--seeds", "2", "--workers", "3", "--slots", "4",
          "--pool", "8", "--window", "3", "--horizon", "6", "--no-progress"]
-
-
-def cli(argv) -> int:
-    """Exit code of `jaxroute argv`: bad numbers are argparse usage errors (SystemExit 2)."""
-    try:
-        return main(argv)
-    except SystemExit as e:
-        return e.code
 
 
 def test_decode_table_json_plot_one_compilation(tmp_path, capsys):

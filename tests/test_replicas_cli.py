@@ -5,15 +5,8 @@ import json
 import pytest
 
 from jaxroute.cli import main
+from tests.cli_helpers import cli, leak
 from tests.data_paths import AZURE_CONV, MOONCAKE, require
-
-
-def cli(argv) -> int:
-    """Exit code of `jaxroute argv`: bad numbers are argparse usage errors (SystemExit 2)."""
-    try:
-        return main(argv)
-    except SystemExit as e:
-        return e.code
 
 
 def test_cluster_writes_table_json_and_plot(tmp_path, capsys):
@@ -80,16 +73,7 @@ def test_cluster_bad_input(argv, msg, capsys):
 def test_cluster_refuses_broken_conservation(monkeypatch, capsys):
     from jaxroute.commands import cluster as cmd
 
-    real = cmd.run_cluster
-
-    def leaky(*a, **k):
-        res = real(*a, **k)
-        err = res.grid.metrics["conservation_error"].copy()
-        err[0, 1] = 1  # row 'rr', seed 1
-        res.grid.metrics["conservation_error"] = err
-        return res
-
-    monkeypatch.setattr(cmd, "run_cluster", leaky)
+    leak(monkeypatch, cmd, "run_cluster", row=0, seed=1)  # row 'rr', seed 1
     assert main(["cluster", "--workload", "toolbench", "--requests", "30", "--seeds", "2", "--rate", "20",
                  "--policies", "rr,least_load", "--allow-overflow"]) == 2
     captured = capsys.readouterr()
