@@ -88,6 +88,9 @@ def test_conservation_failures_name_the_rows():
     res = _compare([("ok", _params()), ("leaky", _params(lost=2))], seeds=2)
     assert conservation_failures(res) == ["leaky"]
     assert conservation_failures(res.grid) == ["1"]
+    # an overflowed seed dropped requests: that is reported as overflow, not as a conservation failure
+    flagged = _compare([("ok", _params()), ("leaky", _params(lost=2))], seeds=2, cap=0.0)
+    assert flagged.grid.metrics["overflow"].all() and conservation_failures(flagged) == []
 
 
 def test_run_with_retry_doubles_only_the_capacity_that_overflowed(capsys):

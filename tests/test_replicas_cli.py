@@ -78,3 +78,16 @@ def test_cluster_refuses_broken_conservation(monkeypatch, capsys):
                  "--policies", "rr,least_load", "--allow-overflow"]) == 2
     captured = capsys.readouterr()
     assert "conservation failed" in captured.err and "in: rr;" in captured.err and "hit_rate" not in captured.out
+
+
+def test_capacity_overrides_grow_on_overflow(tmp_path, capsys):
+    """--max-queue / --e2-ring set the starting sizes; an overflowed one is doubled and the grid rerun."""
+    out = tmp_path / "c.json"
+    assert main(["cluster", "--workload", "toolbench", "--requests", "40", "--seeds", "2", "--rate", "10",
+                 "--replicas", "2", "--policies", "rr,preble_e2", "--max-queue", "4", "--e2-ring", "8",
+                 "--out", str(out)]) == 0
+    config = json.loads(out.read_text())["config"]
+    assert config["max_queue"] > 4 and config["e2_ring"] > 8  # both overflowed and were grown
+    assert config["max_queue"] & (config["max_queue"] - 1) == 0  # by doubling
+    assert cli(["cluster", "--requests", "5", "--e2-ring", "0"]) == 2
+    assert "--e2-ring" in capsys.readouterr().err

@@ -81,6 +81,12 @@ def register(subparsers) -> None:
     p.add_argument("--max-running", type=positive_int, default=64, metavar="B",
                    help="max running requests per replica, like SGLang's --max-running-requests: requests wait "
                    "for a slot (reported as running_full in the JSON) (default 64)")
+    p.add_argument("--max-queue", type=positive_int, default=None, metavar="Q",
+                   help="local queue capacity per replica (default: 4 x requests / replicas, at least 64, at most "
+                   "the requests; doubled and rerun while it overflows, up to 3 times)")
+    p.add_argument("--e2-ring", type=positive_int, default=None, metavar="K",
+                   help="preble_e2: dispatches remembered per replica for the load window (default: 4 x rate x window "
+                   "/ replicas, at least 64, at most the requests; doubled and rerun while it overflows)")
     add_grid_args(p, seeds=16, requests=2000, seeds_help="independent runs per policy")
     p.set_defaults(func=run)
 
@@ -104,7 +110,8 @@ def run(args) -> int:
 
     start = time.perf_counter()
     results = run_cluster(rows, workload, replicas_n=G, seeds=seeds, local=local, chunk=args.chunk,
-                          max_running=args.max_running, seed=args.seed, progress=show_progress(args))
+                          max_running=args.max_running, seed=args.seed, progress=show_progress(args),
+                          capacities={"max_queue": args.max_queue, "e2_ring": args.e2_ring})
     elapsed = time.perf_counter() - start
     records = results.records
     check_conservation(results)

@@ -71,11 +71,13 @@ def initial_capacities(workload, params, n_replicas: int) -> dict[str, int]:
 
 
 def run_cluster(rows, workload, *, replicas_n=4, seeds=16, local="fcfs", chunk=512,
-                max_running=64, seed=0, progress=False, label_params=None, max_tries=4) -> Results:
+                max_running=64, seed=0, progress=False, label_params=None, max_tries=4,
+                capacities: dict[str, int | None] | None = None) -> Results:
     """Run (label, ReplicaParams) rows on the same seeds in one compiled grid (see `policy_rows`).
 
     The local queue and Preble E2's ring start from `initial_capacities` and are doubled (the
-    grid rerun) while one overflowed. label_params is added to every record's params. The router
+    grid rerun) while one overflowed; `capacities` overrides their starting sizes (None = default;
+    an E2 ring only matters when some row runs preble_e2). label_params is added to every record's params. The router
     keeps a stale view only when some row has stale_s > 0.
     """
     params = [p for _, p in rows]
@@ -84,6 +86,9 @@ def run_cluster(rows, workload, *, replicas_n=4, seeds=16, local="fcfs", chunk=5
         wl_prefix.check_fits(workload, cap)
     rows = [Row(name, p, dict(label_params or {}, **row_info(p))) for name, p in rows]
     caps = initial_capacities(workload, params, replicas_n)
+    for name, size in (capacities or {}).items():
+        if size is not None and (name != "e2_ring" or caps["e2_ring"] > 0):
+            caps[name] = int(size)
     flags = {k: v for k, v in CAPACITY_FLAGS.items() if caps[k] > 0}
 
     def run(caps):

@@ -160,11 +160,17 @@ def run_with_retry(run: Callable[[dict[str, int]], Any], capacities: Mapping[str
 
 
 def conservation_failures(results: Results | sim.GridResult, labels: Sequence[str] | None = None) -> list[str]:
-    """Labels (or indices) of rows where some seed broke conservation (arrived != completed + in flight)."""
+    """Labels (or indices) of rows where some seed broke conservation (arrived != completed + in flight).
+
+    Seeds flagged `overflow` are left out: a full fixed capacity drops requests, and that is reported
+    (and refused by the CLI) as an overflow, not as a simulator bug."""
     grid = results.grid if isinstance(results, Results) else results
     if labels is None:
         labels = results.labels if isinstance(results, Results) else [str(c) for c in range(grid.n_configs)]
     if "conservation_error" not in grid.metrics:
         return []
-    err = np.asarray(grid.metrics["conservation_error"]).reshape(grid.n_configs, -1)
+    err = np.asarray(grid.metrics["conservation_error"]).reshape(grid.n_configs, grid.n_seeds, -1)
+    if "overflow" in grid.metrics:
+        overflowed = np.asarray(grid.metrics["overflow"]).reshape(grid.n_configs, grid.n_seeds, -1).any(axis=2)
+        err = np.where(overflowed[:, :, None], 0, err)
     return [labels[c] for c in range(grid.n_configs) if np.any(err[c] != 0)]
