@@ -69,7 +69,10 @@ def deployed_predictor_rows(workload: str, s: dict, dep, ckpt_root: Path, log) -
     same synthetic population, or the trace requests after the simulated ones). The learned
     predictor is trained on those same requests and saved with orbax under ckpt_root/<workload>.
     """
-    from jaxroute.predictors.bank import bank_for_simulation, train_learned_for_simulation
+    from jaxroute.predictors.bank import (
+        bank_for_simulation,
+        train_learned_for_simulation,
+    )
     from jaxroute.predictors.training import TrainSettings
 
     t0 = time.perf_counter()

@@ -13,7 +13,13 @@ import pytest
 
 from jaxroute import sim
 from jaxroute.errors import JaxrouteError
-from jaxroute.experiments import Comparison, Row, conservation_failures, paired_difference, run_with_retry
+from jaxroute.experiments import (
+    Comparison,
+    Row,
+    conservation_failures,
+    paired_difference,
+    run_with_retry,
+)
 from jaxroute.metrics import summarize
 
 ROOT = Path(__file__).resolve().parents[1]

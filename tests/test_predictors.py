@@ -10,7 +10,11 @@ from jaxroute.predictors import base, data
 from jaxroute.predictors.bank import build_bank, parse_spec, predict_pairs
 from jaxroute.predictors.evaluation import auc, horizon_scores, mae
 from jaxroute.predictors.exact import fit_exact, predict_exact
-from jaxroute.predictors.survival import fit_survival, fit_survival_counts, predict_survival
+from jaxroute.predictors.survival import (
+    fit_survival,
+    fit_survival_counts,
+    predict_survival,
+)
 
 
 def feats(generated, key_id=None, prompt_len=None, remaining=None):

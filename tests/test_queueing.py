@@ -11,7 +11,12 @@ import pytest
 from jaxroute import sim
 from jaxroute.clusters import bins
 from jaxroute.clusters.bins import BinsModel, BinsParams
-from jaxroute.clusters.queueing import DispatchModel, DispatchState, default_ring, make_params
+from jaxroute.clusters.queueing import (
+    DispatchModel,
+    DispatchState,
+    default_ring,
+    make_params,
+)
 from jaxroute.errors import JaxrouteError
 from jaxroute.routers import classic
 from jaxroute.routers.classic import POLICY_NAMES

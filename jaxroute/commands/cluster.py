@@ -22,7 +22,13 @@ from jaxroute.commands._common import (
     show_progress,
     warn,
 )
-from jaxroute.experiments.cluster import METRICS, WORKLOADS, build_workload, policy_rows, run_cluster
+from jaxroute.experiments.cluster import (
+    METRICS,
+    WORKLOADS,
+    build_workload,
+    policy_rows,
+    run_cluster,
+)
 from jaxroute.routers.prefix import PREFIX_POLICIES
 from jaxroute.workloads import prefix as wl_prefix
 

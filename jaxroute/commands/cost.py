@@ -5,7 +5,12 @@ from __future__ import annotations
 import json
 
 from jaxroute import cost_models as cm
-from jaxroute.commands._common import non_negative_int, positive_fraction, positive_int, warn
+from jaxroute.commands._common import (
+    non_negative_int,
+    positive_fraction,
+    positive_int,
+    warn,
+)
 from jaxroute.errors import JaxrouteError
 
 

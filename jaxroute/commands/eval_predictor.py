@@ -6,7 +6,13 @@ import argparse
 
 import numpy as np
 
-from jaxroute.commands._common import add_output_args, csv_list, non_negative_int, positive_int, warn
+from jaxroute.commands._common import (
+    add_output_args,
+    csv_list,
+    non_negative_int,
+    positive_int,
+    warn,
+)
 from jaxroute.errors import JaxrouteError
 
 # The paper's offline accuracy (BalanceRoute write-up, section 12): (Stage-1 AUC, Stage-2 MAE).

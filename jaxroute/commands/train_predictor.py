@@ -9,7 +9,12 @@ from pathlib import Path
 import numpy as np
 
 from jaxroute import report
-from jaxroute.commands._common import non_negative_int, positive_float, positive_int, show_progress
+from jaxroute.commands._common import (
+    non_negative_int,
+    positive_float,
+    positive_int,
+    show_progress,
+)
 from jaxroute.errors import JaxrouteError
 
 

@@ -14,7 +14,13 @@ import numpy as np
 from jaxroute import cost_models, report
 from jaxroute.clusters import dp_decode as dd
 from jaxroute.errors import JaxrouteError
-from jaxroute.experiments.comparison import Comparison, Results, Row, paired_difference, run_with_retry
+from jaxroute.experiments.comparison import (
+    Comparison,
+    Results,
+    Row,
+    paired_difference,
+    run_with_retry,
+)
 from jaxroute.metrics import summarize
 from jaxroute.predictors import base as predictors
 from jaxroute.routers import balance

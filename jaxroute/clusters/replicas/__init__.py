@@ -12,7 +12,12 @@ from jaxroute.clusters.replicas.model import (
     records,
     run_single,
 )
-from jaxroute.clusters.replicas.types import Replica, ReplicaParams, ReplicaState, Snapshot
+from jaxroute.clusters.replicas.types import (
+    Replica,
+    ReplicaParams,
+    ReplicaState,
+    Snapshot,
+)
 
 __all__ = ["METRICS", "Replica", "ReplicaModel", "ReplicaParams", "ReplicaState", "Snapshot",
            "default_e2_ring", "default_max_queue", "leading_match", "make_params", "records", "run_single"]

@@ -41,7 +41,12 @@ from jaxroute import cost_models, sim
 from jaxroute import metrics as mlib
 from jaxroute.clusters.prefix_cache import leading_match
 from jaxroute.clusters.replicas.iteration import iterate_row
-from jaxroute.clusters.replicas.types import Replica, ReplicaParams, ReplicaState, Snapshot
+from jaxroute.clusters.replicas.types import (
+    Replica,
+    ReplicaParams,
+    ReplicaState,
+    Snapshot,
+)
 from jaxroute.errors import JaxrouteError
 from jaxroute.routers import prefix as routers
 from jaxroute.routers.view import Request, RouterStatic, RouterView
