@@ -27,7 +27,7 @@ def _compare(case, policy, G=3, B=8, Q=64, local="fcfs", stale=0.0, leap=32, key
     make, cap, rate = CASES[case]
     wl = make()
     model = R.ReplicaModel(n_replicas=G, max_running=B, max_queue=Q, local_order=local, stale_view=stale > 0,
-                           leap=leap, e2_ring=e2_ring if policy == "preble_e2" else 0)
+                           leap=leap, router_window=e2_ring if policy == "preble_e2" else 0)
     p = R.make_params(policy, rate=rate, kv_capacity=cap, stale_s=stale, theta=theta, **(router or {}))
     st = R.run_single(model, jax.random.key(key), wl, p)
     got = R.records(st)
@@ -88,7 +88,7 @@ def test_preble_e2_rebalancing_moves_a_hot_prefix():
     """A hot tool (60 % of traffic): without rebalancing E2 keeps exploiting the one replica that holds it;
     with Th_bal = 1.5 the hot tool's requests are sent to other replicas too (its prefix gets replicated)."""
     wl = W.toolbench(120, n_tools=20, tool_mean=1500, hot_tool_share=0.6)
-    model = R.ReplicaModel(n_replicas=4, max_queue=120, e2_ring=120)
+    model = R.ReplicaModel(n_replicas=4, max_queue=120, router_window=120)
     spread, share = {}, {}
     for th in (float("inf"), 1.5):
         p = R.make_params("preble_e2", rate=40.0, kv_capacity=60_000, e2_th_bal=th)
@@ -222,8 +222,8 @@ def test_bad_input():
         R.make_params("preble_e2", e2_window_s=0)
     with pytest.raises(JaxrouteError, match="rebalancing threshold"):
         R.make_params("preble_e2", e2_th_bal=0.5)
-    with pytest.raises(JaxrouteError, match="e2_ring"):
-        R.ReplicaModel(e2_ring=-1)
+    with pytest.raises(JaxrouteError, match="router_window"):
+        R.ReplicaModel(router_window=-1)
     with pytest.raises(JaxrouteError, match="local order"):
         R.ReplicaModel(local_order="lifo")
     with pytest.raises(JaxrouteError, match=">= 1"):
@@ -267,7 +267,7 @@ def test_capacity_flags_are_separate():
     make, cap, rate = CASES["toolbench"]
     wl = make()
     p = R.make_params("preble_e2", rate=rate, kv_capacity=cap)
-    model = R.ReplicaModel(n_replicas=2, max_queue=2, e2_ring=2)
+    model = R.ReplicaModel(n_replicas=2, max_queue=2, router_window=2)
     met = model.metrics(R.run_single(model, jax.random.key(0), wl, p), wl, p)
     assert bool(met["queue_overflow"]) and bool(met["e2_ring_overflow"]) and bool(met["overflow"])
     q = R.make_params("rr", rate=rate, kv_capacity=cap)  # the ring is E2's: other rows are not flagged
@@ -279,19 +279,19 @@ def test_default_capacities():
     assert R.default_max_queue(300, 4) == 300  # small runs: everything
     assert R.default_max_queue(100_000, 4) == 100_000  # 4 x 25,000, capped at n
     assert R.default_max_queue(100_000, 40) == 10_000
-    assert R.default_e2_ring(40.0, 180.0, 4, 100_000) == 7_200
-    assert R.default_e2_ring(40.0, 180.0, 4, 1_000) == 1_000
-    assert R.default_e2_ring(0.0, 180.0, 4, 5_000) == 5_000  # recorded trace times: no rate to size from
-    assert R.default_e2_ring(1.0, 1.0, 4, 5_000) == 64
+    assert preble.default_window(40.0, 180.0, 4, 100_000) == 7_200
+    assert preble.default_window(40.0, 180.0, 4, 1_000) == 1_000
+    assert preble.default_window(0.0, 180.0, 4, 5_000) == 5_000  # recorded trace times: no rate to size from
+    assert preble.default_window(1.0, 1.0, 4, 5_000) == 64
 
 
 def test_static_switches_refuse_traced_values_they_would_ignore():
     make, cap, rate = CASES["toolbench"]
     wl = make()
-    with pytest.raises(JaxrouteError, match="e2_ring"):
+    with pytest.raises(JaxrouteError, match="router_window"):
         R.run_single(R.ReplicaModel(n_replicas=2), jax.random.key(0), wl, R.make_params("preble_e2", rate=rate))
     rows = sim.stack_params([R.make_params(p, rate=rate) for p in ("rr", "preble_e2")])
-    with pytest.raises(JaxrouteError, match="e2_ring"):
+    with pytest.raises(JaxrouteError, match="router_window"):
         sim.run_grid(R.ReplicaModel(n_replicas=2), jax.random.key(0), wl, rows, 1)
     with pytest.raises(JaxrouteError, match="stale_view"):
         R.run_single(R.ReplicaModel(n_replicas=2), jax.random.key(0), wl, R.make_params("rr", rate=rate, stale_s=1.0))

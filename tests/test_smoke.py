@@ -39,7 +39,7 @@ def test_replica_smoke():
     from jaxroute.workloads import prefix
 
     wl = prefix.synthetic("toolbench", 60)
-    model = replicas.ReplicaModel(n_replicas=2, max_queue=64, e2_ring=64)
+    model = replicas.ReplicaModel(n_replicas=2, max_queue=64, router_window=64)
     rows = [replicas.make_params(p, rate=20.0) for p in PREFIX_POLICIES]  # every preset
     rows += [replicas.make_params("threshold", rate=20.0, theta=th) for th in (0.1, 0.9)]  # a traced sweep
     check_model(model, wl, rows, chunk=400, key=jax.random.key(1))

@@ -15,7 +15,6 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from jaxroute import sim
 from jaxroute.errors import JaxrouteError
@@ -67,13 +66,7 @@ class BinsModel(sim.Model):
 
     def check_params(self, params: BinsParams, workload=None) -> None:
         """A traced d above the static max_d would silently compare only max_d samples: refuse it."""
-        if isinstance(params.d, jax.core.Tracer):
-            return
-        d = np.asarray(params.d)
-        if d.size and (d.min() < 1 or d.max() > self.max_d):
-            bad = int(d.max()) if d.max() > self.max_d else int(d.min())
-            raise JaxrouteError(f"d={bad} needs 1 <= d <= max_d={self.max_d} (the bins sampled per ball); "
-                                f"build the model with max_d >= {bad}")
+        classic.check_d(params.d, self.max_d, "the bins sampled per ball")
 
     def draws(self, key: jax.Array, index: jax.Array) -> jax.Array:
         """[D] int32 bins sampled for ball `index`."""

@@ -37,7 +37,6 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from jaxroute import metrics as metrics_lib
 from jaxroute import sim
@@ -153,13 +152,7 @@ class DispatchModel(sim.Model):
         """Refuse traced values this static configuration would silently clamp (before tracing)."""
         classic.REGISTRY.check_id(params.policy)
         service_lib.REGISTRY.check_id(params.service)
-        if isinstance(params.d, jax.core.Tracer):
-            return
-        d = np.asarray(params.d)
-        if d.size and (d.min() < 1 or d.max() > self.max_d):
-            bad = int(d.max()) if d.max() > self.max_d else int(d.min())
-            raise JaxrouteError(f"power-of-d d={bad} needs 1 <= d <= max_d={self.max_d} (the samples drawn "
-                                f"per request); build the model with max_d >= {bad}")
+        classic.check_d(params.d, self.max_d, "the samples drawn per request")
 
     def block_draws(self, key: jax.Array, block: jax.Array, params: DispatchParams) -> RequestDraws:
         """Random inputs of the B arrivals of block `block` (one counter-based key per block)."""

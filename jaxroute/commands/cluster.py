@@ -117,7 +117,7 @@ def run(args) -> int:
     start = time.perf_counter()
     results = run_cluster(rows, workload, replicas_n=G, seeds=seeds, local=local, chunk=args.chunk,
                           max_running=args.max_running, seed=args.seed, progress=show_progress(args),
-                          capacities={"max_queue": args.max_queue, "e2_ring": args.e2_ring})
+                          capacities={"max_queue": args.max_queue, "router_window": args.e2_ring})
     elapsed = time.perf_counter() - start
     records = results.records
     check_conservation(results)
@@ -134,7 +134,7 @@ def run(args) -> int:
     config = {"workload": name, "trace": args.trace, "replicas": G, "rate": rate, "seeds": seeds,
               "requests": requests, "local": local, "stale_s": stale, "cost_model": cost_model, "gpu": args.gpu,
               "model": args.model, "kv_capacity": cap, "chunk": args.chunk, "max_running": args.max_running,
-              "max_queue": results.model.max_queue, "e2_ring": results.model.e2_ring,
+              "max_queue": results.model.max_queue, "e2_ring": results.model.router_window,
               "hot_tool": args.hot_tool, "seed": args.seed, "elapsed_s": elapsed}
     if "preble_e2" in policies:
         th = args.e2_th_bal

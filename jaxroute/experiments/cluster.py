@@ -9,6 +9,7 @@ import numpy as np
 from jaxroute.clusters import replicas
 from jaxroute.errors import JaxrouteError
 from jaxroute.experiments.comparison import Comparison, Results, Row, run_with_retry
+from jaxroute.routers import preble
 from jaxroute.routers.prefix import policy_id
 from jaxroute.workloads import prefix as wl_prefix
 from jaxroute.workloads import traces
@@ -16,7 +17,7 @@ from jaxroute.workloads import traces
 WORKLOADS = wl_prefix.PREFIX_WORKLOADS + wl_prefix.TRACE_WORKLOADS
 METRICS = replicas.METRICS
 # Fixed capacities of the replica model and the bool metric that says each one overflowed.
-CAPACITY_FLAGS = {"max_queue": "queue_overflow", "e2_ring": "e2_ring_overflow"}
+CAPACITY_FLAGS = {"max_queue": "queue_overflow", "router_window": "e2_ring_overflow"}
 
 
 def build_workload(name: str, requests: int, trace: str | None = None, hot_tool: float = 0.0):
@@ -62,11 +63,11 @@ def initial_capacities(workload, params, n_replicas: int) -> dict[str, int]:
     """Local queue and E2 ring sizes to start from (E2's ring is 0 when no row runs preble_e2)."""
     n = workload.n_requests
     e2 = [p for p in params if _is_e2(p)]
-    caps = {"max_queue": replicas.default_max_queue(n, n_replicas), "e2_ring": 0}
+    caps = {"max_queue": replicas.default_max_queue(n, n_replicas), "router_window": 0}
     if e2:
         rate = max(float(p.rate) for p in e2)
         window = max(float(p.router.e2_window_s) for p in e2)
-        caps["e2_ring"] = replicas.default_e2_ring(rate, window, n_replicas, n)
+        caps["router_window"] = preble.default_window(rate, window, n_replicas, n)
     return caps
 
 
@@ -87,14 +88,14 @@ def run_cluster(rows, workload, *, replicas_n=4, seeds=16, local="fcfs", chunk=5
     rows = [Row(name, p, dict(label_params or {}, **row_info(p))) for name, p in rows]
     caps = initial_capacities(workload, params, replicas_n)
     for name, size in (capacities or {}).items():
-        if size is not None and (name != "e2_ring" or caps["e2_ring"] > 0):
+        if size is not None and (name != "router_window" or caps["router_window"] > 0):
             caps[name] = int(size)
     flags = {k: v for k, v in CAPACITY_FLAGS.items() if caps[k] > 0}
 
     def run(caps):
         model = replicas.ReplicaModel(
             n_replicas=replicas_n, chunk=chunk, max_running=max_running, max_queue=caps["max_queue"],
-            local_order=local, stale_view=stale_view, e2_ring=caps["e2_ring"])
+            local_order=local, stale_view=stale_view, router_window=caps["router_window"])
         return Comparison(model, rows, seeds, METRICS, workload=workload, seed=seed, chunk=1000,
                           progress="cluster" if progress else False).run()
 

@@ -18,7 +18,9 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
+from jaxroute.errors import JaxrouteError
 from jaxroute.registry import PolicyRegistry
 
 POLICY_NAMES: tuple[str, ...] = ("random", "rr", "jsq", "pod", "lwl")
@@ -100,3 +102,15 @@ SCORES = (random_score, round_robin_score, shortest_queue_score, power_of_d_scor
 def route(policy: jax.Array, view: RouterView) -> jax.Array:
     """The server chosen by policy id `policy` (traced int32): the lowest score, random ties."""
     return argmin_random_tie(REGISTRY.switch(policy, SCORES, view), view.tie_offset)
+
+
+def check_d(d, max_d: int, what: str) -> None:
+    """Refuse, on the host, a power-of-d `d` outside 1..max_d: a traced d above the static max_d
+    would silently compare only the max_d samples drawn (`what` names those samples)."""
+    if isinstance(d, jax.core.Tracer):
+        return
+    d = np.asarray(d)
+    if d.size and (d.min() < 1 or d.max() > max_d):
+        bad = int(d.max()) if d.max() > max_d else int(d.min())
+        raise JaxrouteError(f"power-of-d d={bad} needs 1 <= d <= max_d={max_d} ({what}); "
+                            f"build the model with max_d >= {bad}")

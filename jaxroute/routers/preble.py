@@ -11,9 +11,9 @@ Load cost, in GPU seconds from the cost model, per replica i:
   missed tokens (fixed at dispatch) + single-request decode time at their prompt length x the window's
   mean output length (Preble's estimate; the mean is over the window's dispatched requests' true
   output lengths, where Preble uses measured ones). Kept incrementally: a ring of recent dispatches per
-  replica (`RouterStatic.e2_ring` entries) with running sums, added on dispatch and subtracted when an
+  replica (`RouterStatic.window` entries) with running sums, added on dispatch and subtracted when an
   entry leaves the window (`on_refresh`); a full ring drops its oldest live entry and sets
-  `e2_ring_overflow`. Size it with `clusters.replicas.default_e2_ring`.
+  `e2_ring_overflow`. Size it with `default_window`.
 - M_i: eviction cost on the router's record of i (cached + dispatched segments). Capacity model: the
   record's tokens + this request's missed tokens on i must fit `kv_capacity` (running requests'
   private KV and output reservations are ignored). Evictable: recorded segments that no unfinished
@@ -28,6 +28,7 @@ Load cost, in GPU seconds from the cost model, per replica i:
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import jax
 import jax.numpy as jnp
@@ -76,7 +77,7 @@ class State:
 
 def init(static: RouterStatic) -> State | None:
     """None when the ring is 0 (E2 not modeled: `check` refuses a preble_e2 row then)."""
-    G, K, m1 = static.n_replicas, static.e2_ring, static.n_segments
+    G, K, m1 = static.n_replicas, static.window, static.n_segments
     if K == 0:
         return None
     f = lambda shape, v: jnp.full(shape, v, jnp.float32)
@@ -86,10 +87,19 @@ def init(static: RouterStatic) -> State | None:
                  jnp.bool_(False))
 
 
+def default_window(rate: float, window_s: float, n_replicas: int, n_requests: int) -> int:
+    """Window entries per replica to start from: 4 x the requests an even share gets in one window at
+    `rate` (traces replaying recorded times pass rate <= 0: all requests), at least 64, at most all
+    requests (`e2_ring_overflow` says when it was too small: double it and rerun)."""
+    if rate <= 0 or not math.isfinite(window_s):
+        return int(n_requests)
+    return int(min(n_requests, max(64, 4 * math.ceil(rate * window_s / n_replicas))))
+
+
 def check(static: RouterStatic) -> None:
-    if static.e2_ring < 1:
-        raise JaxrouteError("preble_e2 needs its window ring: build the model with e2_ring >= 1 "
-                            "(see clusters.replicas.default_e2_ring)")
+    if static.window < 1:
+        raise JaxrouteError("preble_e2 needs its window ring: build the model with router_window >= 1 "
+                            "(see routers.preble.default_window)")
 
 
 def _pop(s: State, pop: jax.Array, view: RouterView) -> State:

@@ -17,7 +17,7 @@ class RouterStatic:
 
     n_replicas: int  # G
     n_segments: int  # M + 1 (the workload's segment ids + the padding dummy)
-    e2_ring: int = 0  # Preble E2 window ring per replica (0 = E2 not modeled)
+    window: int = 0  # dispatch-window ring entries per replica (routers that keep a window; 0 = none)
 
 
 @jax.tree_util.register_dataclass

@@ -6,7 +6,6 @@ from jaxroute.clusters.prefix_cache import leading_match
 from jaxroute.clusters.replicas.model import (
     METRICS,
     ReplicaModel,
-    default_e2_ring,
     default_max_queue,
     make_params,
     records,
@@ -20,4 +19,4 @@ from jaxroute.clusters.replicas.types import (
 )
 
 __all__ = ["METRICS", "Replica", "ReplicaModel", "ReplicaParams", "ReplicaState", "Snapshot",
-           "default_e2_ring", "default_max_queue", "leading_match", "make_params", "records", "run_single"]
+           "default_max_queue", "leading_match", "make_params", "records", "run_single"]

@@ -22,8 +22,9 @@ Routing is instantaneous, so a request's dispatch time is its arrival time.
 
 Capacities (each one has its own bool metric, OR-ed into `overflow`; grow it and rerun):
 - `max_queue` (Q), the local queue per replica: `queue_overflow`; `default_max_queue` sizes it.
-- `e2_ring`, Preble E2's window ring per replica: `e2_ring_overflow`; `default_e2_ring` sizes it
-  (0 = E2 not modeled; a preble_e2 row is then refused by `check_params`).
+- `router_window`, the dispatch-window ring per replica of routers that keep one (Preble E2): the
+  router's own flag (`e2_ring_overflow`); the router module sizes it (`routers.preble.default_window`).
+  0 = no window: a router that needs one is refused by `check_params`.
 - `max_running` (B) is a modeled engine limit (SGLang's max_running_requests), not a capacity:
   requests wait for a slot and `running_full` reports that it bound.
 """
@@ -77,15 +78,6 @@ def default_max_queue(n_requests: int, n_replicas: int) -> int:
     return int(min(n_requests, max(64, 4 * math.ceil(n_requests / n_replicas))))
 
 
-def default_e2_ring(rate: float, window_s: float, n_replicas: int, n_requests: int) -> int:
-    """Preble E2 window entries per replica to start from: 4 x the requests an even share gets in one
-    window at `rate` (traces replaying recorded times pass rate <= 0: all requests), at least 64, at
-    most all requests (`e2_ring_overflow` says when it was too small: double it and rerun)."""
-    if rate <= 0 or not math.isfinite(window_s):
-        return int(n_requests)
-    return int(min(n_requests, max(64, 4 * math.ceil(rate * window_s / n_replicas))))
-
-
 @dataclasses.dataclass(frozen=True)
 class ReplicaModel(sim.Model):
     """Static configuration (shapes); see the module docstring for the model."""
@@ -97,25 +89,25 @@ class ReplicaModel(sim.Model):
     max_admit: int = 4  # admissions per iteration
     local_order: str = "fcfs"  # or "lpm"
     stale_view: bool = False  # keep a router snapshot refreshed every params.stale_s seconds
-    e2_ring: int = 0  # Preble E2 window ring per replica (0 = E2 not modeled; preble_e2 refused)
+    router_window: int = 0  # dispatch-window ring per replica for routers that keep one (0 = none)
     leap: int = 32  # pure-decode iterations a replica may take in one step (0 = none; exact either way)
 
     def __post_init__(self):
         if self.n_replicas < 1 or self.chunk < 1 or self.max_running < 1 or self.max_queue < 1 or self.max_admit < 1:
             raise JaxrouteError("replicas, chunk, max_running, max_queue and max_admit must all be >= 1")
-        if self.e2_ring < 0:
-            raise JaxrouteError(f"e2_ring must be >= 0, got {self.e2_ring}")
+        if self.router_window < 0:
+            raise JaxrouteError(f"router_window must be >= 0, got {self.router_window}")
         if self.local_order not in ("fcfs", "lpm"):
             raise JaxrouteError(f"unknown local order '{self.local_order}'; choose from: fcfs, lpm")
 
     def router_static(self, n_segments: int) -> RouterStatic:
-        return RouterStatic(self.n_replicas, n_segments, self.e2_ring)
+        return RouterStatic(self.n_replicas, n_segments, self.router_window)
 
     # ------------------------------------------------------------------ protocol
 
     def check_params(self, params: ReplicaParams, workload=None) -> None:
-        """Refuse, before tracing: unknown policy ids, a policy the static sizes cannot run (preble_e2
-        with e2_ring = 0), and stale_s > 0 without stale_view (it would be ignored)."""
+        """Refuse, before tracing: unknown policy ids, a policy the static sizes cannot run (a window
+        router with router_window = 0), and stale_s > 0 without stale_view (it would be ignored)."""
         ids = np.asarray(params.policy).reshape(-1)
         routers.REGISTRY.check_id(ids)
         routers.check(self.router_static(1), {routers.REGISTRY.name(int(i)) for i in ids})
