@@ -31,10 +31,12 @@ class Request:
     prompt: jax.Array  # [] int32 prompt tokens
     out: jax.Array  # [] int32 output tokens
     out_seg: jax.Array  # [] int32 segment its output becomes in the cache (dummy = not kept)
+    session: jax.Array  # [] int32 session id (-1 = none)
 
     @classmethod
     def of(cls, table: RequestTable, i: jax.Array) -> Request:
-        return cls(i, table.seg_ids[i], table.seg_tok[i], table.prompt_tok[i], table.out_tok[i], table.out_seg[i])
+        return cls(i, table.seg_ids[i], table.seg_tok[i], table.prompt_tok[i], table.out_tok[i], table.out_seg[i],
+                   table.session[i])
 
     @property
     def all_segs(self) -> jax.Array:  # [S + 1] the prompt's segments and the output's

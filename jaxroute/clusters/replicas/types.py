@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 import jax
+import jax.numpy as jnp
 
 from jaxroute import cost_models
 from jaxroute.routers.prefix import RouterParams
@@ -41,6 +42,12 @@ class Replica:
     run_nseg: jax.Array  # [B] int32 leading prompt segments locked in the cache
     run_res: jax.Array  # [B] int32 private KV tokens held (prompt not yet in the cache + output)
     run_seq: jax.Array  # [B] int32 admission stamp (prefill budget order)
+
+    def kv_in_use(self, seg_len: jax.Array) -> jax.Array:
+        """KV tokens in use ([] for a row, [G] for the cluster): locked cached segments + private tokens.
+        Unlocked cached segments count as free, as in vLLM's kv-cache usage (they are evictable)."""
+        locked = self.cached & (self.refcnt > 0)
+        return jnp.sum(locked * seg_len, axis=-1) + jnp.sum(self.run_res, axis=-1)
 
 
 @jax.tree_util.register_dataclass

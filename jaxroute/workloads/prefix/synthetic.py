@@ -108,7 +108,7 @@ class SyntheticPrefixWorkload:
         return RequestTable(arr[order].astype(jnp.float32), seg_ids, tok.astype(jnp.int32),
                             self.unit_out[u, r].astype(jnp.int32), out_seg,
                             seg_len.astype(jnp.int32), seg_depth.astype(jnp.int32),
-                            jnp.sum(tok, axis=1).astype(jnp.int32))
+                            jnp.sum(tok, axis=1).astype(jnp.int32), inst.astype(jnp.int32))
 
 
 @dataclasses.dataclass

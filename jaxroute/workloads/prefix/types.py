@@ -29,6 +29,7 @@ class RequestTable:
     seg_len: jax.Array  # [n_segments + 1] int32 tokens of each segment id (dummy last = 0)
     seg_depth: jax.Array  # [n_segments + 1] int32 position of each id in any prompt (tree depth)
     prompt_tok: jax.Array  # [N] int32 prompt tokens (sum of seg_tok)
+    session: jax.Array  # [N] int32 session (conversation, agent run, sample group) id; -1 = none recorded
 
 
 def request_steps(prompt_tok: int, out_tok: int, chunk: int) -> int:
