@@ -13,6 +13,7 @@ import jax
 import numpy as np
 
 from jaxroute import cost_models
+from tests import reference_routers as rr_mod
 
 F32 = np.float32
 POLICIES = ("rr", "least_load", "least_tokens", "affinity", "threshold", "cache_guard", "sglang_cache_aware",
@@ -126,16 +127,6 @@ def _route(policy, G, inflight, tokens, match, tmatch, tsize, prompt, rr, rp, e2
             return least
         b = best(tmatch)
         return b if tmatch[b] / max(prompt, 1) > rp["sgl_cache_threshold"] else int(np.argmin(tsize))
-    if policy == "weighted":  # argmax picker: highest weighted score, ties -> lowest index
-        def spread(x):
-            hi, lo = max(x), min(x)
-            return [F32(F32(hi - v) / F32(hi - lo)) if hi > lo else F32(1) for v in x]
-        ratio = [F32(F32(match[g]) / F32(max(prompt, 1))) for g in range(G)]
-        w = [F32(x) for x in rp["weights"]]
-        score = [F32(w[0] * r + w[1] * q + w[2] * k)
-                 for r, q, k in zip(ratio, spread([F32(x) for x in inflight]), spread([F32(x) for x in tokens]),
-                                    strict=True)]
-        return max(range(G), key=lambda g: (score[g], -g))
     if policy == "preble_e2":
         load, extra, _ = e2
         cost = [F32(load[g] + extra[g]) for g in range(G)]
@@ -190,10 +181,10 @@ def preble_costs(window, last, record, locked, segs_i, match, prompt, a, cap, H,
 
 
 def simulate(table, *, G, cap, policy, cost, chunk=512, B=64, Q=256, max_admit=4, local="fcfs",
-             router=None, stale=0.0, check=None):
+             router=None, stale=0.0, check=None, router_key=None):
     """Run the reference; returns per-request records and a list of invariant violations."""
     rp = dict(theta=0.5, guard_abs=8.0, guard_rel=1.5, sgl_cache_threshold=0.3, sgl_balance_abs=64.0,
-              sgl_balance_rel=1.5, e2_window_s=180.0, e2_th_bal=1.5, weights=(3.0, 2.0, 2.0))
+              sgl_balance_rel=1.5, e2_window_s=180.0, e2_th_bal=1.5, weights=None)
     rp.update(router or {})
     arrival = np.asarray(table.arrival_s, np.float32)
     seg_ids, seg_tok = np.asarray(table.seg_ids), np.asarray(table.seg_tok)
@@ -204,6 +195,11 @@ def simulate(table, *, G, cap, policy, cost, chunk=512, B=64, Q=256, max_admit=4
     segs = [[(int(a), int(b)) for a, b in zip(seg_ids[i], seg_tok[i], strict=True) if b > 0] for i in range(N)]
     prompt = [sum(b for _, b in s) for s in segs]
     step_time = jax.jit(cost_models.step_time)
+    world = rr_mod.World(G=G, segs=segs, prompt=prompt, out_tok=out_tok, out_seg=out_seg,
+                         session=np.asarray(table.session), seg_len=seg_len, seg_depth=seg_depth, dummy=dummy, cap=cap,
+                         cost=cost, rp=rp)
+    ref_router = rr_mod.ROUTERS[policy](world) if policy in rr_mod.ROUTERS else None
+    run_key = None if router_key is None else jax.random.fold_in(router_key, rr_mod.ROUTER_KEY_TAG)
 
     reps = [Replica(B, Q) for _ in range(G)]
     inflight = [0.0] * G
@@ -228,6 +224,9 @@ def simulate(table, *, G, cap, policy, cost, chunk=512, B=64, Q=256, max_admit=4
             m += t
         return m
 
+    def kv_in_use(rep):  # locked cached tokens + private tokens (Replica.kv_in_use)
+        return sum(n.tokens for n in rep.cache.nodes.values() if n.refcnt > 0) + sum(s.res for s in rep.slots if s is not None)
+
     def used(rep):
         return rep.cache.tokens() + sum(s.res for s in rep.slots if s is not None)
 
@@ -239,16 +238,19 @@ def simulate(table, *, G, cap, policy, cost, chunk=512, B=64, Q=256, max_admit=4
             break
         if a <= m:  # route
             i = nxt
+            fresh = dict(present=[set(reps[g].cache.nodes) | {k for k, v in dispatched[g].items() if v > 0}
+                                  for g in range(G)], inflight=list(inflight), tokens=list(tokens), time=a,
+                         cached=[set(reps[g].cache.nodes) for g in range(G)],
+                         waiting=[len(r.queue) for r in reps], running=[sum(s is not None for s in r.slots) for r in reps],
+                         kv_usage=[F32(F32(kv_in_use(r)) / F32(cap)) for r in reps])
             if stale > 0:
-                if snap is None or a >= snap[3] + F32(stale):
-                    snap = ([set(reps[g].cache.nodes) | {k for k, v in dispatched[g].items() if v > 0}
-                             for g in range(G)], list(inflight), list(tokens), a)
-                present = snap[0]
-                record = [set(present[g]) for g in range(G)]
-                v_inf, v_tok = snap[1], snap[2]
+                if snap is None or a >= snap["time"] + F32(stale):
+                    snap = fresh
+                seen = snap
             else:
-                record = [set(reps[g].cache.nodes) | {k for k, v in dispatched[g].items() if v > 0} for g in range(G)]
-                v_inf, v_tok = inflight, tokens
+                seen = fresh
+            record = [set(seen["present"][g]) for g in range(G)]
+            v_inf, v_tok = seen["inflight"], seen["tokens"]
             match = [view_match(g, i, lambda g, s, record=record: s in record[g]) for g in range(G)]
             tmatch = [view_match(g, i, lambda g, s: s in tree[g]) for g in range(G)]
             tsize = [sum(int(seg_len[s]) for s in tree[g]) for g in range(G)]
@@ -256,18 +258,26 @@ def simulate(table, *, G, cap, policy, cost, chunk=512, B=64, Q=256, max_admit=4
             e2_load, e2_extra, e2_p, e2_m = preble_costs(window, last, record, locked, segs[i], match, prompt[i], a, cap,
                                                    F32(rp["e2_window_s"]), cost, seg_len, seg_depth, segs)
             m_pos = any(x > 0 for x in e2_m)
-            g = _route(policy, G, v_inf, v_tok, match, tmatch, tsize, prompt[i], rr, rp, (e2_load, e2_extra, m_pos),
-                       stats)
+            ctx = rr_mod.Ctx(i=i, now=a, key=None if router_key is None else jax.random.fold_in(run_key, i),
+                             inflight=list(v_inf), tokens=list(v_tok), record=record, match=match,
+                             cached=seen["cached"], cached_match=[rr_mod.leading_tokens(segs[i], c) for c in seen["cached"]],
+                             waiting=seen["waiting"], running=seen["running"], kv_usage=seen["kv_usage"])
+            if ref_router is not None:
+                g = ref_router.choose(ctx)
+                ref_router.on_dispatch(ctx, g)
+            else:
+                g = _route(policy, G, v_inf, v_tok, match, tmatch, tsize, prompt[i], rr, rp, (e2_load, e2_extra, m_pos),
+                           stats)
             window[g].append(dict(t=a, pre=e2_p[g], dec=F32(decode(cost, F32(1.0), F32(prompt[i]))),
                                   out=int(out_tok[i]), rid=i))
             for sid in [s for s, _ in segs[i]] + ([int(out_seg[i])] if out_seg[i] != dummy else []):
                 last[g][sid] = a
-            if stale > 0:  # the router knows its own dispatches at once
-                snap[0][g].update(s for s, _ in segs[i])
+            if stale > 0:  # the router knows its own dispatches at once (not the scraped metrics)
+                snap["present"][g].update(s for s, _ in segs[i])
                 if out_seg[i] != dummy:
-                    snap[0][g].add(int(out_seg[i]))
-                snap[1][g] += 1
-                snap[2][g] += prompt[i] + int(out_tok[i])
+                    snap["present"][g].add(int(out_seg[i]))
+                snap["inflight"][g] += 1
+                snap["tokens"][g] += prompt[i] + int(out_tok[i])
             rep = reps[g]
             if len(rep.queue) >= Q:
                 overflow = True
@@ -367,6 +377,8 @@ def simulate(table, *, G, cap, policy, cost, chunk=512, B=64, Q=256, max_admit=4
                 continue
             i = s.rid
             rec["finish"][i] = t_end
+            if ref_router is not None:
+                ref_router.on_finish(g, i, t_end)
             node = rep.cache.root
             for sid, _ in segs[i]:
                 node = node.children[sid]

@@ -32,7 +32,8 @@ def _compare(case, policy, G=3, B=8, Q=64, local="fcfs", stale=0.0, leap=32, key
     st = R.run_single(model, jax.random.key(key), wl, p)
     got = R.records(st)
     want, violations = ref.simulate(st.req, G=G, cap=cap, policy=policy, cost=p.cost, B=B, Q=Q, local=local,
-                                    stale=stale, router={"theta": theta, **(router or {})})
+                                    stale=stale, router={"theta": theta, **(router or {})},
+                                    router_key=jax.random.key(key))
     assert violations == []
     np.testing.assert_array_equal(got["replica"], want["replica"])
     np.testing.assert_array_equal(got["cached_tokens"], want["cached"])

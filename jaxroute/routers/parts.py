@@ -60,11 +60,34 @@ def spread(x: jax.Array) -> jax.Array:
     return jnp.where(hi > lo, (hi - x) / jnp.where(hi > lo, hi - lo, 1.0), 1.0)
 
 
-def normalized(view: RouterView, req: Request) -> jax.Array:
-    """[3, G] scores in [0, 1]: prefix match ratio, short queue, few tokens in flight (llm-d's scorer kinds:
-    prefix-cache, queue, kv-cache utilisation)."""
-    ratio = view.match_tokens / jnp.maximum(req.prompt.astype(jnp.float32), 1.0)
-    return jnp.stack([ratio, spread(view.inflight), spread(view.tokens)])
+# Named scorers of the weighted presets, each in [0, 1] (higher is better); `RouterParams.weights`
+# holds one weight per name, in this order, and `--weights name=w,...` sets them.
+SCORERS = ("prefix", "inflight", "tokens", "queue", "kv", "load_aware")
+
+
+def load_aware(waiting: jax.Array, threshold: jax.Array) -> jax.Array:
+    """llm-d's load-aware scorer: 0.5 at an empty queue, falling linearly to 0 at `threshold` waiting
+    requests, 0 beyond (llm-d-inference-scheduler `pkg/plugins/scorer/load_aware.go`)."""
+    return jnp.where(waiting == 0, 0.5, jnp.where(waiting > threshold, 0.0,
+                                                   0.5 * (1.0 - waiting / jnp.maximum(threshold, 1e-9))))
+
+
+def score_matrix(view: RouterView, req: Request, prefix_match: jax.Array, load_threshold: jax.Array) -> jax.Array:
+    """[len(SCORERS), G] scores in [0, 1]: prefix match ratio (on the preset's own prefix source,
+    `prefix_match` tokens), few requests in flight, few tokens in flight (router-side counters), short
+    waiting queue (llm-d's queue scorer: min-max normalised), free KV (llm-d's kv-cache-utilization
+    scorer: 1 - usage), load-aware (llm-d)."""
+    ratio = prefix_match / jnp.maximum(req.prompt.astype(jnp.float32), 1.0)
+    return jnp.stack([ratio, spread(view.inflight), spread(view.tokens), spread(view.waiting),
+                      1.0 - view.kv_usage, load_aware(view.waiting, load_threshold)])
+
+
+def weighted_sum(weights: jax.Array, scores: jax.Array) -> jax.Array:
+    """sum_k weights[k] * scores[k], added in SCORERS order (the reference adds the same way)."""
+    total = weights[0] * scores[0]
+    for k in range(1, scores.shape[0]):
+        total = total + weights[k] * scores[k]
+    return total
 
 
 # ----------------------------------------------------------------------------- pickers

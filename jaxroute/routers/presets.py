@@ -47,10 +47,8 @@ def cache_guard(view, req, p, key) -> jax.Array:
 
 def weighted(view, req, p, key) -> jax.Array:
     """llm-d-style scheduling profile (`llm-d/llm-d-inference-scheduler`: filters -> weighted scorers ->
-    picker): score = weights . [prefix match ratio, queue, tokens in flight], each in [0, 1]; the picker
-    is `p.picker` (argmax, random among ties, softmax at `p.temperature`). Weights are traced."""
-    scores = parts.normalized(view, req)
-    score = p.weights[0] * scores[0]
-    for k in range(1, scores.shape[0]):  # in order (the reference sums the same way)
-        score = score + p.weights[k] * scores[k]
-    return parts.pick(p.picker, score, key, p.temperature)
+    picker): score = sum_k weights[k] x scorer_k, the scorers of `parts.SCORERS`, each in [0, 1], the
+    prefix scorer on the router's record (insert on dispatch); the picker is `p.picker` (argmax, random
+    among ties, softmax at `p.temperature`). Weights are traced (default prefix 3, inflight 2, tokens 2)."""
+    scores = parts.score_matrix(view, req, view.match_tokens, p.load_threshold)
+    return parts.pick(p.picker, parts.weighted_sum(p.weights, scores), key, p.temperature)

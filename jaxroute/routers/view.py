@@ -54,6 +54,11 @@ class RouterView:
     record: jax.Array  # [G, M+1] bool where the router places each segment: cache + dispatched (insert on dispatch)
     locked: jax.Array  # [G, M+1] bool segments of unfinished requests dispatched to each replica
     match_tokens: jax.Array  # [G] float32 leading prompt tokens of this request on `record`
+    cached: jax.Array  # [G, M+1] bool the replicas' caches as their KV events report them (precise prefix)
+    cached_match: jax.Array  # [G] float32 leading prompt tokens of this request on `cached`
+    waiting: jax.Array  # [G] float32 requests in each replica's local queue (scraped metric)
+    running: jax.Array  # [G] float32 requests running on each replica (scraped metric)
+    kv_usage: jax.Array  # [G] float32 fraction of KV in use, Replica.kv_in_use / capacity (scraped metric)
     kv_capacity: jax.Array  # [] int32 KV tokens per replica
     cost: cost_models.CostParams  # the replicas' cost model (routers that estimate GPU time use it)
     table: RequestTable  # segment catalogue (seg_len, seg_depth); rows of requests the router dispatched

@@ -59,17 +59,23 @@ _ROUTER_KEY = 0x7E57  # fold_in tag: the router's coin flips never reuse the wor
 
 
 def make_params(policy: str = "rr", rate: float = 1.0, stale_s: float = 0.0, kv_capacity: int | None = None,
-                gpu: str = "a6000", model: str = "mistral-7b", cost_model: str = "roofline",
+                gpu: str = "a6000", model: str = "mistral-7b", cost_model: str = "roofline", tp: int = 1,
                 **router_kw) -> ReplicaParams:
-    """Traced params of one row; router settings (theta, e2_window_s, weights, ...) go to the router."""
+    """Traced params of one row; router settings (theta, e2_window_s, weights, ...) go to the router.
+
+    Each replica is `tp` GPUs (tensor parallel). The KV capacity follows from GPU memory, tp and 90 %
+    utilisation unless `kv_capacity` overrides it; either way the weights must fit on the tp GPUs.
+    """
     pid = routers.REGISTRY.id(policy)
     if stale_s < 0:
         raise JaxrouteError(f"staleness must be >= 0 seconds, got {stale_s}")
-    cap = cost_models.kv_capacity_tokens(gpu, model) if kv_capacity is None else int(kv_capacity)
+    fits = cost_models.kv_capacity_tokens(gpu, model, tp)  # refuses weights that do not fit, tp that cannot split
+    cap = fits if kv_capacity is None else int(kv_capacity)
     if cap < 1:
         raise JaxrouteError(f"kv capacity must be >= 1 token, got {cap}")
     return ReplicaParams(jnp.int32(pid), jnp.float32(rate), jnp.float32(stale_s), jnp.int32(cap),
-                         routers.router_params(**router_kw), cost_models.cost_params(gpu, model, kind=cost_model))
+                         routers.router_params(policy, **router_kw),
+                         cost_models.cost_params(gpu, model, tp, kind=cost_model))
 
 
 def default_max_queue(n_requests: int, n_replicas: int) -> int:
@@ -128,7 +134,9 @@ class ReplicaModel(sim.Model):
         rep = Replica(cached=b((G, m1)), refcnt=i((G, m1), 0), last_use=f((G, m1), 0.0), pending=i((G, m1), 0),
                       queue=i((G, Q), -1), run_req=i((G, B), -1), run_pos=i((G, B), 0),
                       run_gen=i((G, B), 0), run_nseg=i((G, B), 0), run_res=i((G, B), 0), run_seq=i((G, B), 0))
-        view = Snapshot(b((G, m1 if self.stale_view else 1)), f((G,), 0.0), f((G,), 0.0), jnp.float32(-INF))
+        m_snap = m1 if self.stale_view else 1
+        view = Snapshot(b((G, m_snap)), f((G,), 0.0), f((G,), 0.0), jnp.float32(-INF), b((G, m_snap)), f((G,), 0.0),
+                        f((G,), 0.0), f((G,), 0.0))
         return ReplicaState(
             req=req, rep=rep, router=routers.init(self.router_static(m1)), key=jax.random.fold_in(key, _ROUTER_KEY),
             next_req=jnp.int32(0), now=jnp.float32(0), clock=f((G,), INF), n_admitted=jnp.int32(0),
@@ -142,20 +150,26 @@ class ReplicaModel(sim.Model):
         return (state.next_req >= state.req.arrival_s.shape[0]) & jnp.all(jnp.isinf(state.clock))
 
     def _view(self, s: ReplicaState, params: ReplicaParams, a, is_route, req: Request):
-        """(router view, the snapshot to keep, refresh flag) for a request arriving at `a`."""
+        """(router view, the snapshot to keep) for a request arriving at `a`."""
         record = s.rep.cached | (s.rep.pending > 0)
-        snap, refresh = s.view, jnp.bool_(False)
+        fresh = Snapshot(record, s.inflight, s.inflight_tok, a, s.rep.cached,
+                         jnp.sum(s.rep.queue >= 0, axis=1).astype(jnp.float32),
+                         jnp.sum(s.rep.run_req >= 0, axis=1).astype(jnp.float32),
+                         s.rep.kv_in_use(s.req.seg_len).astype(jnp.float32) / params.kv_capacity.astype(jnp.float32))
+        snap = s.view
         if self.stale_view:
             refresh = is_route & (a >= s.view.time + params.stale_s)
-            snap = Snapshot(jnp.where(refresh, record, s.view.present), jnp.where(refresh, s.inflight, s.view.inflight),
-                            jnp.where(refresh, s.inflight_tok, s.view.tokens), jnp.where(refresh, a, s.view.time))
-            record, v_inf, v_tok = snap.present, snap.inflight, snap.tokens
+            snap = jax.tree.map(lambda new, old: jnp.where(refresh, new, old), fresh, s.view)
+            seen = snap
         else:
-            v_inf, v_tok = s.inflight, s.inflight_tok
-        _, match = leading_match(record[:, req.segs], jnp.arange(req.segs.shape[0]), req.tok)
-        view = RouterView(now=a, inflight=v_inf, tokens=v_tok, record=record, locked=s.rep.pending > 0,
-                          match_tokens=match.astype(jnp.float32), kv_capacity=params.kv_capacity, cost=params.cost,
-                          table=s.req)
+            seen = fresh
+        pos = jnp.arange(req.segs.shape[0])
+        _, match = leading_match(seen.present[:, req.segs], pos, req.tok)
+        _, cached_match = leading_match(seen.cached[:, req.segs], pos, req.tok)
+        view = RouterView(now=a, inflight=seen.inflight, tokens=seen.tokens, record=seen.present,
+                          locked=s.rep.pending > 0, match_tokens=match.astype(jnp.float32), cached=seen.cached,
+                          cached_match=cached_match.astype(jnp.float32), waiting=seen.waiting, running=seen.running,
+                          kv_usage=seen.kv_usage, kv_capacity=params.kv_capacity, cost=params.cost, table=s.req)
         return view, snap
 
     def step(self, state: ReplicaState, workload, params: ReplicaParams) -> ReplicaState:
@@ -197,7 +211,7 @@ class ReplicaModel(sim.Model):
 
         # ---- iterate
         it, side = iterate_row(self, row, r, m, params, s.n_admitted, a)
-        router = routers.on_finish(router, g, side["rid"], is_iter & side["finished"], params.router)
+        router = routers.on_finish(router, view, g, side["rid"], is_iter & side["finished"], params.router)
 
         pick = lambda x0, xr, xi: jnp.where(is_route, xr, jnp.where(is_iter, xi, x0))
         new_row = jax.tree.map(pick, row, routed, it)
@@ -216,9 +230,9 @@ class ReplicaModel(sim.Model):
         d_inf = jnp.where(is_route, 1.0, jnp.where(is_iter, -side["n_fin"], 0.0))
         d_tok = jnp.where(is_route, size, jnp.where(is_iter, -side["tok_fin"], 0.0))
         if self.stale_view:  # the router knows its own dispatches at once
-            snap = Snapshot(snap.present.at[g, all_segs].set(snap.present[g, all_segs] | is_route),
-                            snap.inflight.at[g].add(jnp.where(is_route, 1.0, 0.0)),
-                            snap.tokens.at[g].add(jnp.where(is_route, size, 0.0)), snap.time)
+            snap = dataclasses.replace(snap, present=snap.present.at[g, all_segs].set(snap.present[g, all_segs] | is_route),
+                                       inflight=snap.inflight.at[g].add(jnp.where(is_route, 1.0, 0.0)),
+                                       tokens=snap.tokens.at[g].add(jnp.where(is_route, size, 0.0)))
         # per-request records: point updates (out-of-range index n = no update)
         nowhere = n
         admitted = jnp.where(is_iter & side["adm_go"], side["adm_id"], nowhere)

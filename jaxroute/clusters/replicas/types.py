@@ -53,12 +53,18 @@ class Replica:
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class Snapshot:
-    """The stale router view (only with `stale_view`): refreshed every `stale_s` seconds."""
+    """The stale router view (only with `stale_view`): refreshed every `stale_s` seconds. The router's
+    own counters (record, in flight, tokens) add its dispatches at once; the scraped replica metrics
+    (caches as KV events report them, queue, running, KV usage) change only at a refresh."""
 
     present: jax.Array  # [G, M+1] bool record (cache + dispatched) at the snapshot ([G, 1] when unused)
     inflight: jax.Array  # [G] float32 loads at the snapshot (+ dispatches since)
     tokens: jax.Array  # [G] float32
     time: jax.Array  # [] float32 time of the snapshot
+    cached: jax.Array  # [G, M+1] bool replica caches at the snapshot ([G, 1] when unused)
+    waiting: jax.Array  # [G] float32 local queue lengths at the snapshot
+    running: jax.Array  # [G] float32 running requests at the snapshot
+    kv_usage: jax.Array  # [G] float32 KV fraction in use at the snapshot
 
 
 @jax.tree_util.register_dataclass
