@@ -109,6 +109,26 @@ def _gqa_kv_bytes(n_layers: int, n_kv_heads: int, head_dim: int) -> int:
     return 2 * n_layers * n_kv_heads * head_dim * 2  # K and V, bf16
 
 
+def _dense_params(layers: int, hidden: int, heads: int, kv_heads: int, head_dim: int, ffn: int, vocab: int,
+                  qk_norm: bool = False) -> int:
+    """Weights of a dense Llama/Qwen3-style decoder from its config.json (untied embedding and LM head).
+
+    Per layer: q, k, v, o projections (no bias), SwiGLU MLP (gate, up, down), two RMSNorms, and for
+    Qwen3 the per-head q/k RMSNorms (head_dim each); plus embedding, LM head and the final norm.
+    """
+    attn = hidden * heads * head_dim * 2 + hidden * kv_heads * head_dim * 2
+    layer = attn + 3 * hidden * ffn + 2 * hidden + (2 * head_dim if qk_norm else 0)
+    return layers * layer + 2 * vocab * hidden + hidden
+
+
+def _dense_model(name: str, *, layers: int, hidden: int, heads: int, kv_heads: int, head_dim: int, ffn: int,
+                 vocab: int, qk_norm: bool = False) -> ModelSpec:
+    """A dense bf16 GQA ModelSpec built from config.json values."""
+    p = _dense_params(layers, hidden, heads, kv_heads, head_dim, ffn, vocab, qk_norm)
+    return ModelSpec(name, p, p, layers, hidden, vocab, heads, head_dim, head_dim, kv_heads,
+                     _gqa_kv_bytes(layers, kv_heads, head_dim))
+
+
 # Sources (Hugging Face config.json / model cards):
 # - Mistral-7B-v0.1 (mistralai/Mistral-7B-v0.1): 7,241,732,096 params, 32 layers, hidden 4096,
 #   32 heads, 8 KV heads of dim 128, vocab 32000 -> KV 131,072 B/token (DESIGN.md).
@@ -136,30 +156,53 @@ MODELS: dict[str, ModelSpec] = {
                   _gqa_kv_bytes(48, 4, 128), n_experts=128, experts_per_token=8),
         ModelSpec("DeepSeek-V3", 671e9, 37e9, 61, 7168, 129280, 128, 192, 128, 1,
                   61 * (512 + 64) * 2, n_experts=256, experts_per_token=8, weight_bytes_per_param=1),
+        # Hugging Face config.json values (all four: "tie_word_embeddings": false, bf16). Qwen3 configs
+        # copied in citsjtu2020/LLM-Prof sglang/Model_Config.md @8434c8d: Qwen3-32B lines 264-293
+        # (head_dim 273, hidden_size 275, intermediate_size 277, num_attention_heads 281, num_hidden_layers
+        # 282, num_key_value_heads 283, tie_word_embeddings 288, vocab_size 293); Qwen3-8B lines 328-357
+        # (337, 339, 341, 345-347, 352, 357). Llama-3.1-8B: same file, lines 1-34 (hidden_size 11,
+        # intermediate_size 13, heads 17, layers 18, KV heads 19, tied 30, vocab 34; no head_dim key, so
+        # 4096 / 32 = 128). Llama-3.1-70B: oumi-ai/oumi configs/recipes/llama3_1/README.md @2f02887 lines
+        # 27-39 (vocab 128,256, hidden 8192, MLP intermediate 28,672, 80 layers, 64 heads, 8 KV heads,
+        # weight tying False; head dim 8192 / 64 = 128). Parameter counts follow from these by
+        # `_dense_params` (Llama-3.1: 8,030,261,248 and 70,553,706,496, as Llama-3; Qwen3-32B 32.76e9).
+        _dense_model("Qwen3-32B", layers=64, hidden=5120, heads=64, kv_heads=8, head_dim=128, ffn=25600,
+                     vocab=151936, qk_norm=True),
+        _dense_model("Qwen3-8B", layers=36, hidden=4096, heads=32, kv_heads=8, head_dim=128, ffn=12288,
+                     vocab=151936, qk_norm=True),
+        _dense_model("Llama-3.1-8B", layers=32, hidden=4096, heads=32, kv_heads=8, head_dim=128, ffn=14336,
+                     vocab=128256),
+        _dense_model("Llama-3.1-70B", layers=80, hidden=8192, heads=64, kv_heads=8, head_dim=128, ffn=28672,
+                     vocab=128256),
     ]
 }
+# Short names the CLI accepts for the only catalog entry of that kind (lower-case, '-'/'_'/'.' ignored).
+GPU_ALIASES = {"h100": "H100-SXM", "a100": "A100-80GB"}
 
 
 def _key(name: str) -> str:
     return re.sub(r"[^a-z0-9]", "", name.lower())
 
 
-def _lookup(name, table: dict, what: str):
+def _lookup(name, table: dict, what: str, aliases: dict | None = None):
     if isinstance(name, GPUSpec | ModelSpec):
         return name
-    found = {_key(k): v for k, v in table.items()}.get(_key(str(name)))
+    keyed = {_key(k): v for k, v in table.items()}
+    keyed.update({_key(a): table[k] for a, k in (aliases or {}).items()})
+    found = keyed.get(_key(str(name)))
     if found is None:
-        raise JaxrouteError(f"unknown {what} '{name}'; choose from: {', '.join(table)}")
+        also = f" (or: {', '.join(aliases)})" if aliases else ""
+        raise JaxrouteError(f"unknown {what} '{name}'; choose from: {', '.join(table)}{also}")
     return found
 
 
 def get_gpu(name: str | GPUSpec) -> GPUSpec:
-    """Catalog GPU by name (case-insensitive, '-'/'_' ignored)."""
-    return _lookup(name, GPUS, "GPU")
+    """Catalog GPU by name (case-insensitive, '-'/'_'/'.' ignored; 'h100' and 'a100' name the only one)."""
+    return _lookup(name, GPUS, "GPU", GPU_ALIASES)
 
 
 def get_model(name: str | ModelSpec) -> ModelSpec:
-    """Catalog model by name (case-insensitive, '-'/'_' ignored)."""
+    """Catalog model by name (case-insensitive, '-'/'_'/'.' ignored: 'qwen3-32b', 'llama-3.1-70b')."""
     return _lookup(name, MODELS, "model")
 
 
@@ -229,10 +272,33 @@ def _kv_shards(model: ModelSpec, tp: int) -> int:
     return max(1, min(tp, model.n_kv_heads))
 
 
+def _tp_split_problem(m: ModelSpec, tp: int) -> str | None:
+    """Why tp cannot split m's heads evenly, or None. Heads are whole on a rank: the query heads must
+    divide by tp, and the KV heads either divide by tp or (replicated) divide tp. These are vLLM's rules
+    (ModelConfig.verify_with_parallel_config in vllm/config.py; the KV-head rule in the attention layers of
+    vllm/model_executor/models/llama.py); the roofline's per-rank FLOPs and KV bytes assume them."""
+    if m.n_heads % tp:
+        return f"{m.name} has {m.n_heads} attention heads, which {tp} GPUs cannot split evenly"
+    kv = m.n_kv_heads
+    if (kv % tp) if kv >= tp else (tp % kv):
+        return f"{m.name} has {kv} KV heads, which {tp} GPUs can neither split nor replicate evenly"
+    return None
+
+
+def check_tp(model: str | ModelSpec, tp: int) -> int:
+    """Validate a tensor-parallel degree for a model (a positive integer that splits its heads); returns it."""
+    m, tp = get_model(model), _tp(tp)
+    problem = _tp_split_problem(m, tp)
+    if problem:
+        ok = [t for t in range(1, m.n_heads + 1) if _tp_split_problem(m, t) is None]
+        raise JaxrouteError(f"tensor parallelism {tp}: {problem}; use one of {', '.join(map(str, ok))}")
+    return tp
+
+
 def cost_params(gpu: str | GPUSpec, model: str | ModelSpec, tp: int = 1, kind: str = "roofline") -> CostParams:
     """Build the traced CostParams for a GPU, a model, a TP degree and a cost model kind."""
     g, m = get_gpu(gpu), get_model(model)
-    tp = _tp(tp)
+    tp = check_tp(m, tp)
     if kind not in KINDS:
         raise JaxrouteError(f"unknown cost model '{kind}'; choose from: {', '.join(KINDS)}")
     if kind == "preble" and (g.name, m.name, tp) != ("A6000", "Mistral-7B", 1):
@@ -391,16 +457,18 @@ def kv_capacity_tokens(gpu: str | GPUSpec, model: str | ModelSpec, tp: int = 1, 
     on every rank), so the KV bytes per token across the group is kv_bytes * tp / shards.
     """
     g, m = get_gpu(gpu), get_model(model)
-    tp = _tp(tp)
+    tp = check_tp(m, tp)
     if not 0.0 < mem_util <= 1.0:
         raise JaxrouteError(f"mem_util must be in (0, 1], got {mem_util}")
     free = g.mem_bytes * tp * mem_util - m.weight_bytes
     kv_per_token = m.kv_bytes_per_token * tp / _kv_shards(m, tp)
     if _kv_tokens(g, m, tp, mem_util) < 1:
-        fits = [t for t in range(tp + 1, 257) if _kv_tokens(g, m, t, mem_util) >= 1]
+        fits = [t for t in range(tp + 1, 257)
+                if _tp_split_problem(m, t) is None and _kv_tokens(g, m, t, mem_util) >= 1]
         hint = f"use tensor parallelism >= {fits[0]}" if fits else "choose a larger GPU"
-        raise JaxrouteError(f"{m.name} weights ({m.weight_bytes / 1e9:.1f} GB) leave no room for KV cache on "
-                            f"{tp}x{g.name} at {mem_util:.0%} memory; {hint}")
+        raise JaxrouteError(f"{m.name} weights ({m.weight_bytes / 1e9:.1f} GB) do not fit with room for KV cache "
+                            f"on {tp}x{g.name} ({g.mem_bytes * tp * mem_util / 1e9:.1f} GB usable at "
+                            f"{mem_util:.0%} memory); {hint}")
     return int(math.floor(free / kv_per_token))
 
 

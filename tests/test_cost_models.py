@@ -128,7 +128,8 @@ def test_catalog_lookup_is_case_insensitive_and_errors_list_choices():
 
 def test_catalog_figures():
     assert set(cm.GPUS) == {"A6000", "A100-80GB", "H100-SXM", "H200"}
-    assert set(cm.MODELS) == {"Mistral-7B", "Llama-3-8B", "Llama-3-70B", "Qwen3-30B-A3B", "DeepSeek-V3"}
+    assert set(cm.MODELS) == {"Mistral-7B", "Llama-3-8B", "Llama-3-70B", "Qwen3-30B-A3B", "DeepSeek-V3",
+                              "Qwen3-32B", "Qwen3-8B", "Llama-3.1-8B", "Llama-3.1-70B"}
     assert MISTRAL.kv_bytes_per_token == 131_072
     assert cm.get_model("Llama-3-70B").kv_bytes_per_token == 2 * 80 * 8 * 128 * 2
     assert cm.get_model("DeepSeek-V3").kv_bytes_per_token == 61 * 576 * 2  # MLA latent + rope key
@@ -165,6 +166,71 @@ def test_kv_capacity_tp_replication_and_errors():
     assert cm.kv_capacity_tokens("H100-SXM", "Llama-3-70B", tp=2) > 0
     with pytest.raises(JaxrouteError, match="mem_util"):
         cm.kv_capacity_tokens("A6000", "Mistral-7B", mem_util=1.5)
+
+
+def test_cli_names_of_new_catalog_entries():
+    assert cm.get_gpu("h100").name == "H100-SXM" and cm.get_gpu("H100").name == "H100-SXM"
+    assert cm.get_gpu("h200").name == "H200" and cm.get_gpu("a100").name == "A100-80GB"
+    assert cm.get_model("qwen3-32b").name == "Qwen3-32B" and cm.get_model("qwen3-8b").name == "Qwen3-8B"
+    assert cm.get_model("llama-3.1-70b").name == "Llama-3.1-70B"
+    assert cm.get_model("llama_3.1_8b").name == "Llama-3.1-8B"
+    assert cm.get_model("llama-3-8b").name == "Llama-3-8B"  # no clash with 3.1
+    with pytest.raises(JaxrouteError, match=r"unknown model 'qwen3-14b'; choose from: .*Qwen3-32B"):
+        cm.get_model("qwen3-14b")
+
+
+def _dense_params_by_hand(L, d, H, kv, hd, ffn, V, qk_norm):
+    """q, k, v, o + SwiGLU + 2 norms (+ Qwen3 q/k norms) per layer; untied embedding and LM head; final norm."""
+    per_layer = d * H * hd + 2 * d * kv * hd + H * hd * d + 3 * d * ffn + 2 * d + (2 * hd if qk_norm else 0)
+    return L * per_layer + 2 * V * d + d
+
+
+@pytest.mark.parametrize("name, config, published", [
+    # (layers, hidden, heads, KV heads, head dim, intermediate, vocab, Qwen3 q/k norm) from config.json
+    ("Qwen3-32B", (64, 5120, 64, 8, 128, 25600, 151936, True), 32.8e9),
+    ("Qwen3-8B", (36, 4096, 32, 8, 128, 12288, 151936, True), 8.2e9),
+    ("Llama-3.1-8B", (32, 4096, 32, 8, 128, 14336, 128256, False), 8_030_261_248),
+    ("Llama-3.1-70B", (80, 8192, 64, 8, 128, 28672, 128256, False), 70_553_706_496),
+])
+def test_dense_models_from_config(name, config, published):
+    m = cm.get_model(name)
+    L, d, H, kv, hd, ffn, V, _ = config
+    assert (m.n_layers, m.hidden, m.n_heads, m.n_kv_heads, m.head_dim_qk, m.head_dim_v, m.vocab) == (L, d, H, kv, hd, hd, V)
+    assert m.total_params == m.active_params == _dense_params_by_hand(*config)
+    assert m.total_params == pytest.approx(published, rel=2e-3)  # the model cards' counts
+    assert m.kv_bytes_per_token == 2 * L * kv * hd * 2
+
+
+def test_kv_capacity_qwen3_32b_on_two_h100():
+    # By hand from config.json: 64 layers, 8 KV heads of 128 -> 262,144 B/token, split over the 2 ranks;
+    # weights 2 B x params; 2 x 80 GB at 90 %.
+    params = _dense_params_by_hand(64, 5120, 64, 8, 128, 25600, 151936, True)
+    assert params == 32_762_123_264
+    want = math.floor((2 * 80e9 * 0.9 - 2 * params) / (2 * 64 * 8 * 128 * 2))
+    assert want == 299_361
+    assert cm.kv_capacity_tokens("h100", "qwen3-32b", tp=2) == want
+    # One H100 holds the weights (65.5 GB of 72 GB usable) with little room left.
+    assert 0 < cm.kv_capacity_tokens("h100", "qwen3-32b") < want / 10
+    assert cm.kv_capacity_tokens("h100", "llama-3.1-70b", tp=4) == math.floor(
+        (4 * 80e9 * 0.9 - 2 * 70_553_706_496) / (2 * 80 * 8 * 128 * 2))
+
+
+def test_llama_31_70b_refused_on_one_h100():
+    with pytest.raises(JaxrouteError, match=r"Llama-3.1-70B weights \(141.1 GB\) do not fit .* 1xH100-SXM "
+                                            r"\(72.0 GB usable .*tensor parallelism >= 2"):
+        cm.kv_capacity_tokens("h100", "llama-3.1-70b")
+
+
+def test_tp_must_split_the_heads():
+    with pytest.raises(JaxrouteError, match="64 attention heads, which 3 GPUs cannot split evenly; use one of 1, 2, 4"):
+        cm.kv_capacity_tokens("h100", "qwen3-32b", tp=3)
+    with pytest.raises(JaxrouteError, match="attention heads"):
+        cm.cost_params("h100", "qwen3-32b", tp=6)
+    odd = dataclasses.replace(MISTRAL, name="odd", n_heads=12, n_kv_heads=3)  # 12 heads split by 2, 3 KV heads do not
+    with pytest.raises(JaxrouteError, match="3 KV heads, which 2 GPUs can neither split nor replicate"):
+        cm.check_tp(odd, 2)
+    assert cm.check_tp(odd, 3) == 3 and cm.check_tp(odd, 6) == 6  # 3 | 6: each KV head on two ranks
+    assert cm.check_tp("qwen3-30b-a3b", 8) == 8  # 4 KV heads, replicated twice
 
 
 # --------------------------------------------------------------------------- anchors

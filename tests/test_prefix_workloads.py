@@ -137,3 +137,98 @@ def test_trace_step_bound_sums_per_request(tmp_path):
     assert wl.step_bound(512) == 3 + (1 + 9) + (2 + 19) + (1 + 4)
     assert wl.step_bound(100) == 3 + (1 + 9) + (6 + 19) + (1 + 4)
     assert wl.max_request_tokens() == 620
+
+
+# --------------------------------------------------------------------------- shared-prefix (inference-perf)
+
+
+def test_shared_prefix_defaults_are_inference_perfs():
+    assert W.SP_DEFAULTS == {"groups": 10, "prompts_per_group": 10, "system_tokens": 100, "question_tokens": 50,
+                             "output_tokens": 50}
+    wl = W.synthetic("shared-prefix", 250)
+    assert wl.name == "shared-prefix" and "shared-prefix" in W.PREFIX_WORKLOADS
+    np.testing.assert_array_equal(np.asarray(wl.shared_len), [100] * 10 + [50] * 100)
+    t = _np(wl.realize(jax.random.key(0), 2.0))
+    dummy = len(t.seg_len) - 1
+    assert (t.seg_tok == [100, 50]).all() and (t.out_tok == 50).all() and (t.out_seg == dummy).all()
+    assert (t.seg_ids[:, 0] < 10).all()
+    # the question of prompt slot (g, p) is id 10 + 10 g + p: it always follows its group's system prompt
+    np.testing.assert_array_equal((t.seg_ids[:, 1] - 10) // 10, t.seg_ids[:, 0])
+    # one cycle sends each of the 100 prompts once (a shuffle), and the next cycle repeats it in order
+    assert sorted(t.seg_ids[:100, 1]) == list(range(10, 110))
+    np.testing.assert_array_equal(t.seg_ids[100:200], t.seg_ids[:100])
+    np.testing.assert_array_equal(t.seg_ids[200:], t.seg_ids[:50])
+    np.testing.assert_array_equal(t.session, np.arange(250))
+    other = _np(wl.realize(jax.random.key(1), 2.0))
+    assert not np.array_equal(other.seg_ids[:100], t.seg_ids[:100])  # the shuffle is per seed
+
+
+def test_shared_prefix_settings_and_private_questions():
+    wl = W.shared_prefix(60, groups=3, prompts_per_group=4, system_tokens=7, question_tokens=5, output_tokens=2)
+    t = _np(wl.realize(jax.random.key(0), 1.0))
+    assert (t.seg_tok == [7, 5]).all() and (t.out_tok == 2).all()
+    assert np.bincount(t.seg_ids[:12, 0], minlength=3).tolist() == [4, 4, 4]
+    assert wl.max_request_tokens() == 14
+    fresh = _np(W.shared_prefix(60, groups=3, prompts_per_group=4, private_questions=True).realize(jax.random.key(0), 1.0))
+    assert len(set(fresh.seg_ids[:, 1])) == 60  # no question recurs
+    with pytest.raises(JaxrouteError, match="groups must be a positive integer"):
+        W.shared_prefix(10, groups=0)
+
+
+# --------------------------------------------------------------------------- staged Poisson load
+
+
+STAGES = [(5.0, 20.0), (20.0, 20.0), (10.0, 20.0)]  # 100, 400 and 200 expected arrivals
+
+
+def _stage_counts(arrivals, stages):
+    edges = np.concatenate([[0.0], np.cumsum([d for _, d in stages])])
+    # the first unit is put at t = 0 (as without stages); count the Poisson points after it
+    return np.stack([((arrivals > lo) & (arrivals < hi)).sum(-1) for lo, hi in zip(edges[:-1], edges[1:], strict=True)], -1)
+
+
+def test_rate_stages_give_poisson_counts_per_stage():
+    # 1700 requests: every seed covers the three stages (700 expected) even at twice the rate
+    wl = W.with_rate_stages(W.videoqa(1700, n_videos=3), STAGES)
+    assert wl.stage_mean_rate == pytest.approx(700 / 60) and wl.stage_requests == 700
+    seeds = 64
+    keys = jax.random.split(jax.random.key(7), seeds)
+    arrivals = jax.jit(jax.vmap(lambda k, r: wl.realize(k, r).arrival_s, in_axes=(0, None)))
+    arr = np.asarray(arrivals(keys, wl.stage_mean_rate))
+    counts = _stage_counts(arr, STAGES)
+    want = np.array([r * d for r, d in STAGES])
+    # Poisson: mean rate x seconds, variance the same; the mean over seeds within 4 standard errors
+    assert (np.abs(counts.mean(0) - want) < 4 * np.sqrt(want / seeds)).all(), counts.mean(0)
+    assert (0.5 < counts.var(0, ddof=1) / want).all() and (counts.var(0, ddof=1) / want < 1.8).all()
+    # past the last stage its rate (10/s) continues
+    tail = ((arr > 60.0) & (arr < 70.0)).sum(1)
+    assert abs(tail.mean() - 100) < 4 * np.sqrt(100 / seeds)
+    # the rate argument scales every stage's rate (durations stay): twice the reference rate, twice the counts
+    c2 = _stage_counts(np.asarray(arrivals(keys, 2 * wl.stage_mean_rate)), STAGES)
+    assert (np.abs(c2.mean(0) - 2 * want) < 4 * np.sqrt(2 * want / seeds)).all(), c2.mean(0)
+
+
+def test_no_stages_is_the_homogeneous_process_and_stages_validate():
+    base = W.videoqa(300)
+    one = W.with_rate_stages(base, [(3.0, 1000.0)])
+    a = _np(base.realize(jax.random.key(2), 3.0)).arrival_s
+    b = _np(one.realize(jax.random.key(2), one.stage_mean_rate)).arrival_s
+    np.testing.assert_allclose(a, b, rtol=1e-6)
+    for bad in ([], [(0.0, 10.0)], [(1.0, -1.0)], [(float("inf"), 1.0)]):
+        with pytest.raises(JaxrouteError, match="stage"):
+            W.with_rate_stages(base, bad)
+
+
+def test_shared_prefix_cycle_restarts_at_each_stage():
+    wl = W.with_rate_stages(W.shared_prefix(200), [(10.0, 5.0), (10.0, 5.0)])
+    t = _np(wl.realize(jax.random.key(3), wl.stage_mean_rate))
+    second = int(np.argmax(t.arrival_s >= 5.0))  # inference-perf calls get_data() anew per stage
+    assert 20 < second < 80
+    np.testing.assert_array_equal(t.seg_ids[second:second + 20], t.seg_ids[:20])
+
+
+def test_traces_refuse_rate_stages(tmp_path):
+    p = tmp_path / "a.csv"
+    p.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n0.0,100,10\n1.0,200,20\n")
+    with pytest.raises(JaxrouteError, match="recorded times"):
+        W.with_rate_stages(W.from_azure(traces.load_azure_csv(p)), [(1.0, 5.0)])

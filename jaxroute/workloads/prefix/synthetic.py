@@ -7,6 +7,13 @@ after it. Segment codes >= 0 in a unit are shared ids; code -1-k is the unit ins
 k (a question, an output that the next turn reads), which becomes a fresh id for every instance.
 Structure (document lengths, tool lengths) is drawn once with numpy from `structure_seed`, so every
 seed sees the same catalogue. Parameters: see the table in `jaxroute/workloads/prefix/__init__.py`.
+
+Staged load (`with_rate_stages`, like inference-perf's load stages): the unit arrival rate is
+piecewise constant over stages (rate_k for seconds_k). Arrivals come from time rescaling: unit-rate
+exponential gaps give points of a Poisson process in "reference seconds" u (at the rate passed to
+`realize`), and t = M^-1(u) with dM/dt = rate_k / reference rate. So `realize` stays pure and
+jittable: the stages are arrays in the pytree and `rate` scales the whole profile (the reference rate,
+`stage_mean_rate`, gives the stages as given). After the last stage its rate continues.
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ import numpy as np
 from jaxroute.errors import JaxrouteError
 from jaxroute.workloads.prefix.types import RequestTable, request_steps
 
-PREFIX_WORKLOADS = ("longdoc", "toolbench", "agent", "programming", "videoqa")
+PREFIX_WORKLOADS = ("longdoc", "toolbench", "agent", "programming", "videoqa", "shared-prefix")
 
 
 def _zipf(n: int, s: float) -> np.ndarray:
@@ -58,6 +65,11 @@ class SyntheticPrefixWorkload:
     unit_slot_depth: jax.Array  # [U, K] int32 tree depth of each private slot
     shared_len: jax.Array  # [n_shared] int32
     shared_depth: jax.Array  # [n_shared] int32
+    # Load stages (K = 1 and no stages: a homogeneous Poisson process). Stage k starts at stage_t0[k]
+    # seconds and at stage_m0[k] reference seconds, and runs at stage_mult[k] x the reference rate.
+    stage_t0: jax.Array = dataclasses.field(default_factory=lambda: jnp.zeros((1,), jnp.float32))  # [K]
+    stage_m0: jax.Array = dataclasses.field(default_factory=lambda: jnp.zeros((1,), jnp.float32))  # [K]
+    stage_mult: jax.Array = dataclasses.field(default_factory=lambda: jnp.ones((1,), jnp.float32))  # [K]
     name: str = dataclasses.field(metadata=dict(static=True), default="synthetic")
     n_requests: int = dataclasses.field(metadata=dict(static=True), default=0)
     n_instances: int = dataclasses.field(metadata=dict(static=True), default=0)
@@ -66,6 +78,22 @@ class SyntheticPrefixWorkload:
     requests_per_unit: float = dataclasses.field(metadata=dict(static=True), default=1.0)
     # distinct (prompt tokens, output tokens) of the unit requests: static, for step_bound and check_fits
     request_shapes: tuple[tuple[int, int], ...] = dataclasses.field(metadata=dict(static=True), default=())
+    # units in a per-seed shuffled order, cycled (and restarted at each stage) instead of drawn by popularity
+    cycle: bool = dataclasses.field(metadata=dict(static=True), default=False)
+    # the load stages as given: ((requests/s, seconds), ...); () = one rate for the whole run
+    rate_stages: tuple[tuple[float, float], ...] = dataclasses.field(metadata=dict(static=True), default=())
+
+    @property
+    def stage_mean_rate(self) -> float | None:
+        """Time-averaged rate of the stages (requests/s): the `rate` that reproduces them; None without stages."""
+        if not self.rate_stages:
+            return None
+        return sum(r * d for r, d in self.rate_stages) / sum(d for _, d in self.rate_stages)
+
+    @property
+    def stage_requests(self) -> int | None:
+        """Expected requests within the stages, round(sum rate x seconds); None without stages."""
+        return round(sum(r * d for r, d in self.rate_stages)) if self.rate_stages else None
 
     @property
     def n_segments(self) -> int:
@@ -84,13 +112,25 @@ class SyntheticPrefixWorkload:
         return max(p + o for p, o in self.request_shapes)
 
     def realize(self, key: jax.Array, rate: jax.Array) -> RequestTable:
-        """Draw one seed's requests: unit arrivals ~ Poisson(rate / requests_per_unit), unit ~ popularity."""
+        """Draw one seed's requests: unit arrivals ~ Poisson(rate / requests_per_unit), scaled per load
+        stage; unit ~ popularity, or (cycle) a per-seed shuffle of the units, cycled from each stage's start."""
         k_gap, k_unit = jax.random.split(key)
         n_inst, n_r = self.n_instances, self.unit_seg.shape[1]
         unit_rate = rate / self.requests_per_unit
-        starts = jnp.cumsum(jax.random.exponential(k_gap, (n_inst,)) / unit_rate)
-        starts = starts - starts[0]  # the first unit arrives at t = 0
-        units = jax.random.categorical(k_unit, jnp.log(self.unit_prob), shape=(n_inst,))
+        u = jnp.cumsum(jax.random.exponential(k_gap, (n_inst,)) / unit_rate)
+        u = u - u[0]  # reference seconds; the first unit arrives at t = 0
+        # Time rescaling through the piecewise-linear M(t); past the last stage its rate continues.
+        # With no stages (t0 = m0 = 0, mult = 1) this is t = u exactly.
+        stage = jnp.clip(jnp.searchsorted(self.stage_m0, u, side="right") - 1, 0, self.stage_m0.shape[0] - 1)
+        starts = self.stage_t0[stage] + (u - self.stage_m0[stage]) / self.stage_mult[stage]
+        if self.cycle:
+            # inference-perf: prompts pre-shuffled once, then sent in order i % n_prompts; each stage
+            # calls get_data() anew, so the cycle restarts at every stage.
+            first = jnp.searchsorted(stage, jnp.arange(self.stage_m0.shape[0]), side="left")
+            pos = jnp.arange(n_inst) - first[stage]
+            units = jax.random.permutation(k_unit, self.unit_prob.shape[0])[pos % self.unit_prob.shape[0]]
+        else:
+            units = jax.random.categorical(k_unit, jnp.log(self.unit_prob), shape=(n_inst,))
         valid = self.unit_out[units] > 0  # [n_inst, R]
         arr = jnp.where(valid, starts[:, None] + self.unit_offset_s[units], jnp.inf).reshape(-1)
         order = jnp.argsort(arr, stable=True)[: self.n_requests]
@@ -120,7 +160,7 @@ class _Unit:
 
 
 def _build(name: str, units: list[_Unit], prob: np.ndarray, shared_len: np.ndarray,
-           n_requests: int) -> SyntheticPrefixWorkload:
+           n_requests: int, cycle: bool = False) -> SyntheticPrefixWorkload:
     n_u = len(units)
     n_r = max(len(u.requests) for u in units)
     n_s = max(len(req[0]) for u in units for req in u.requests)
@@ -156,7 +196,7 @@ def _build(name: str, units: list[_Unit], prob: np.ndarray, shared_len: np.ndarr
         jnp.asarray(out_slot), jnp.asarray(offset), jnp.asarray(slot_len), jnp.asarray(slot_depth),
         jnp.asarray(shared_len, jnp.int32), jnp.asarray(shared_depth),
         name=name, n_requests=n_requests, n_instances=n_inst, n_shared=len(shared_len), n_slots=n_k,
-        requests_per_unit=mean_r, request_shapes=tuple(sorted(shapes)))
+        requests_per_unit=mean_r, request_shapes=tuple(sorted(shapes)), cycle=cycle)
 
 
 def _single_question(name, sys_len, item_len, item_prob, question_len, out, n_requests) -> SyntheticPrefixWorkload:
@@ -248,8 +288,68 @@ def agent(n_requests: int, n_envs: int = 50, env_mean: int = 600, turns: int = 6
     return _build("agent", units, _zipf(n_envs, zipf_s), shared, n_requests)
 
 
+# inference-perf (kubernetes-sigs/inference-perf @7de5ef2): SharedPrefix defaults in
+# inference_perf/config/datagen/config.py lines 49-71 (num_groups 10, num_prompts_per_group 10,
+# system_prompt_len 100, question_len 50, output_len 50); the generator in
+# inference_perf/datagen/synthetic/shared_prefix_datagen.py.
+SP_DEFAULTS = {"groups": 10, "prompts_per_group": 10, "system_tokens": 100, "question_tokens": 50,
+               "output_tokens": 50}
+
+
+def shared_prefix(n_requests: int, groups: int = 10, prompts_per_group: int = 10, system_tokens: int = 100,
+                  question_tokens: int = 50, output_tokens: int = 50,
+                  private_questions: bool = False) -> SyntheticPrefixWorkload:
+    """inference-perf's `shared_prefix` data: `groups` system prompts, `prompts_per_group` questions each.
+
+    As in inference-perf's SharedPrefixDataGenerator: groups x prompts_per_group fixed prompts
+    [system prompt of its group, its question] (shared_prefix_datagen.py lines 249-270) are shuffled
+    once (line 290; per seed here, as with inference-perf's default seed None) and sent in order,
+    request i getting prompt i % (groups x prompts_per_group) (line 154): every prompt, question
+    included, recurs once per cycle. The output is not part of any later prompt. Lengths are fixed
+    (inference-perf's distributions with std_dev 0). `private_questions=True` gives every request a
+    fresh question instead (no question ever recurs).
+    """
+    for label, v in (("groups", groups), ("prompts_per_group", prompts_per_group), ("system_tokens", system_tokens),
+                     ("question_tokens", question_tokens), ("output_tokens", output_tokens)):
+        if int(v) != v or v < 1:
+            raise JaxrouteError(f"shared-prefix {label} must be a positive integer, got {v}")
+    n = groups * prompts_per_group
+    shared = [system_tokens] * groups + ([] if private_questions else [question_tokens] * n)
+    units = []
+    for g in range(groups):
+        for p in range(prompts_per_group):
+            q = -1 if private_questions else groups + g * prompts_per_group + p
+            units.append(_Unit(requests=[([g, q], [system_tokens, question_tokens], output_tokens, -1, 0.0)],
+                               slot_len=[question_tokens] if private_questions else []))
+    return _build("shared-prefix", units, np.full(n, 1.0 / n), np.asarray(shared), n_requests, cycle=True)
+
+
+def with_rate_stages(workload: SyntheticPrefixWorkload, stages) -> SyntheticPrefixWorkload:
+    """The workload with staged Poisson load: stages = [(requests/s, seconds), ...], run in order.
+
+    Realize it at `rate = workload.stage_mean_rate` for the stages as given (another rate scales every
+    stage by rate / stage_mean_rate). Arrivals past the last stage continue at its rate, so a run of
+    more requests than the stages hold goes on at that rate, and a run of fewer ends early.
+    """
+    if not isinstance(workload, SyntheticPrefixWorkload):
+        raise JaxrouteError("load stages apply to synthetic workloads; a trace keeps its recorded times")
+    stages = [(float(r), float(d)) for r, d in stages]
+    if not stages:
+        raise JaxrouteError("give at least one load stage RATE:SECONDS")
+    for r, d in stages:
+        if not (math.isfinite(r) and math.isfinite(d) and r > 0 and d > 0):
+            raise JaxrouteError(f"a load stage needs a rate > 0 and seconds > 0, got {r:g}:{d:g}")
+    rates, secs = np.array([r for r, _ in stages]), np.array([d for _, d in stages])
+    mult = rates / ((rates * secs).sum() / secs.sum())
+    t0 = np.concatenate([[0.0], np.cumsum(secs)[:-1]])
+    m0 = np.concatenate([[0.0], np.cumsum(mult * secs)[:-1]])
+    f32 = lambda x: jnp.asarray(x, jnp.float32)
+    return dataclasses.replace(workload, stage_t0=f32(t0), stage_m0=f32(m0), stage_mult=f32(mult),
+                               rate_stages=tuple(stages))
+
+
 SYNTHETIC = {"longdoc": longdoc, "toolbench": toolbench, "agent": agent, "programming": programming,
-             "videoqa": videoqa}
+             "videoqa": videoqa, "shared-prefix": shared_prefix}
 
 
 def synthetic(name: str, n_requests: int, **kwargs) -> SyntheticPrefixWorkload:
