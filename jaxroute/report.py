@@ -173,7 +173,8 @@ def line_plot(panels: Mapping[str, Sequence[dict]], path: str | Path, *, xlabel:
               title: str | None = None, sharey: bool = False) -> Path:
     """PNG line chart: one panel per title; each line is a dict of `ax.plot` keywords plus x and y.
 
-    A line with `vline` instead of x and y is a vertical marker at that x.
+    A line with `vline` instead of x and y is a vertical marker at that x; one with `lo` and `hi`
+    also shades that band (e.g. a 95 % CI) in its colour.
     """
     plt = _pyplot()
     fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 3.8), sharey=sharey, squeeze=False)
@@ -183,7 +184,10 @@ def line_plot(panels: Mapping[str, Sequence[dict]], path: str | Path, *, xlabel:
             if "vline" in kw:
                 ax.axvline(kw.pop("vline"), color=kw.pop("color", "grey"), lw=kw.pop("lw", 0.8), **kw)
             else:
-                ax.plot(kw.pop("x"), kw.pop("y"), **kw)
+                lo, hi = kw.pop("lo", None), kw.pop("hi", None)
+                (drawn,) = ax.plot(kw["x"], kw["y"], **{k: v for k, v in kw.items() if k not in ("x", "y")})
+                if lo is not None and hi is not None:
+                    ax.fill_between(kw["x"], lo, hi, color=drawn.get_color(), alpha=0.15, lw=0)
         ax.set_title(name, fontsize=9)
         ax.set_xlabel(xlabel)
         if any("label" in line for line in lines):

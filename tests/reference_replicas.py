@@ -13,6 +13,7 @@ import jax
 import numpy as np
 
 from jaxroute import cost_models
+from tests import reference_gateways, reference_llmd_dynamo
 from tests import reference_routers as rr_mod
 
 F32 = np.float32
@@ -83,6 +84,7 @@ class Running:
     nseg: int = 0  # leading segments locked
     res: int = 0  # private tokens
     seq: int = 0
+    tgt: int = 0  # prefill target: prompt (+ output tokens recomputed after a preemption)
 
 
 class Replica:
@@ -90,6 +92,8 @@ class Replica:
         self.cache = RadixCache()
         self.slots: list[Running | None] = [None] * B
         self.queue: list[int] = []  # request ids
+        self.front: list[int] = []  # on-demand: preempted requests in `queue`, head first (vLLM's prepend)
+        self.n_preempt = 0
         self.Q = Q
         self.clock = np.inf
 
@@ -122,11 +126,6 @@ def _route(policy, G, inflight, tokens, match, tmatch, tsize, prompt, rr, rp, e2
         return threshold()
     if policy == "cache_guard":
         return least if imbalanced(rp["guard_abs"], rp["guard_rel"]) else threshold()
-    if policy == "sglang_cache_aware":
-        if imbalanced(rp["sgl_balance_abs"], rp["sgl_balance_rel"]):
-            return least
-        b = best(tmatch)
-        return b if tmatch[b] / max(prompt, 1) > rp["sgl_cache_threshold"] else int(np.argmin(tsize))
     if policy == "preble_e2":
         load, extra, _ = e2
         cost = [F32(load[g] + extra[g]) for g in range(G)]
@@ -181,10 +180,16 @@ def preble_costs(window, last, record, locked, segs_i, match, prompt, a, cap, H,
 
 
 def simulate(table, *, G, cap, policy, cost, chunk=512, B=64, Q=256, max_admit=4, local="fcfs",
-             router=None, stale=0.0, check=None, router_key=None):
-    """Run the reference; returns per-request records and a list of invariant violations."""
-    rp = dict(theta=0.5, guard_abs=8.0, guard_rel=1.5, sgl_cache_threshold=0.3, sgl_balance_abs=64.0,
-              sgl_balance_rel=1.5, e2_window_s=180.0, e2_th_bal=1.5, weights=None)
+             router=None, stale=0.0, check=None, router_key=None, admission="reserve"):
+    """Run the reference; returns per-request records and a list of invariant violations.
+
+    admission: "reserve" (uncached prompt + whole output at admission) or "on-demand" (vLLM V1: each
+    iteration the running requests, oldest first, take the KV of the tokens they compute and sample;
+    one that does not fit preempts the last admitted, which frees its KV and waits at the queue's
+    front; no admission after a preemption; a waiting request needs room for this step's tokens only;
+    a readmitted one recomputes its prompt and generated output). rec["metrics"] has the
+    throughput / time-average metrics, rec["preemptions"] the count."""
+    rp = dict(theta=0.5, guard_abs=8.0, guard_rel=1.5, e2_window_s=180.0, e2_th_bal=1.5, weights=None)
     rp.update(router or {})
     arrival = np.asarray(table.arrival_s, np.float32)
     seg_ids, seg_tok = np.asarray(table.seg_ids), np.asarray(table.seg_tok)
@@ -198,7 +203,8 @@ def simulate(table, *, G, cap, policy, cost, chunk=512, B=64, Q=256, max_admit=4
     world = rr_mod.World(G=G, segs=segs, prompt=prompt, out_tok=out_tok, out_seg=out_seg,
                          session=np.asarray(table.session), seg_len=seg_len, seg_depth=seg_depth, dummy=dummy, cap=cap,
                          cost=cost, rp=rp)
-    ref_router = rr_mod.ROUTERS[policy](world) if policy in rr_mod.ROUTERS else None
+    routers = {**rr_mod.ROUTERS, **reference_llmd_dynamo.ROUTERS, **reference_gateways.ROUTERS}
+    ref_router = routers[policy](world) if policy in routers else None
     run_key = None if router_key is None else jax.random.fold_in(router_key, rr_mod.ROUTER_KEY_TAG)
 
     reps = [Replica(B, Q) for _ in range(G)]
@@ -230,12 +236,60 @@ def simulate(table, *, G, cap, policy, cost, chunk=512, B=64, Q=256, max_admit=4
     def used(rep):
         return rep.cache.tokens() + sum(s.res for s in rep.slots if s is not None)
 
+    saved_gen = [0] * N  # output tokens a preempted request had generated
+    q_area, kv_area, t_prev = 0.0, 0.0, 0.0  # integrals of waiting requests and of KV in use
+
+    def preempt(rep, s, t):
+        """Recompute preemption: unlock and touch the prefix, free the private KV, back to the front."""
+        nonlocal overflow
+        node = rep.cache.root
+        for sid, _ in segs[s.rid][:s.nseg]:
+            node = node.children[sid]
+            node.refcnt -= 1
+            node.last_use = t
+        saved_gen[s.rid] = s.gen
+        rep.slots[rep.slots.index(s)] = None
+        rep.n_preempt += 1
+        if len(rep.queue) >= Q:
+            overflow = True
+        else:
+            rep.queue.append(s.rid)
+            rep.front.insert(0, s.rid)
+
+    def allocate_running(rep, t):
+        """On-demand: the running requests, oldest first, take this step's tokens; preempt from the tail."""
+        running = sorted((s for s in rep.slots if s is not None), key=lambda s: s.seq)
+        budget, want = chunk, {}
+        for s in running:
+            if s.pos < s.tgt:  # prefill share, + the token sampled when it completes
+                c = min(budget, s.tgt - s.pos)
+                budget -= c
+                want[s.rid] = c + (c == s.tgt - s.pos)
+            else:  # one decode token
+                want[s.rid] = 1
+        taken, n_pre, k = 0, 0, 0
+        while k < len(running):
+            if taken + want[running[k].rid] <= cap - used(rep) + rep.cache.evictable_tokens(set()):
+                taken += want[running[k].rid]
+                k += 1
+            else:
+                preempt(rep, running.pop(), t)  # the last admitted (maybe running[k] itself)
+                n_pre += 1
+        for s in running:
+            s.res += want[s.rid]
+        while used(rep) > cap:
+            rep.cache.evict_one(set())
+        return n_pre
+
     while True:
         a = arrival[nxt] if nxt < N else np.inf
         gmin = int(np.argmin([r.clock for r in reps]))
         m = reps[gmin].clock
         if a == np.inf and m == np.inf:
             break
+        t_ev = F32(min(a, m))
+        q_area += sum(len(r.queue) for r in reps) * float(F32(t_ev - F32(t_prev)))
+        t_prev = t_ev
         if a <= m:  # route
             i = nxt
             fresh = dict(present=[set(reps[g].cache.nodes) | {k for k, v in dispatched[g].items() if v > 0}
@@ -297,20 +351,28 @@ def simulate(table, *, G, cap, policy, cost, chunk=512, B=64, Q=256, max_admit=4
 
         # ---- one iteration on replica gmin
         g, rep, t = gmin, reps[gmin], F32(m)
+        preempted = allocate_running(rep, t) if admission == "on-demand" else 0
         for _ in range(max_admit):
-            if not rep.queue:
+            if not rep.queue or preempted:
                 break
-            if local == "lpm":
+            if rep.front:
+                cand = rep.front[0]
+            elif local == "lpm":
                 cache = rep.cache
                 cand = min(rep.queue, key=lambda i: (-sum(n.tokens for n in cache.match(segs[i])), i))
             else:
                 cand = min(rep.queue)
             path = rep.cache.match(segs[cand])
             mtok = sum(n.tokens for n in path)
-            need = prompt[cand] - mtok + int(out_tok[cand])
-            pending_prefill = sum(prompt[s.rid] - s.pos for s in rep.slots if s is not None)
+            tgt = prompt[cand] + saved_gen[cand]
+            pending_prefill = sum(s.tgt - s.pos for s in rep.slots if s is not None)
             if pending_prefill >= chunk:
                 break
+            if admission == "on-demand":  # this step's share of the chunk (+ the token sampled if it completes)
+                share = min(tgt - mtok, chunk - pending_prefill)
+                need = share + (share == tgt - mtok)
+            else:
+                need = prompt[cand] - mtok + int(out_tok[cand])
             exclude = {n.seg for n in path}
             free = cap - used(rep)
             if need > free + rep.cache.evictable_tokens(exclude):
@@ -325,27 +387,31 @@ def simulate(table, *, G, cap, policy, cost, chunk=512, B=64, Q=256, max_admit=4
                 n.refcnt += 1
                 n.last_use = t
             slot = rep.slots.index(None)
-            rep.slots[slot] = Running(cand, mtok, 0, len(path), need, n_admitted)
+            rep.slots[slot] = Running(cand, mtok, saved_gen[cand], len(path), need, n_admitted, tgt)
             n_admitted += 1
             rep.queue.remove(cand)
-            rec["admit"][cand] = t
-            rec["cached"][cand] = mtok
+            if cand in rep.front:
+                rep.front.remove(cand)
+            if np.isinf(rec["admit"][cand]):  # a readmission keeps the first admission's records
+                rec["admit"][cand] = t
+                rec["cached"][cand] = mtok
 
         # batch
         B_ = len(rep.slots)
         alloc = np.zeros(B_, np.int64)
         budget = chunk
-        prefilling = sorted([k for k, s in enumerate(rep.slots) if s is not None and s.pos < prompt[s.rid]],
+        prefilling = sorted([k for k, s in enumerate(rep.slots) if s is not None and s.pos < s.tgt],
                             key=lambda k: rep.slots[k].seq)
         for k in prefilling:
             s = rep.slots[k]
-            alloc[k] = min(budget, prompt[s.rid] - s.pos)
+            alloc[k] = min(budget, s.tgt - s.pos)
             budget -= alloc[k]
         pos = np.array([s.pos if s else 0 for s in rep.slots], np.float32)
-        dec = np.array([s is not None and s.pos == prompt[s.rid] for s in rep.slots])
+        dec = np.array([s is not None and s.pos == s.tgt for s in rep.slots])
         ctx = np.array([(prompt[s.rid] + s.gen) if s else 0 for s in rep.slots], np.float32)
         dt = step_time(cost, alloc.astype(np.float32), pos, alloc > 0, ctx, dec)
         t_end = F32(t + F32(dt))
+        kv_area += kv_in_use(rep) * float(F32(dt))
         for k, s in enumerate(rep.slots):
             if s is None:
                 continue
@@ -367,9 +433,10 @@ def simulate(table, *, G, cap, policy, cost, chunk=512, B=64, Q=256, max_admit=4
                         s.res -= tk
                     node.last_use = t_end
                 s.nseg = done_segs
-            if not was_decoding and s.pos == prompt[s.rid]:
-                rec["first"][s.rid] = t_end
-                s.gen = 1
+            if not was_decoding and s.pos == s.tgt:
+                if s.gen == 0:
+                    rec["first"][s.rid] = t_end
+                s.gen += 1
             elif was_decoding:
                 s.gen += 1
         for k, s in enumerate(rep.slots):
@@ -403,6 +470,16 @@ def simulate(table, *, G, cap, policy, cost, chunk=512, B=64, Q=256, max_admit=4
             check(g, rep, t_end)
     rec["overflow"] = overflow
     rec["running_full"] = running_full
+    rec["preemptions"] = sum(r.n_preempt for r in reps)
+    done = np.isfinite(rec["finish"])
+    span = float(rec["finish"][done].max() - arrival.min()) if done.any() else 0.0
+    ttft = (rec["first"] - arrival)[done]
+    rec["metrics"] = dict(
+        output_tokens_per_s=float(out_tok[done].sum()) / span if span > 0 else 0.0,
+        ttft_p90_s=float(np.quantile(ttft, 0.9)) if done.any() else 0.0,
+        queue_mean=q_area / (G * span) if span > 0 else 0.0,
+        kv_usage_mean=kv_area / (G * cap * span) if span > 0 else 0.0,
+        preemptions=rec["preemptions"])
     stats["evicted"] = sum(r.cache.n_evicted for r in reps)
     rec["stats"] = stats
     return rec, violations

@@ -23,17 +23,17 @@ CASES = {
 
 
 def _compare(case, policy, G=3, B=8, Q=64, local="fcfs", stale=0.0, leap=32, key=1, theta=0.5, e2_ring=64,
-             router=None):
+             router=None, admission="reserve"):
     make, cap, rate = CASES[case]
     wl = make()
     model = R.ReplicaModel(n_replicas=G, max_running=B, max_queue=Q, local_order=local, stale_view=stale > 0,
-                           leap=leap, router_window=e2_ring if policy == "preble_e2" else 0)
+                           leap=leap, router_window=e2_ring if policy == "preble_e2" else 0, admission=admission)
     p = R.make_params(policy, rate=rate, kv_capacity=cap, stale_s=stale, theta=theta, **(router or {}))
     st = R.run_single(model, jax.random.key(key), wl, p)
     got = R.records(st)
     want, violations = ref.simulate(st.req, G=G, cap=cap, policy=policy, cost=p.cost, B=B, Q=Q, local=local,
                                     stale=stale, router={"theta": theta, **(router or {})},
-                                    router_key=jax.random.key(key))
+                                    router_key=jax.random.key(key), admission=admission)
     assert violations == []
     np.testing.assert_array_equal(got["replica"], want["replica"])
     np.testing.assert_array_equal(got["cached_tokens"], want["cached"])
@@ -46,7 +46,10 @@ def _compare(case, policy, G=3, B=8, Q=64, local="fcfs", stale=0.0, leap=32, key
     assert int(m["conservation_error"]) == 0
     prompt = got["prompt_tokens"]
     np.testing.assert_allclose(float(m["hit_rate"]), want["cached"].sum() / prompt.sum(), rtol=1e-5)
-    return want["stats"], m
+    assert int(m["preemptions"]) == want["preemptions"]
+    for k in ("output_tokens_per_s", "ttft_p90_s", "queue_mean", "kv_usage_mean"):  # float sums: tolerance
+        np.testing.assert_allclose(float(m[k]), want["metrics"][k], rtol=1e-4, err_msg=k)
+    return dict(want["stats"], preemptions=want["preemptions"]), m
 
 
 @pytest.mark.parametrize("policy", ref.POLICIES)
@@ -131,6 +134,35 @@ def test_event_leaping_changes_nothing():
     b = R.records(R.run_single(R.ReplicaModel(n_replicas=3, leap=32), jax.random.key(3), wl, p))
     for k in a:
         np.testing.assert_allclose(a[k], b[k], rtol=1e-6)
+
+
+@pytest.mark.parametrize("case, policy, local", [("toolbench", "rr", "fcfs"), ("toolbench", "affinity", "fcfs"),
+                                                 ("toolbench", "least_load", "lpm"),
+                                                 ("programming", "least_tokens", "fcfs")])
+def test_on_demand_matches_reference_with_preemptions(case, policy, local):
+    """vLLM V1 admission (KV on demand, preempt the last admitted, recompute): request by request equal
+    to the reference, under enough memory pressure that requests are preempted."""
+    stats, m = _compare(case, policy, local=local, admission="on-demand")
+    assert stats["preemptions"] > 0  # the reference preempted (and the model counted as many)
+    assert 0 < float(m["kv_usage_mean"]) <= 1 and float(m["queue_mean"]) > 0
+    assert not bool(m["overflow"])
+
+
+def test_on_demand_leaping_is_exact():
+    """Leaped iterations take their KV from free memory only, so leaping changes no event (leap=0 vs 32)."""
+    stats, _ = _compare("toolbench", "least_load", leap=0, admission="on-demand")
+    assert stats["preemptions"] > 0
+
+
+def test_reserve_never_preempts():
+    stats, m = _compare("toolbench", "least_load")
+    assert stats["blocked_by_memory"] > 0  # memory was short ...
+    assert stats["preemptions"] == 0 and int(m["preemptions"]) == 0  # ... and admission waited instead
+
+
+def test_admission_mode_is_checked():
+    with pytest.raises(JaxrouteError, match="unknown admission 'eager'; choose from: reserve, on-demand"):
+        R.ReplicaModel(admission="eager")
 
 
 def _parents(req) -> np.ndarray:

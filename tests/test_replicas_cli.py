@@ -63,11 +63,57 @@ def test_cluster_on_traces(tmp_path, capsys):
     (["--kv-capacity", "1000"], "holds only"),
     (["--policies", "preble_e2", "--e2-window", "0"], "--e2-window"),
     (["--policies", "preble_e2", "--e2-th-bal", "0.9"], "--e2-th-bal"),
+    (["--gpu", "h100", "--model", "llama-3.1-70b"], "Llama-3.1-70B weights (141.1 GB) do not fit"),
+    (["--gpu", "h100", "--model", "qwen3-32b", "--tp", "3"], "64 attention heads, which 3 GPUs cannot split"),
+    (["--gpu", "v100"], "unknown GPU 'v100'; choose from: A6000"),
+    (["--model", "qwen3-14b"], "unknown model 'qwen3-14b'; choose from:"),
+    (["--tp", "0"], "--tp"),
+    (["--rate", "2", "--rate-stages", "1:5"], "mutually exclusive"),
+    (["--rate-stages", "1:0"], "--rate-stages"),
+    (["--rate-stages", "10"], "--rate-stages"),
+    (["--workload", "azure-conv", "--rate-stages", "1:5"], "replays its recorded arrival times"),
+    (["--sp-groups", "3"], "--sp-* flags apply to --workload shared-prefix only"),
+    (["--workload", "shared-prefix", "--sp-question-len", "0"], "--sp-question-len"),
 ])
 def test_cluster_bad_input(argv, msg, capsys):
     assert cli(["cluster", "--requests", "5", "--seeds", "1", *argv]) == 2
     err = capsys.readouterr().err
     assert "jaxroute cluster: error:" in err and msg in err
+
+
+def test_cluster_shared_prefix_on_tensor_parallel_h100_with_load_stages(tmp_path, capsys):
+    from jaxroute import cost_models as cm
+
+    out = tmp_path / "sp.json"
+    assert main(["cluster", "--workload", "shared-prefix", "--gpu", "h100", "--model", "qwen3-32b", "--tp", "2",
+                 "--rate-stages", "10:3,20:3", "--sp-groups", "4", "--sp-prompts-per-group", "5",
+                 "--seeds", "2", "--policies", "rr,threshold", "--out", str(out)]) == 0
+    assert "qwen3-32b on 2xh100" in capsys.readouterr().out
+    res = json.loads(out.read_text())
+    config = res["config"]
+    assert config["rate_stages"] == [{"rate": 10.0, "seconds": 3.0}, {"rate": 20.0, "seconds": 3.0}]
+    assert config["requests"] == 90 and config["rate"] == 15.0  # the stage total; the stages' mean rate
+    assert config["tp"] == 2 and config["kv_capacity"] == cm.kv_capacity_tokens("H100-SXM", "Qwen3-32B", 2)
+    assert config["shared_prefix"] == {"groups": 4, "prompts_per_group": 5, "system_tokens": 100,
+                                       "question_tokens": 50, "output_tokens": 50}
+    threshold = res["results"][1]["metrics"]["hit_rate"]["mean"]
+    assert threshold > 0.5  # 20 prompts recur 4-5 times: most prompt tokens are cached on their replica
+
+
+def test_cluster_on_demand_admission(tmp_path, capsys):
+    """--admission on-demand (vLLM V1, with preemption) runs, is saved, and its preemptions are in the table."""
+    out = tmp_path / "od.json"
+    assert main(["cluster", "--workload", "toolbench", "--requests", "60", "--seeds", "2", "--rate", "30",
+                 "--replicas", "2", "--kv-capacity", "8000", "--policies", "least_load",
+                 "--admission", "on-demand", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "on-demand admission" in text and "preemptions" in text and "kv_usage_mean" in text
+    res = json.loads(out.read_text())
+    assert res["config"]["admission"] == "on-demand"
+    assert res["results"][0]["metrics"]["preemptions"]["mean"] > 0  # 8,000 KV tokens are short at 30 req/s
+    assert cli(["cluster", "--requests", "5", "--seeds", "1", "--admission", "eager"]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == "jaxroute cluster: error: unknown admission 'eager'; choose from: reserve, on-demand"
 
 
 def test_cluster_refuses_broken_conservation(monkeypatch, capsys):

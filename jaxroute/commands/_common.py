@@ -13,7 +13,7 @@ from jaxroute.report import warn
 
 __all__ = [
     "add_grid_args", "add_output_args", "at_least", "check_conservation", "check_overflow", "choose", "csv_list",
-    "finite_float", "fraction", "list_of", "non_negative_float", "non_negative_int", "off_or", "positive_float",
+    "finite_float", "fraction", "key_values", "list_of", "non_negative_float", "non_negative_int", "off_or", "positive_float",
     "positive_fraction", "positive_int", "probability", "save_outputs", "show_progress", "warn",
 ]
 
@@ -78,6 +78,24 @@ def list_of(convert: Callable[[str], object], unique: bool = True) -> Callable[[
         return items
 
     return values
+
+
+def key_values(text: str) -> dict[str, float]:
+    """'name=number,...' -> {name: number} (e.g. router weights `prefix=3,kv=2,queue=2`)."""
+    out = {}
+    for item in text.split(","):
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        try:
+            number = float(value)
+        except ValueError:
+            number = math.nan
+        if not sep or not key or not math.isfinite(number):
+            raise argparse.ArgumentTypeError(f"expected name=number,... (e.g. prefix=3,kv=2), got '{text}'")
+        if key in out:
+            raise argparse.ArgumentTypeError(f"names '{key}' twice: '{text}'")
+        out[key] = number
+    return out
 
 
 def csv_list(text: str) -> list[str]:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import argparse
 import math
 import time
 
+from jaxroute import cost_models as cm
 from jaxroute import report
+from jaxroute.clusters.replicas.model import ADMISSIONS
 from jaxroute.commands._common import (
     add_grid_args,
     at_least,
@@ -13,6 +16,7 @@ from jaxroute.commands._common import (
     check_overflow,
     choose,
     csv_list,
+    key_values,
     non_negative_float,
     off_or,
     positive_float,
@@ -22,6 +26,7 @@ from jaxroute.commands._common import (
     show_progress,
     warn,
 )
+from jaxroute.errors import JaxrouteError
 from jaxroute.experiments.cluster import (
     METRICS,
     WORKLOADS,
@@ -29,10 +34,34 @@ from jaxroute.experiments.cluster import (
     policy_rows,
     run_cluster,
 )
+from jaxroute.routers.parts import SCORERS
 from jaxroute.routers.prefix import PREFIX_POLICIES
 from jaxroute.workloads import prefix as wl_prefix
 
 DEFAULT_POLICIES = "rr,least_load,affinity,threshold,cache_guard,sglang_cache_aware"
+DEFAULT_REQUESTS = 2000
+# --sp-* flag -> shared-prefix setting (defaults: inference-perf, see wl_prefix.SP_DEFAULTS)
+SP_FLAGS = {"sp_groups": "groups", "sp_prompts_per_group": "prompts_per_group", "sp_system_len": "system_tokens",
+            "sp_question_len": "question_tokens", "sp_output_len": "output_tokens"}
+
+
+def rate_stages(text: str) -> list[tuple[float, float]]:
+    """argparse type: 'RATE:SECONDS,...' (each > 0) -> [(rate, seconds), ...]."""
+    stages = []
+    for item in text.split(","):
+        parts = item.strip().split(":")
+        try:
+            r, d = (float(x) for x in parts) if len(parts) == 2 else (math.nan, math.nan)
+        except ValueError:
+            r = d = math.nan
+        if not (math.isfinite(r) and math.isfinite(d) and r > 0 and d > 0):
+            raise argparse.ArgumentTypeError(f"expected RATE:SECONDS,... with each rate and duration > 0, got '{text}'")
+        stages.append((r, d))
+    return stages
+
+
+def _sp_settings(args) -> dict:
+    return {key: getattr(args, flag) for flag, key in SP_FLAGS.items() if getattr(args, flag, None) is not None}
 PLOT_METRICS = ("mean_latency_s", "p99_latency_s", "hit_rate", "max_replica_share")
 
 
@@ -43,9 +72,12 @@ def register(subparsers) -> None:
         description="Simulate G replicas of one model (continuous batching, chunked prefill, KV memory "
         "limit, per-replica LRU prefix cache at segment granularity) behind a router, and compare "
         "routers on the same seeds in one compiled program. The table gives means with 95%% CIs over "
-        "seeds: latency, TTFT and TPOT in seconds, hit rate (cached prompt tokens / prompt tokens), "
+        "seeds: latency, TTFT and TPOT in seconds, output tokens/s of completed requests over the makespan "
+        "(first arrival to last finish), hit rate (cached prompt tokens / prompt tokens), "
         "replication factor (sum of cached tokens over replicas / unique cached tokens, averaged over "
-        "time) and the largest share of requests sent to one replica.",
+        "time), the largest share of requests sent to one replica, queue_mean (requests waiting in a "
+        "replica's local queue) and kv_usage_mean (KV in use / capacity: locked cached + private tokens), "
+        "both averaged over time and replicas, and preemptions (on-demand admission only).",
     )
     p.add_argument("--workload", default="longdoc", metavar="NAME",
                    help=f"one of: {', '.join(WORKLOADS)} (default longdoc). The synthetic ones are "
@@ -69,20 +101,54 @@ def register(subparsers) -> None:
     p.add_argument("--e2-th-bal", type=off_or(at_least(1.0)), default=1.5, metavar="F",
                    help="preble_e2: rebalancing threshold Th_bal >= 1: when the chosen replica's window load "
                    "exceeds F x the lightest replica's, send to the lightest; 'off' disables (default 1.5)")
+    p.add_argument("--weights", type=key_values, action="append", default=None, metavar="NAME=W,...",
+                   help="scorer weights of the weighted presets (llmd_precise, llmd_approx, llmd_load, "
+                   f"llmd_load_aware, weighted), over the scorers {', '.join(SCORERS)}; unnamed scorers weigh 0, "
+                   "e.g. prefix=3,kv=2,queue=2. Repeat the flag to compare several vectors in one compiled grid "
+                   "(rows preset[prefix=3,...]) (default: each preset's own weights; see jaxroute/routers/prefix.py)")
+    p.add_argument("--router-set", type=key_values, default=None, metavar="NAME=V,...",
+                   help="router module settings for every row, e.g. dyn_overlap_weight=2,llmd_block_tokens=16 "
+                   "(names: the keywords of make_params in jaxroute/routers/{sglang,preble,llmd,dynamo,vllm_stack,"
+                   "aibrix}.py; unknown names are refused) (default: the sources' defaults)")
     p.add_argument("--hot-tool", type=probability, default=0.0, metavar="SHARE",
                    help="toolbench only: share of traffic on one hot tool, e.g. 0.4 (default 0: Zipf only)")
     p.add_argument("--local", default="fcfs", metavar="ORDER",
                    help="local queue order on each replica: fcfs or lpm (longest prefix match first) (default fcfs)")
+    p.add_argument("--admission", default="reserve", metavar="MODE",
+                   help="KV admission on each replica: reserve (a request waits until its uncached prompt and its "
+                   "whole output fit; never preempts) or on-demand (vLLM V1: KV is taken step by step for the "
+                   "tokens computed; when a running request's tokens do not fit, the last admitted request is "
+                   "preempted, its KV freed, and it recomputes its prompt and output when readmitted; counted as "
+                   "preemptions) (default reserve)")
     p.add_argument("--stale", type=non_negative_float, default=0.0, metavar="T",
                    help="the router's view (loads and replica caches) is a snapshot refreshed every T seconds; "
                    "its own dispatches are always known (default 0: fresh)")
     p.add_argument("--cost-model", default="roofline", metavar="KIND",
                    help="iteration time: roofline or preble (Preble's fitted A6000 equations) (default roofline)")
-    p.add_argument("--gpu", default="a6000", metavar="NAME", help="GPU of every replica (default a6000)")
-    p.add_argument("--model", default="mistral-7b", metavar="NAME", help="model served (default mistral-7b)")
+    p.add_argument("--gpu", default="a6000", metavar="NAME",
+                   help=f"GPU of every replica: {', '.join(cm.GPUS)} (or h100, a100; any case) (default a6000)")
+    p.add_argument("--model", default="mistral-7b", metavar="NAME",
+                   help=f"model served: {', '.join(cm.MODELS)} (any case) (default mistral-7b)")
+    p.add_argument("--tp", type=positive_int, default=1, metavar="T",
+                   help="tensor-parallel GPUs per replica: they split the weights and the KV heads; refused when "
+                   "the weights do not fit or T does not split the heads (default 1)")
     p.add_argument("--kv-capacity", type=positive_int, default=None, metavar="TOKENS",
-                   help="KV tokens per replica (default: from GPU and model at 90%% memory; 219,089 for "
-                   "Mistral-7B on A6000)")
+                   help="KV tokens per replica (default: from GPU memory x tp at 90%% minus the weights; "
+                   f"{cm.kv_capacity_tokens('A6000', 'Mistral-7B'):,} for Mistral-7B on A6000, "
+                   f"{cm.kv_capacity_tokens('H100-SXM', 'Qwen3-32B', 2):,} for Qwen3-32B on 2 H100)")
+    p.add_argument("--rate-stages", type=rate_stages, default=None, metavar="RATE:SECONDS,...",
+                   help="staged Poisson load for synthetic workloads, like inference-perf's load stages, e.g. "
+                   "10:60,20:60,40:60: the rate is piecewise constant over the stages and stays at the last "
+                   "stage's rate after it. --requests defaults to the expected stage total round(sum rate x "
+                   "seconds); fewer end the run early. Not with --rate or a trace (default: one --rate)")
+    sp = wl_prefix.SP_DEFAULTS
+    for flag, key, what in (("--sp-groups", "groups", "shared system prompts (groups)"),
+                            ("--sp-prompts-per-group", "prompts_per_group", "questions per group"),
+                            ("--sp-system-len", "system_tokens", "system prompt tokens"),
+                            ("--sp-question-len", "question_tokens", "question tokens"),
+                            ("--sp-output-len", "output_tokens", "output tokens")):
+        p.add_argument(flag, type=positive_int, default=None, metavar="N",
+                       help=f"shared-prefix only: {what} (default {sp[key]}, inference-perf's)")
     p.add_argument("--chunk", type=positive_int, default=512, metavar="TOKENS", help="prefill tokens per iteration (default 512)")
     p.add_argument("--max-running", type=positive_int, default=64, metavar="B",
                    help="max running requests per replica, like SGLang's --max-running-requests: requests wait "
@@ -93,49 +159,72 @@ def register(subparsers) -> None:
     p.add_argument("--e2-ring", type=positive_int, default=None, metavar="K",
                    help="preble_e2: dispatches remembered per replica for the load window (default: 4 x rate x window "
                    "/ replicas, at least 64, at most the requests; doubled and rerun while it overflows)")
-    add_grid_args(p, seeds=16, requests=2000, seeds_help="independent runs per policy")
-    p.set_defaults(func=run)
+    add_grid_args(p, seeds=16, requests=DEFAULT_REQUESTS, seeds_help="independent runs per policy")
+    p.set_defaults(func=run, requests=None)  # None: DEFAULT_REQUESTS, or the stage total with --rate-stages
 
 
 def run(args) -> int:
     name = choose([args.workload], WORKLOADS, "workload")[0]
     local = choose([args.local], ("fcfs", "lpm"), "local order")[0]
+    admission = choose([args.admission], ADMISSIONS, "admission")[0]
     cost_model = choose([args.cost_model], ("roofline", "preble"), "cost model")[0]
     policies = choose(csv_list(args.policies), PREFIX_POLICIES, "policy")
     G, seeds, requests, stale = args.replicas, args.seeds, args.requests, args.stale
     is_trace = name in wl_prefix.TRACE_WORKLOADS
+    stages = args.rate_stages
+    if stages and args.rate is not None:
+        raise JaxrouteError("--rate and --rate-stages are mutually exclusive: give one rate or the stages")
+    if args.requests is None:
+        args.requests = round(sum(r * d for r, d in stages)) if stages else DEFAULT_REQUESTS
+        if args.requests < 1:
+            raise JaxrouteError("the load stages hold less than one request; give --requests")
+    requests = args.requests
     rate = args.rate if args.rate is not None else (0.0 if is_trace else 1.0)  # 0: replay recorded times
     if seeds < 2:
         warn("one seed gives no confidence interval")
-    workload = build_workload(name, requests, args.trace, args.hot_tool)
+    workload = build_workload(name, requests, args.trace, args.hot_tool, shared_prefix=_sp_settings(args),
+                              rate_stages=stages)
+    if stages:
+        rate = workload.stage_mean_rate  # realize() runs the stages as given at their mean rate
     if is_trace and seeds > 1:
         warn("trace workloads replay the same requests on every seed: the CIs are zero-width")
     rows = policy_rows(policies, rate=rate, stale=stale, kv_capacity=args.kv_capacity, gpu=args.gpu,
                        model_name=args.model, cost_model=cost_model, theta=args.theta,
-                       e2_window_s=args.e2_window, e2_th_bal=args.e2_th_bal)
+                       e2_window_s=args.e2_window, e2_th_bal=args.e2_th_bal, tp=args.tp,
+                       weights=args.weights, router=args.router_set)
 
     start = time.perf_counter()
     results = run_cluster(rows, workload, replicas_n=G, seeds=seeds, local=local, chunk=args.chunk,
                           max_running=args.max_running, seed=args.seed, progress=show_progress(args),
-                          capacities={"max_queue": args.max_queue, "router_window": args.e2_ring})
+                          capacities={"max_queue": args.max_queue, "router_window": args.e2_ring},
+                          admission=admission)
     elapsed = time.perf_counter() - start
     records = results.records
     check_conservation(results)
     check_overflow(records, args, "A replica's local queue was full or a run did not finish")
     cap = records[0].params["kv_capacity"]
     rate_txt = "recorded times" if rate <= 0 else f"{rate:g} req/s"
-    title = (f"cluster: {name}, {G} replicas ({args.model} on {args.gpu}, KV {cap:,} tokens, {cost_model}), "
-             f"{rate_txt}, local {local}, theta {args.theta:g}, "
+    if stages:
+        rate_txt = "stages " + ",".join(f"{r:g}:{d:g}" for r, d in stages) + " (req/s:s)"
+    gpus = f"{args.tp}x{args.gpu}" if args.tp > 1 else args.gpu
+    title = (f"cluster: {name}, {G} replicas ({args.model} on {gpus}, KV {cap:,} tokens, {cost_model}), "
+             f"{rate_txt}, local {local}, {admission} admission, theta {args.theta:g}, "
              f"{'stale view T=' + str(stale) if stale > 0 else 'fresh view'}; {seeds} seeds x {requests} requests")
     print(title)
     print(report.format_table(records, METRICS))
     print(f"simulated {len(records) * seeds * requests:,} requests in {elapsed:.1f} s "
           f"({len(records) * seeds * requests / elapsed:,.0f} requests/s, compilation included)")
     config = {"workload": name, "trace": args.trace, "replicas": G, "rate": rate, "seeds": seeds,
-              "requests": requests, "local": local, "stale_s": stale, "cost_model": cost_model, "gpu": args.gpu,
-              "model": args.model, "kv_capacity": cap, "chunk": args.chunk, "max_running": args.max_running,
+              "requests": requests, "local": local, "admission": admission, "stale_s": stale, "cost_model": cost_model, "gpu": args.gpu,
+              "model": args.model, "tp": args.tp, "kv_capacity": cap, "chunk": args.chunk,
+              "max_running": args.max_running,
               "max_queue": results.model.max_queue, "e2_ring": results.model.router_window,
-              "hot_tool": args.hot_tool, "seed": args.seed, "elapsed_s": elapsed}
+              "hot_tool": args.hot_tool, "seed": args.seed, "elapsed_s": elapsed,
+              "weights": args.weights, "router_set": args.router_set}
+    if stages:
+        config["rate_stages"] = [{"rate": r, "seconds": d} for r, d in stages]
+    if name == "shared-prefix":
+        config["shared_prefix"] = {**wl_prefix.SP_DEFAULTS, **_sp_settings(args)}
     if "preble_e2" in policies:
         th = args.e2_th_bal
         config.update(e2_window_s=args.e2_window, e2_th_bal=th if math.isfinite(th) else None)

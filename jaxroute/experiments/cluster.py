@@ -10,7 +10,8 @@ from jaxroute.clusters import replicas
 from jaxroute.errors import JaxrouteError
 from jaxroute.experiments.comparison import Comparison, Results, Row, run_with_retry
 from jaxroute.routers import preble
-from jaxroute.routers.prefix import policy_id
+from jaxroute.routers.parts import SCORERS
+from jaxroute.routers.prefix import PRESETS, REGISTRY, modules_for, policy_id
 from jaxroute.workloads import prefix as wl_prefix
 from jaxroute.workloads import traces
 
@@ -20,29 +21,68 @@ METRICS = replicas.METRICS
 CAPACITY_FLAGS = {"max_queue": "queue_overflow", "router_window": "e2_ring_overflow"}
 
 
-def build_workload(name: str, requests: int, trace: str | None = None, hot_tool: float = 0.0):
-    """A prefix workload by CLI name (synthetic, or a trace adapted to segment form)."""
+def build_workload(name: str, requests: int, trace: str | None = None, hot_tool: float = 0.0, *,
+                   shared_prefix: dict | None = None, rate_stages=None):
+    """A prefix workload by CLI name (synthetic, or a trace adapted to segment form).
+
+    shared_prefix: settings of the shared-prefix workload (keys of `wl_prefix.SP_DEFAULTS`; None or
+    empty = inference-perf's defaults). rate_stages: [(requests/s, seconds), ...] for staged Poisson load
+    (synthetic workloads only; realize at `workload.stage_mean_rate`).
+    """
     if name not in WORKLOADS:
         raise JaxrouteError(f"unknown workload '{name}'; choose from: {', '.join(WORKLOADS)}")
+    if shared_prefix and name != "shared-prefix":
+        raise JaxrouteError(f"--sp-* flags apply to --workload shared-prefix only, not '{name}'")
     if name in wl_prefix.PREFIX_WORKLOADS:
         if trace is not None:
             raise JaxrouteError(f"--trace is for mooncake / azure-conv, not the synthetic workload '{name}'")
         if hot_tool and name != "toolbench":
             raise JaxrouteError("--hot-tool applies to --workload toolbench only")
-        kw = {"hot_tool_share": hot_tool} if name == "toolbench" else {}
-        return wl_prefix.synthetic(name, requests, **kw)
+        kw = {"hot_tool_share": hot_tool} if name == "toolbench" else dict(shared_prefix or {})
+        unknown = set(kw) - ({"hot_tool_share"} | set(wl_prefix.SP_DEFAULTS))
+        if unknown:
+            raise JaxrouteError(f"unknown shared-prefix settings: {', '.join(sorted(unknown))}; "
+                                f"choose from: {', '.join(wl_prefix.SP_DEFAULTS)}")
+        wl = wl_prefix.synthetic(name, requests, **kw)
+        return wl_prefix.with_rate_stages(wl, rate_stages) if rate_stages else wl
+    if rate_stages:
+        raise JaxrouteError(f"--rate-stages is for the synthetic workloads; the trace '{name}' replays its "
+                            "recorded arrival times (--rate rescales them to a mean rate)")
     path = trace or wl_prefix.DEFAULT_TRACE_PATHS[name]
     if name == "mooncake":
         return wl_prefix.from_mooncake(traces.load_mooncake_jsonl(path).head(requests))
     return wl_prefix.from_azure(traces.load_azure_csv(path).head(requests))
 
 
+def uses_weights(policy: str) -> bool:
+    """Whether a preset scores with `RouterParams.weights` (llm-d's presets, weighted)."""
+    return "weights" in PRESETS[policy].defaults
+
+
+def weights_label(weights: dict) -> str:
+    return ",".join(f"{k}={v:g}" for k, v in weights.items())
+
+
 def policy_rows(policies, *, rate=1.0, stale=0.0, kv_capacity=None, gpu="a6000", model_name="mistral-7b",
-                cost_model="roofline", theta=0.5, e2_window_s=180.0, e2_th_bal=1.5) -> list[tuple]:
-    """One (label, params) row per router, all with the same settings."""
-    return [(p, replicas.make_params(p, rate=rate, stale_s=stale, kv_capacity=kv_capacity, gpu=gpu, model=model_name,
-                                     cost_model=cost_model, theta=theta, e2_window_s=e2_window_s,
-                                     e2_th_bal=e2_th_bal)) for p in policies]
+                cost_model="roofline", theta=0.5, e2_window_s=180.0, e2_th_bal=1.5, tp=1,
+                weights: list[dict] | None = None, router: dict | None = None) -> list[tuple]:
+    """(label, params) rows, all with the same settings (each replica is tp GPUs). `weights`: scorer
+    weight vectors ({scorer: w}, unnamed = 0) for the presets that use weights, one row per preset and
+    vector (labelled `preset[prefix=3,kv=2]` when there are several); other presets get one row.
+    `router`: more router settings for every row (module settings such as dyn_overlap_weight)."""
+    if weights and not any(uses_weights(p) for p in policies):
+        raise JaxrouteError("--weights applies to the weighted presets (" +
+                            ", ".join(p for p in PRESETS if uses_weights(p)) + "); none is selected")
+    rows = []
+    for p in policies:
+        variants = [None] if not (weights and uses_weights(p)) else list(weights)
+        for w in variants:
+            label = p if w is None or len(variants) == 1 else f"{p}[{weights_label(w)}]"
+            kw = dict(router or {}, **({} if w is None else {"weights": w}))
+            rows.append((label, replicas.make_params(p, rate=rate, stale_s=stale, kv_capacity=kv_capacity, gpu=gpu,
+                                                     model=model_name, cost_model=cost_model, tp=tp, theta=theta,
+                                                     e2_window_s=e2_window_s, e2_th_bal=e2_th_bal, **kw)))
+    return rows
 
 
 def _is_e2(p: replicas.ReplicaParams) -> bool:
@@ -53,6 +93,10 @@ def row_info(p: replicas.ReplicaParams) -> dict:
     """The JSON description of a row's params."""
     out = {"rate": float(p.rate), "theta": float(p.router.theta), "stale_s": float(p.stale_s),
            "kv_capacity": int(p.kv_capacity)}
+    name = REGISTRY.name(int(np.asarray(p.policy)))
+    if uses_weights(name):
+        w = np.asarray(p.router.weights)
+        out["weights"] = {k: float(v) for k, v in zip(SCORERS, w, strict=True) if v != 0}
     if _is_e2(p):
         th = float(p.router.e2_th_bal)
         out.update(e2_window_s=float(p.router.e2_window_s), e2_th_bal=th if math.isfinite(th) else None)
@@ -73,16 +117,18 @@ def initial_capacities(workload, params, n_replicas: int) -> dict[str, int]:
 
 def run_cluster(rows, workload, *, replicas_n=4, seeds=16, local="fcfs", chunk=512,
                 max_running=64, seed=0, progress=False, label_params=None, max_tries=4,
-                capacities: dict[str, int | None] | None = None) -> Results:
+                capacities: dict[str, int | None] | None = None, admission="reserve") -> Results:
     """Run (label, ReplicaParams) rows on the same seeds in one compiled grid (see `policy_rows`).
 
     The local queue and Preble E2's ring start from `initial_capacities` and are doubled (the
     grid rerun) while one overflowed; `capacities` overrides their starting sizes (None = default;
     an E2 ring only matters when some row runs preble_e2). label_params is added to every record's params. The router
-    keeps a stale view only when some row has stale_s > 0.
+    keeps a stale view only when some row has stale_s > 0. admission: the replicas' KV admission,
+    "reserve" or "on-demand" (vLLM V1 with preemption; see clusters/replicas/iteration.py).
     """
     params = [p for _, p in rows]
     stale_view = any(float(p.stale_s) > 0 for p in params)
+    modules = modules_for({REGISTRY.name(int(np.asarray(p.policy))) for p in params})
     for cap in {int(np.asarray(p.kv_capacity)) for p in params}:
         wl_prefix.check_fits(workload, cap)
     rows = [Row(name, p, dict(label_params or {}, **row_info(p))) for name, p in rows]
@@ -95,7 +141,8 @@ def run_cluster(rows, workload, *, replicas_n=4, seeds=16, local="fcfs", chunk=5
     def run(caps):
         model = replicas.ReplicaModel(
             n_replicas=replicas_n, chunk=chunk, max_running=max_running, max_queue=caps["max_queue"],
-            local_order=local, stale_view=stale_view, router_window=caps["router_window"])
+            local_order=local, stale_view=stale_view, router_window=caps["router_window"],
+            router_modules=modules, admission=admission)
         return Comparison(model, rows, seeds, METRICS, workload=workload, seed=seed, chunk=1000,
                           progress="cluster" if progress else False).run()
 

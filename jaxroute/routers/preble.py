@@ -168,7 +168,7 @@ def rule(load: jax.Array, extra: jax.Array, match: jax.Array, prompt: jax.Array,
     return jnp.where(load[g] > p.e2_th_bal * load[lightest], lightest, g)
 
 
-def choose(s: State | None, view: RouterView, req: Request, p: Params, key) -> jax.Array:
+def choose(s: State | None, view: RouterView, req: Request, p, key) -> jax.Array:
     if s is None:  # not modeled: refused on the host (`check`) and flagged in the run
         return parts.argmax(parts.fewest_requests(view, req))
     load, extra = costs(s, view, req)

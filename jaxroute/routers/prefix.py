@@ -14,7 +14,24 @@ module interface). The cluster model calls only the functions below; it knows no
 | cache_guard | least load when max - min in-flight > guard_abs and max > guard_rel * min, else threshold |
 | sglang_cache_aware | SGLang router (`cache_aware.rs`): imbalanced -> shortest queue; else its own approximate tree: ratio > cache_threshold -> the matching worker, else the smallest tree |
 | preble_e2 | Preble E2: exploit (cached > missed) or explore by load cost L + M + P; post-hoc rebalancing |
-| weighted | llm-d-style weighted scorers (prefix ratio, queue, tokens) and a traced picker |
+| weighted | llm-d-style weighted scorers (prefix ratio on the record 3, in-flight 2, tokens 2) and a traced picker |
+| llmd_precise | llm-d scheduler: precise prefix (reported cache, matched/prompt 64-token blocks) 3 + kv-utilization 2 + queue 2; max-score picker (random ties) |
+| llmd_approx | llm-d with the approximate prefix index (own LRU of block hashes, inserted on dispatch, greedy walk) 1 + kv 1 + queue 1; max-score picker |
+| llmd_load | llm-d queue 1 + kv-cache-utilization 1; max-score picker |
+| llmd_load_aware | llm-d load-aware scorer (0.5 at an empty queue -> 0 at 128 waiting); max-score picker |
+| dynamo_kv | Dynamo KV router: argmin of w x (active + uncached prefill tokens) / B + unique active blocks after admission; ties random, softmax at T > 0 |
+| random | uniformly random replica (SGLang random.rs) |
+| sglang_cache_aware_rs | SGLang cache-aware with the Rust CacheAwareConfig defaults (0.5 / 32 / 1.1) and LRU size pruning of its tree (every 30 s to 10,000 tokens per worker) |
+| sglang_gateway | SGLang model gateway cache-aware: CLI defaults, a cache miss goes to the least-loaded worker |
+| sglang_power_of_two | two distinct random replicas, the lower scraped token load (KV in use); ties -> the first draw |
+| vllm_prefixaware | production-stack prefix-aware: most matched trie chunks (32 tokens), random among ties (all when none); QPS below --prefix-min-match-length (off) |
+| vllm_session | production-stack session: consistent-hash ring (160 vnodes) on the session id, else lowest 60 s QPS |
+| vllm_kvaware | production-stack KV-aware: the longest real-cache match when it covers all but 2,000 tokens, else session ring / QPS |
+| aibrix_prefix_cache | AIBrix prefix-cache: running spread > 8 -> only least-loaded pods match; best % match among pods with running <= mean + 1 sigma, ties random; else least request |
+| aibrix_least_request | AIBrix least-request: fewest running requests, ties random |
+
+Scraped replica metrics (`waiting`, `running`, `kv_usage`, the caches as KV events report them) go
+stale with `--stale T` (e.g. 0.05 s, the 50 ms metrics refresh of llm-d's data layer and BLIS).
 """
 
 from __future__ import annotations
@@ -29,7 +46,16 @@ import jax.numpy as jnp
 
 from jaxroute.errors import JaxrouteError
 from jaxroute.registry import PolicyRegistry
-from jaxroute.routers import parts, preble, presets, sglang
+from jaxroute.routers import (
+    aibrix,
+    dynamo,
+    llmd,
+    parts,
+    preble,
+    presets,
+    sglang,
+    vllm_stack,
+)
 from jaxroute.routers.view import Request, RouterStatic, RouterView
 
 
@@ -39,7 +65,8 @@ class Preset:
     the settings it starts from (`router_params` keywords: weights, picker, a module's own settings).
 
     rule: stateless `(view, req, params: RouterParams, key) -> replica`; with a module
-    `(module_state, view, req, module_params, key) -> replica`.
+    `(module_state, view, req, params: RouterParams, key) -> replica` (a module's own settings are
+    readable by name on RouterParams, e.g. `params.e2_window_s`; the hooks get the module's Params).
     """
 
     rule: Callable
@@ -62,6 +89,25 @@ PRESETS: dict[str, Preset] = {
     "sglang_cache_aware": _stateful(sglang),
     "preble_e2": _stateful(preble),
     "weighted": Preset(presets.weighted, defaults=dict(weights=dict(prefix=3.0, inflight=2.0, tokens=2.0))),
+    # --- llm-d and Dynamo (routers/llmd.py, routers/dynamo.py): append below
+    "llmd_precise": Preset(llmd.scheduler, defaults=dict(weights=dict(prefix=3.0, kv=2.0, queue=2.0), picker="random")),
+    "llmd_approx": _stateful(llmd, weights=dict(prefix=1.0, kv=1.0, queue=1.0), picker="random"),
+    "llmd_load": Preset(llmd.scheduler, defaults=dict(weights=dict(queue=1.0, kv=1.0), picker="random")),
+    "llmd_load_aware": Preset(llmd.scheduler, defaults=dict(weights=dict(load_aware=1.0), picker="random")),
+    "dynamo_kv": _stateful(dynamo),
+    # --- SGLang gateway, vLLM production-stack, AIBrix (routers/sglang.py, vllm_stack.py, aibrix.py): append below
+    "random": Preset(presets.random),
+    # Rust `impl Default for CacheAwareConfig` (sgl-model-gateway/src/policies/mod.rs), pruning on
+    "sglang_cache_aware_rs": _stateful(sglang, sgl_cache_threshold=0.5, sgl_balance_abs=32.0, sgl_balance_rel=1.1,
+                                       sgl_evict_interval_s=30.0, sgl_max_tree_tokens=10000.0),
+    # newer sgl-model-gateway: CLI defaults, least-loaded worker on a cache miss
+    "sglang_gateway": _stateful(sglang, sgl_miss_rule="least_load"),
+    "sglang_power_of_two": Preset(sglang.power_of_two),
+    "vllm_prefixaware": _stateful(vllm_stack, rule=vllm_stack.prefixaware),
+    "vllm_session": _stateful(vllm_stack, rule=vllm_stack.session),
+    "vllm_kvaware": _stateful(vllm_stack, rule=vllm_stack.kvaware),
+    "aibrix_prefix_cache": _stateful(aibrix),
+    "aibrix_least_request": Preset(aibrix.least_request),
 }
 REGISTRY = PolicyRegistry("replica-cluster router", tuple(PRESETS))
 PREFIX_POLICIES = REGISTRY.names
@@ -150,11 +196,21 @@ def router_params(policy: str = "weighted", *, theta=0.5, guard_abs=8.0, guard_r
                         jnp.int32(parts.PICKERS.index(picker)), f(temperature), f(load_threshold), own)
 
 
+def modules_for(policies) -> tuple[str, ...]:
+    """The stateful modules the presets `policies` need (the rest can be left out of the state)."""
+    return tuple(sorted({_module_name(PRESETS[p].module) for p in policies if PRESETS[p].module}))
+
+
 def check(static: RouterStatic, policies) -> None:
-    """Refuse, on the host, policies whose module cannot run with these static sizes."""
+    """Refuse, on the host, policies whose module is left out or cannot run with these static sizes."""
     for name in policies:
         m = PRESETS[name].module
-        if m is not None and hasattr(m, "check"):
+        if m is None:
+            continue
+        if static.modules is not None and _module_name(m) not in static.modules:
+            raise JaxrouteError(f"router '{name}' needs module '{_module_name(m)}', which this model leaves out "
+                                f"(router modules kept: {', '.join(static.modules) or 'none'})")
+        if hasattr(m, "check"):
             m.check(static)
 
 
@@ -166,13 +222,15 @@ def _hook(m: ModuleType, hook: str, state, *args):
 
 
 def init(static: RouterStatic) -> dict:
-    """The router state: each stateful module's state by its short name."""
-    return {name: m.init(static) for name, m in MODULES.items()}
+    """The router state: each kept stateful module's state by its short name (the hooks below run
+    only the modules in the state)."""
+    keep = MODULES if static.modules is None else static.modules
+    return {name: MODULES[name].init(static) for name in keep}
 
 
 def on_refresh(state: dict, view: RouterView, active: jax.Array, params: RouterParams) -> dict:
     """Before a decision: the view is new (time advanced, possibly a new snapshot)."""
-    return {n: _hook(m, "on_refresh", state[n], view, active, params.own[n]) for n, m in MODULES.items()}
+    return {n: _hook(MODULES[n], "on_refresh", state[n], view, active, params.own[n]) for n in state}
 
 
 def choose(state: dict, view: RouterView, req: Request, policy: jax.Array, params: RouterParams,
@@ -182,7 +240,9 @@ def choose(state: dict, view: RouterView, req: Request, policy: jax.Array, param
     def branch(p: Preset):
         if p.module is not None:
             n = _module_name(p.module)
-            return lambda: jnp.asarray(p.rule(state[n], view, req, params.own[n], key), jnp.int32)
+            if n not in state:  # left out of this model: refused on the host by `check`
+                return lambda: jnp.int32(0)
+            return lambda: jnp.asarray(p.rule(state[n], view, req, params, key), jnp.int32)
         return lambda: jnp.asarray(p.rule(view, req, params, key), jnp.int32)
 
     return REGISTRY.switch(policy, [branch(p) for p in PRESETS.values()])
@@ -191,19 +251,20 @@ def choose(state: dict, view: RouterView, req: Request, policy: jax.Array, param
 def on_dispatch(state: dict, view: RouterView, req: Request, g: jax.Array, active: jax.Array,
                 params: RouterParams) -> dict:
     """The request was sent to replica g (only where `active`: masked point updates, O(row))."""
-    return {n: _hook(m, "on_dispatch", state[n], view, req, g, active, params.own[n]) for n, m in MODULES.items()}
+    return {n: _hook(MODULES[n], "on_dispatch", state[n], view, req, g, active, params.own[n]) for n in state}
 
 
 def on_finish(state: dict, view: RouterView, g: jax.Array, rids: jax.Array, finished: jax.Array,
               params: RouterParams) -> dict:
     """Requests `rids[finished]` finished on replica g (`view.table` has their rows)."""
-    return {n: _hook(m, "on_finish", state[n], view, g, rids, finished, params.own[n]) for n, m in MODULES.items()}
+    return {n: _hook(MODULES[n], "on_finish", state[n], view, g, rids, finished, params.own[n]) for n in state}
 
 
 def flags(state: dict, policy: jax.Array) -> dict[str, jax.Array]:
     """Capacity flags of the stateful modules, raised only for rows whose policy uses that module."""
     out = {}
-    for n, m in MODULES.items():
+    for n in state:
+        m = MODULES[n]
         if hasattr(m, "flags"):
             uses = jnp.isin(policy, jnp.asarray([REGISTRY.id(k) for k, p in PRESETS.items() if p.module is m]))
             out.update({k: uses & v for k, v in m.flags(state[n]).items()})

@@ -7,6 +7,7 @@ Signature: `preset(view, request, params, key) -> replica` (int32). Register a n
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 
 from jaxroute.routers import parts
 
@@ -52,3 +53,9 @@ def weighted(view, req, p, key) -> jax.Array:
     among ties, softmax at `p.temperature`). Weights are traced (default prefix 3, inflight 2, tokens 2)."""
     scores = parts.score_matrix(view, req, view.match_tokens, p.load_threshold)
     return parts.pick(p.picker, parts.weighted_sum(p.weights, scores), key, p.temperature)
+
+
+def random(view, req, p, key) -> jax.Array:
+    """Uniformly random replica (SGLang `policies/random.rs`: `random_range(0..healthy.len())`; the
+    same stateless rule as any uniform dispatcher): one `jax.random.randint` draw on the decision's key."""
+    return jax.random.randint(key, (), 0, view.inflight.shape[0]).astype(jnp.int32)

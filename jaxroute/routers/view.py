@@ -18,6 +18,7 @@ class RouterStatic:
     n_replicas: int  # G
     n_segments: int  # M + 1 (the workload's segment ids + the padding dummy)
     window: int = 0  # dispatch-window ring entries per replica (routers that keep a window; 0 = none)
+    modules: tuple[str, ...] | None = None  # stateful router modules to keep (None = all; fewer = a faster step)
 
 
 @jax.tree_util.register_dataclass

@@ -4,9 +4,9 @@ One iteration on replica g at time t:
 1. Admission, at most `max_admit` requests, in local order (fcfs = arrival order; lpm = most
    cached prompt tokens first, ties by arrival). It stops at the first request that does not
    fit, when the running set is full, or once the running requests' remaining prefill reaches
-   `chunk`. A request fits when (prompt - cached prefix) + output <= free KV + tokens of
-   unlocked cached segments. Segments are evicted in LRU order (`prefix_cache.evict_lru`) until the
-   request fits. Its matched segments are locked and touched at t.
+   `chunk`. A request fits when its KV need <= free KV + tokens of unlocked cached segments.
+   Segments are evicted in LRU order (`prefix_cache.evict_lru`) until the request fits. Its
+   matched segments are locked and touched at t.
 2. The batch: prefilling requests in admission order share `chunk` new tokens; every request
    whose prefill was complete before the iteration decodes one token. The time comes from
    `cost_models.step_time`; the iteration ends at t + dt.
@@ -14,6 +14,44 @@ One iteration on replica g at time t:
    private copy is released), and the prefix up to it is touched. A request whose prefill ends
    gets its first token; a request with all output tokens finishes, unlocks its segments,
    touches them, and leaves its output in the cache when the workload keeps it (multi-turn).
+
+KV admission (`ReplicaModel.admission`, static):
+- "reserve": a request's need is its uncached prompt + its whole output, reserved at admission
+  (SGLang-like; no preemption ever).
+- "on-demand" (vLLM V1, vllm/v1/core/sched/scheduler.py `Scheduler.schedule` and
+  vllm/v1/core/kv_cache_manager.py `allocate_slots`; line numbers below are vLLM v0.33.0): KV is
+  allocated step by step for the tokens a request computes, and a running request that cannot get
+  its tokens preempts the last admitted one. Before admission, the running requests, in admission
+  order, each allocate this step's tokens (`_allocate_running`); a request whose tokens do not fit
+  (free + evictable tokens) preempts the running request admitted last (recompute mode: its private
+  KV is freed, its segments unlocked, and it waits at the front of the local queue), possibly
+  itself. Admission is skipped in an iteration that preempted; otherwise a waiting request needs
+  room only for the tokens it computes in this iteration (its share of `chunk`). A readmitted
+  request recomputes its prompt (minus the cached prefix) and the output tokens it had generated,
+  then goes on decoding; its admit time and cached tokens stay those of its first admission.
+
+  Our model differs from vLLM where segments and our batch rules differ:
+  - KV is counted in tokens, not blocks (block_size = 1 for private KV; the cache still holds
+    whole segments), and there is no watermark (vLLM's default `watermark=0.0`,
+    kv_cache_manager.py:148) and no `scheduler_reserve_full_isl` admission gate.
+  - A step allocates the KV of the tokens it computes *and* of the token it samples (vLLM
+    allocates the sampled token's slot one step later, as the next step's input): a request holds
+    at most one token more than in vLLM, and a finished request holds exactly its reservation
+    of "reserve", so leaving its output in the cache never exceeds the capacity.
+  - Decode tokens do not use the `chunk` budget (as in "reserve"; vLLM counts them in
+    `max_num_batched_tokens`).
+  - The running requests' allocations evict LRU segments once, after the preemptions are decided
+    (vLLM evicts block by block while allocating). The decisions are the same, as they only count
+    free + evictable tokens; a preempted request's segments are touched at t, so they are evicted
+    after every segment used before t (vLLM appends freed blocks at the free queue's tail).
+  - A preempted request's partial segment and its output are not cached (vLLM caches their full
+    blocks): on readmission only its whole cached prompt segments are hits.
+  - With lpm, preempted requests still wait at the front (latest preemption first), ahead of the
+    lpm order (vLLM has no lpm).
+
+Event leaping (exact; see `iterate_row`) runs in both modes; in "on-demand" a leaped iteration must
+also find its tokens in free KV (no eviction, no preemption), so the leap stops before one that
+would need either.
 """
 
 from __future__ import annotations
@@ -31,30 +69,102 @@ from jaxroute.workloads.prefix import RequestTable
 INF = jnp.inf
 
 
+def _allocate_running(model, row: Replica, r: RequestTable, t: jax.Array, cap: jax.Array):
+    """On-demand admission, step 1 (vLLM's RUNNING loop, scheduler.py:795-1003): every running
+    request allocates this iteration's tokens, in admission order, preempting from the tail.
+
+    A request computes its share of `chunk` (prefill) or one token (decode), scheduler.py:839-848,
+    plus the token it samples. When it does not fit, the running request admitted last is preempted
+    (FCFS: `self.running[-1]`, scheduler.py:937/970), until it fits or it preempted itself
+    (scheduler.py:976-978). Preemption (scheduler.py:1799-1843, recompute): its KV is freed
+    (1817), its progress reset (1822), and it is put at the front of the waiting queue (1842).
+
+    In closed form: requests 1..k of the admission order keep running, k the largest with
+    a_1 + ... + a_k <= avail + freed(k+1..n). The loop below preempts from the tail while the
+    survivors' tokens exceed the available tokens (one loop step per preemption, usually none).
+    Returns (row, number preempted, a preempted request found the local queue full)."""
+    seg_len = r.seg_len
+    running = row.run_req >= 0
+    rid = jnp.maximum(row.run_req, 0)
+    rem = jnp.where(running, row.run_tgt - row.run_pos, 0)
+    prefilling = running & (rem > 0)
+    earlier = row.run_seq[None, :] < row.run_seq[:, None]
+    before = jnp.sum(earlier * jnp.where(prefilling, rem, 0)[None, :], axis=1)
+    share = jnp.clip(model.chunk - before, 0, rem)
+    # prefill: its share (+ the first/next token when it completes); decode: one token
+    a = jnp.where(prefilling, share + (share == rem), running.astype(jnp.int32))
+    segs, tok = r.seg_ids[rid], r.seg_tok[rid]  # [B, S]
+    spos = jnp.arange(segs.shape[1])
+    cache_tok = jnp.sum(row.cached * seg_len)
+    unlocked_tok = jnp.sum((row.cached & (row.refcnt == 0)) * seg_len)
+    # vLLM's free blocks include the evictable cached ones (kv_cache_manager.py:584-588)
+    avail = cap - cache_tok - jnp.sum(row.run_res) + unlocked_tok
+
+    def cond(c):
+        _, alive, avail, _ = c
+        return jnp.any(alive) & (jnp.sum(jnp.where(alive, a, 0)) > avail)
+
+    def body(c):
+        rw, alive, avail, q_full = c
+        v = jnp.argmax(jnp.where(alive, rw.run_seq, -1))  # admitted last
+        sv = segs[v]
+        lock = (spos < rw.run_nseg[v]) & (tok[v] > 0)
+        refcnt = rw.refcnt.at[sv].add(-lock.astype(jnp.int32))
+        freed = jnp.sum(jnp.where(lock & (refcnt[sv] == 0), tok[v], 0))
+        free_q = rw.queue < 0
+        ok = jnp.any(free_q)
+        qs = jnp.argmax(free_q)
+        stamp, res_v = rw.n_preempt + 1, rw.run_res[v]
+        put = lambda x, val: x.at[qs].set(jnp.where(ok, val, x[qs]))
+        clear = lambda x: x.at[v].set(0)
+        rw = dataclasses.replace(
+            rw, refcnt=refcnt, last_use=rw.last_use.at[sv].set(jnp.where(lock, t, rw.last_use[sv])),
+            queue=put(rw.queue, rw.run_req[v]), queue_gen=put(rw.queue_gen, rw.run_gen[v]),
+            queue_front=put(rw.queue_front, stamp), n_preempt=stamp,
+            run_req=rw.run_req.at[v].set(-1), run_pos=clear(rw.run_pos), run_gen=clear(rw.run_gen),
+            run_nseg=clear(rw.run_nseg), run_res=clear(rw.run_res), run_tgt=clear(rw.run_tgt))
+        return rw, alive.at[v].set(False), avail + res_v + freed, q_full | ~ok
+
+    rw, alive, _, q_full = jax.lax.while_loop(cond, body, (row, running, avail, jnp.bool_(False)))
+    run_res = rw.run_res + jnp.where(alive, a, 0)
+    deficit = cache_tok + jnp.sum(run_res) - cap
+    evict, _, _ = evict_lru(rw.cached & (rw.refcnt == 0), rw.last_use, r.seg_depth, seg_len, deficit)
+    rw = dataclasses.replace(rw, cached=rw.cached & ~evict, run_res=run_res)
+    return rw, rw.n_preempt - row.n_preempt, q_full
+
+
 def iterate_row(model, row: Replica, r: RequestTable, t: jax.Array, params: ReplicaParams,
                 n_admitted: jax.Array, next_arrival: jax.Array):
     """One iteration of replica `row` starting at time t: (new row, side outputs). `model` gives the
-    static sizes (chunk, max_admit, local_order, leap).
+    static sizes (chunk, max_admit, local_order, admission, leap).
 
-    Event leaping (exact): after this iteration, if it had no event (no first token, no segment
-    completed, no finish) and the next iterations cannot admit anything (a prefilling request
-    still fills the whole chunk, or the queue is empty or blocked by memory/slots, which only a
-    finish frees), up to `leap` further iterations run in this step. They stop at the first
-    one that completes a segment or finishes a request (included), and never start at or after
-    the next arrival, so the events are exactly those of stepping one by one.
+    Event leaping (exact): after this iteration, if it had no event (no prefill completed, no
+    segment completed, no finish, no preemption) and the next iterations cannot admit anything (a
+    prefilling request still fills the whole chunk, or the queue is empty or blocked by
+    memory/slots, which only a finish frees), up to `leap` further iterations run in this step. They
+    stop at the first one that completes a segment or finishes a request (included), never start at
+    or after the next arrival, and (on-demand) never need more KV than is free, so the events are
+    exactly those of stepping one by one.
+
+    side["kv_area"] is the integral of this row's `kv_in_use` over the iteration(s): KV is taken at
+    an iteration's start (admission, allocation) and released at its end, so it is constant within one.
     """
     m1 = r.seg_len.shape[0]
     seg_len = r.seg_len
     cap = params.kv_capacity
     A = model.max_admit
+    on_demand = model.admission == "on-demand"
+    if on_demand:
+        row, n_pre, q_full = _allocate_running(model, row, r, t, cap)
+    else:
+        n_pre, q_full = jnp.int32(0), jnp.bool_(False)
     cache_tok = jnp.sum(row.cached * seg_len)
     unlocked_tok = jnp.sum((row.cached & (row.refcnt == 0)) * seg_len)
 
     def admit(k, c):
         rw = c["row"]
         running = rw.run_req >= 0
-        rid = jnp.maximum(rw.run_req, 0)
-        remaining = jnp.where(running, r.prompt_tok[rid] - rw.run_pos, 0)
+        remaining = jnp.where(running, rw.run_tgt - rw.run_pos, 0)
         qv = rw.queue >= 0
         qid = jnp.maximum(rw.queue, 0)
         if model.local_order == "lpm":
@@ -63,11 +173,20 @@ def iterate_row(model, row: Replica, r: RequestTable, t: jax.Array, params: Repl
             qslot = jnp.argmin(jnp.where(best, rw.queue, jnp.iinfo(jnp.int32).max))
         else:
             qslot = jnp.argmin(jnp.where(qv, rw.queue, jnp.iinfo(jnp.int32).max))
+        if on_demand:  # preempted requests first, the latest preempted at the head (scheduler.py:1842)
+            front = qv & (rw.queue_front > 0)
+            qslot = jnp.where(jnp.any(front), jnp.argmax(jnp.where(front, rw.queue_front, 0)), qslot)
         has = jnp.any(qv)
         cand = qid[qslot]
+        gen0, resumed = rw.queue_gen[qslot], rw.queue_front[qslot] > 0
+        tgt = r.prompt_tok[cand] + gen0  # a resumed request recomputes its output too (scheduler.py:1306)
         segs, tok = r.seg_ids[cand], r.seg_tok[cand]
         nmatch, mtok = leading_match(rw.cached, segs, tok)
-        need = r.prompt_tok[cand] - mtok + r.out_tok[cand]
+        if on_demand:  # room for this step's tokens only (scheduler.py:1346, allocate_slots at 1435-1452)
+            share = jnp.minimum(tgt - mtok, model.chunk - jnp.sum(remaining))
+            need = share + (share == tgt - mtok)
+        else:
+            need = r.prompt_tok[cand] - mtok + r.out_tok[cand]
         free = cap - c["cache_tok"] - jnp.sum(rw.run_res)
         pos = jnp.arange(segs.shape[0])
         in_prefix = pos < nmatch
@@ -86,32 +205,37 @@ def iterate_row(model, row: Replica, r: RequestTable, t: jax.Array, params: Repl
         evict, freed, _ = evict_lru(rw.cached & (refcnt == 0), rw.last_use, r.seg_depth, seg_len, deficit)
         slot = jnp.argmax(free_slot)
         upd = lambda x, v: x.at[slot].set(jnp.where(go, v, x[slot]))
+        pop = lambda x, v: x.at[qslot].set(jnp.where(go, v, x[qslot]))
         rw = dataclasses.replace(
             rw, cached=rw.cached & ~evict, refcnt=refcnt,
             last_use=rw.last_use.at[segs].set(jnp.where(lock, t, rw.last_use[segs])),
-            queue=rw.queue.at[qslot].set(jnp.where(go, -1, rw.queue[qslot])),
-            run_req=upd(rw.run_req, cand), run_pos=upd(rw.run_pos, mtok), run_gen=upd(rw.run_gen, 0),
+            queue=pop(rw.queue, -1), queue_gen=pop(rw.queue_gen, 0), queue_front=pop(rw.queue_front, 0),
+            run_req=upd(rw.run_req, cand), run_pos=upd(rw.run_pos, mtok), run_gen=upd(rw.run_gen, gen0),
             run_nseg=upd(rw.run_nseg, nmatch), run_res=upd(rw.run_res, need),
-            run_seq=upd(rw.run_seq, c["n_admitted"]))
+            run_seq=upd(rw.run_seq, c["n_admitted"]), run_tgt=upd(rw.run_tgt, tgt))
         return dict(row=rw, n_admitted=c["n_admitted"] + go, stop=c["stop"] | ~go,
                     blocked=c["blocked"] | blocked, full=c["full"] | full,
                     cache_tok=c["cache_tok"] - freed,
                     unlocked_tok=c["unlocked_tok"] - freed - jnp.sum(jnp.where(go, prefix_unlocked * tok, 0)),
                     adm_go=c["adm_go"].at[k].set(go), adm_id=c["adm_id"].at[k].set(cand),
-                    adm_tok=c["adm_tok"].at[k].set(mtok))
+                    adm_tok=c["adm_tok"].at[k].set(mtok), adm_new=c["adm_new"].at[k].set(~resumed))
 
-    c0 = dict(row=row, n_admitted=n_admitted, stop=jnp.bool_(False), blocked=jnp.bool_(False),
+    # no admission in an iteration that preempted (scheduler.py:1050 `if not preempted_reqs`)
+    c0 = dict(row=row, n_admitted=n_admitted, stop=n_pre > 0, blocked=jnp.bool_(False),
               full=jnp.bool_(False), cache_tok=cache_tok, unlocked_tok=unlocked_tok,
-              adm_go=jnp.zeros(A, bool), adm_id=jnp.zeros(A, jnp.int32), adm_tok=jnp.zeros(A, jnp.int32))
+              adm_go=jnp.zeros(A, bool), adm_id=jnp.zeros(A, jnp.int32), adm_tok=jnp.zeros(A, jnp.int32),
+              adm_new=jnp.zeros(A, bool))
     c = jax.lax.fori_loop(0, A, admit, c0)
     rw = c["row"]
+    kv_start = (jnp.sum((rw.cached & (rw.refcnt > 0)) * seg_len) + jnp.sum(rw.run_res)).astype(jnp.float32)
 
     # ---- the batch: prefill chunks in admission order share `chunk`; finished prefills decode
     running = rw.run_req >= 0
     rid = jnp.maximum(rw.run_req, 0)
     prompt = jnp.where(running, r.prompt_tok[rid], 0)
+    tgt = jnp.where(running, rw.run_tgt, 0)  # = prompt unless recomputing after a preemption
     pos, gen = rw.run_pos, rw.run_gen
-    remaining = prompt - pos
+    remaining = tgt - pos
     prefilling = running & (remaining > 0)
     decoding = running & (remaining == 0)
     rem = jnp.where(prefilling, remaining, 0)
@@ -121,10 +245,13 @@ def iterate_row(model, row: Replica, r: RequestTable, t: jax.Array, params: Repl
     dt = cost_models.step_time(params.cost, alloc.astype(jnp.float32), pos.astype(jnp.float32), alloc > 0,
                                (prompt + gen).astype(jnp.float32), decoding)
     t_end = t + dt
+    kv_area = kv_start * dt
     new_pos = pos + alloc
-    first = prefilling & (new_pos >= prompt)
-    new_gen = gen + (first | decoding)
+    done_pre = prefilling & (new_pos >= tgt)  # prefill (or recompute) complete: a token is sampled
+    first = done_pre & (gen == 0)
+    new_gen = gen + (done_pre | decoding)
     out = r.out_tok[rid]
+    run_res = rw.run_res
 
     segs, tok = r.seg_ids[rid], r.seg_tok[rid]  # [B, S]
     seg_end = jnp.cumsum(tok, axis=1)
@@ -138,14 +265,16 @@ def iterate_row(model, row: Replica, r: RequestTable, t: jax.Array, params: Repl
         big = jnp.iinfo(jnp.int32).max
         left = jnp.where(decoding, out - new_gen, big)  # iterations until each decoder finishes
         first_fin = jnp.min(left)
-        pre = running & (new_pos < prompt)  # still prefilling
+        pre = running & (new_pos < tgt)  # still prefilling
         has_f = jnp.any(pre)
         f = jnp.argmin(jnp.where(pre, rw.run_seq, big))  # the one that gets the whole chunk
-        rem_f = prompt[f] - new_pos[f]
-        bound = jnp.min(jnp.where((seg_end[f] > new_pos[f]) & (tok[f] > 0), seg_end[f], big))
-        j_seg = (bound - new_pos[f] + model.chunk - 1) // model.chunk  # iteration completing a segment
-        eventless = (~jnp.any(first) & jnp.all(completed_segments(new_pos) == rw.run_nseg)
-                     & (first_fin > 0))
+        rem_f = tgt[f] - new_pos[f]
+        ahead = (seg_end[f] > new_pos[f]) & (tok[f] > 0)  # none when recomputing output tokens
+        bound = jnp.min(jnp.where(ahead, seg_end[f], big))
+        j_seg = jnp.where(jnp.any(ahead), (bound - new_pos[f] + model.chunk - 1) // model.chunk,
+                          model.leap + 1)  # iteration completing a segment
+        eventless = (~jnp.any(done_pre) & jnp.all(completed_segments(new_pos) == rw.run_nseg)
+                     & (first_fin > 0) & (n_pre == 0))
         # admission stays impossible: the chunk is full (rem_f > chunk), or the queue is empty or
         # blocked by memory/slots (which only a finish can free)
         quiet = eventless & (has_f | (jnp.any(decoding) & (~jnp.any(rw.queue >= 0) | c["blocked"])))
@@ -163,10 +292,18 @@ def iterate_row(model, row: Replica, r: RequestTable, t: jax.Array, params: Repl
         ends = t_end + jnp.cumsum(dts)
         prefill_ok = ~has_f | ((rem_f - (j - 1) * model.chunk > model.chunk) & (j <= j_seg))
         ok = quiet & (j <= first_fin) & (ends - dts < next_arrival) & prefill_ok
+        if on_demand:  # each leaped iteration takes its tokens from free KV: no eviction, no preemption
+            per_it = jnp.sum(decoding) + jnp.where(has_f, model.chunk, 0)
+            ok = ok & (j * per_it <= cap - c["cache_tok"] - jnp.sum(rw.run_res))
+        else:
+            per_it = jnp.int32(0)
         k = jnp.sum(ok)  # ok is a prefix of j
         t_end = jnp.where(k > 0, ends[jnp.maximum(k - 1, 0)], t_end)
+        kv_area = kv_area + jnp.sum(jnp.where(ok, (kv_start + (j * per_it).astype(jnp.float32)) * dts, 0.0))
         new_gen = new_gen + jnp.where(decoding, k, 0)
         new_pos = new_pos + jnp.where(is_f, k * model.chunk, 0)
+        if on_demand:
+            run_res = run_res + jnp.where(decoding, k, 0) + jnp.where(is_f, k * model.chunk, 0)
 
     # ---- segments completed by this iteration enter the cache (locked), prefix touched
     nseg_new = completed_segments(new_pos)
@@ -174,7 +311,7 @@ def iterate_row(model, row: Replica, r: RequestTable, t: jax.Array, params: Repl
     touch = (spos < nseg_new[:, None]) & jnp.any(newly, axis=1, keepdims=True)
     cached = rw.cached.at[segs].max(newly)
     refcnt = rw.refcnt.at[segs].add(newly.astype(jnp.int32))
-    run_res = rw.run_res - jnp.sum(newly * tok, axis=1)
+    run_res = run_res - jnp.sum(newly * tok, axis=1)
     last_use = rw.last_use.at[segs].max(jnp.where(touch, t_end, -INF))
 
     # ---- finishes
@@ -195,6 +332,7 @@ def iterate_row(model, row: Replica, r: RequestTable, t: jax.Array, params: Repl
         run_pos=new_pos, run_gen=new_gen, run_nseg=nseg_new, run_res=jnp.where(finished, 0, run_res))
     side = dict(clock=jnp.where(busy, t_end, INF), t_end=t_end, n_admitted=c["n_admitted"],
                 full=c["full"], adm_go=c["adm_go"], adm_id=c["adm_id"], adm_tok=c["adm_tok"],
+                adm_new=c["adm_new"], n_pre=n_pre, q_full=q_full, kv_area=kv_area,
                 rid=rid, first=first, finished=finished, n_fin=jnp.sum(finished).astype(jnp.float32),
                 tok_fin=jnp.sum(jnp.where(finished, prompt + out, 0)).astype(jnp.float32))
     return new_row, side

@@ -4,8 +4,12 @@ Event loop (one `step` = one event): if the next arrival is no later than the ea
 clock, route it; otherwise run one iteration (`iteration.py`) on the replica with the earliest clock
 (ties -> lowest index). An idle replica's clock is +inf until a request is routed to it.
 
-Memory: cached segments + private tokens of running requests (uncached prompt + output
-reservation) <= kv_capacity. The cache (`clusters/prefix_cache.py`) is `cached[G, M+1]` with `last_use`/`refcnt`.
+Memory: cached segments + private tokens of running requests <= kv_capacity. The cache
+(`clusters/prefix_cache.py`) is `cached[G, M+1]` with `last_use`/`refcnt`. `admission` (static) says
+how private KV is taken (`iteration.py`): "reserve" (default) reserves the uncached prompt + the whole
+output at admission and never preempts; "on-demand" is vLLM V1's rule: KV is allocated step by step
+for the tokens computed, and a running request that cannot get its tokens preempts the last admitted
+one (recompute; it waits at the front of its local queue; `preemptions` counts them).
 
 Speed: one `step` touches one replica's row only (both event kinds are computed on that row and
 the right one kept, so a vmapped step is O(row)), and a replica leaps over iterations in which
@@ -53,8 +57,10 @@ from jaxroute.routers import prefix as routers
 from jaxroute.routers.view import Request, RouterStatic, RouterView
 
 INF = jnp.inf
-METRICS = ("mean_latency_s", "p99_latency_s", "ttft_mean_s", "ttft_p99_s", "tpot_mean_s", "hit_rate",
-           "replication_factor", "max_replica_share")
+METRICS = ("mean_latency_s", "p99_latency_s", "ttft_mean_s", "ttft_p90_s", "ttft_p99_s", "tpot_mean_s",
+           "output_tokens_per_s", "hit_rate", "replication_factor", "max_replica_share", "queue_mean",
+           "kv_usage_mean", "preemptions")
+ADMISSIONS = ("reserve", "on-demand")
 _ROUTER_KEY = 0x7E57  # fold_in tag: the router's coin flips never reuse the workload's draws
 
 
@@ -96,7 +102,9 @@ class ReplicaModel(sim.Model):
     local_order: str = "fcfs"  # or "lpm"
     stale_view: bool = False  # keep a router snapshot refreshed every params.stale_s seconds
     router_window: int = 0  # dispatch-window ring per replica for routers that keep one (0 = none)
+    router_modules: tuple[str, ...] | None = None  # stateful router modules kept (None = all; routers.modules_for)
     leap: int = 32  # pure-decode iterations a replica may take in one step (0 = none; exact either way)
+    admission: str = "reserve"  # KV admission: "reserve" (prompt + whole output) or "on-demand" (vLLM V1)
 
     def __post_init__(self):
         if self.n_replicas < 1 or self.chunk < 1 or self.max_running < 1 or self.max_queue < 1 or self.max_admit < 1:
@@ -105,9 +113,11 @@ class ReplicaModel(sim.Model):
             raise JaxrouteError(f"router_window must be >= 0, got {self.router_window}")
         if self.local_order not in ("fcfs", "lpm"):
             raise JaxrouteError(f"unknown local order '{self.local_order}'; choose from: fcfs, lpm")
+        if self.admission not in ADMISSIONS:
+            raise JaxrouteError(f"unknown admission '{self.admission}'; choose from: {', '.join(ADMISSIONS)}")
 
     def router_static(self, n_segments: int) -> RouterStatic:
-        return RouterStatic(self.n_replicas, n_segments, self.router_window)
+        return RouterStatic(self.n_replicas, n_segments, self.router_window, self.router_modules)
 
     # ------------------------------------------------------------------ protocol
 
@@ -122,6 +132,9 @@ class ReplicaModel(sim.Model):
                                 "(the router view would silently stay fresh)")
 
     def num_steps(self, workload) -> int:
+        # Also a bound with on-demand admission: every iteration advances its replica's oldest running
+        # request, which is never preempted (victims are the last admitted; alone it fits, check_fits),
+        # and a readmitted request's steps (recompute chunks + the rest of its output) are no more.
         return int(workload.step_bound(self.chunk))
 
     def init(self, key, workload, params: ReplicaParams) -> ReplicaState:
@@ -133,13 +146,15 @@ class ReplicaModel(sim.Model):
         b = lambda shape: jnp.zeros(shape, bool)
         rep = Replica(cached=b((G, m1)), refcnt=i((G, m1), 0), last_use=f((G, m1), 0.0), pending=i((G, m1), 0),
                       queue=i((G, Q), -1), run_req=i((G, B), -1), run_pos=i((G, B), 0),
-                      run_gen=i((G, B), 0), run_nseg=i((G, B), 0), run_res=i((G, B), 0), run_seq=i((G, B), 0))
+                      run_gen=i((G, B), 0), run_nseg=i((G, B), 0), run_res=i((G, B), 0), run_seq=i((G, B), 0),
+                      run_tgt=i((G, B), 0), queue_gen=i((G, Q), 0), queue_front=i((G, Q), 0), n_preempt=i((G,), 0))
         m_snap = m1 if self.stale_view else 1
         view = Snapshot(b((G, m_snap)), f((G,), 0.0), f((G,), 0.0), jnp.float32(-INF), b((G, m_snap)), f((G,), 0.0),
                         f((G,), 0.0), f((G,), 0.0))
         return ReplicaState(
             req=req, rep=rep, router=routers.init(self.router_static(m1)), key=jax.random.fold_in(key, _ROUTER_KEY),
             next_req=jnp.int32(0), now=jnp.float32(0), clock=f((G,), INF), n_admitted=jnp.int32(0),
+            n_waiting=jnp.int32(0), queue_area=jnp.float32(0), kv_area=jnp.float32(0),
             inflight=f((G,), 0.0), inflight_tok=f((G,), 0.0), view=view,
             copies=i((m1,), 0), cache_tok=i((G,), 0), unique_tok=jnp.int32(0),
             rec_replica=i((n,), -1), rec_admit=f((n,), INF), rec_first=f((n,), INF), rec_finish=f((n,), INF),
@@ -191,6 +206,7 @@ class ReplicaModel(sim.Model):
         ratio = jnp.sum(s.cache_tok) / jnp.maximum(s.unique_tok, 1)
         rep_area = s.rep_area + jnp.where(has, ratio * dt_ev, 0.0)
         rep_time = s.rep_time + jnp.where(has, dt_ev, 0.0)
+        queue_area = s.queue_area + s.n_waiting.astype(jnp.float32) * dt_ev  # waiting requests over [now, t)
 
         # ---- routing decision for request i (used only if is_route)
         req = Request.of(r, i)
@@ -233,15 +249,20 @@ class ReplicaModel(sim.Model):
             snap = dataclasses.replace(snap, present=snap.present.at[g, all_segs].set(snap.present[g, all_segs] | is_route),
                                        inflight=snap.inflight.at[g].add(jnp.where(is_route, 1.0, 0.0)),
                                        tokens=snap.tokens.at[g].add(jnp.where(is_route, size, 0.0)))
-        # per-request records: point updates (out-of-range index n = no update)
+        # waiting requests (both kinds of event); KV in use integrated over the iteration(s)
+        n_waiting = s.n_waiting + jnp.sum(new_row.queue >= 0) - jnp.sum(row.queue >= 0)
+        kv_area = s.kv_area + jnp.where(is_iter, side["kv_area"], 0.0)
+        # per-request records: point updates (out-of-range index n = no update); a readmission after a
+        # preemption keeps the first admission's time and cached tokens
         nowhere = n
-        admitted = jnp.where(is_iter & side["adm_go"], side["adm_id"], nowhere)
+        admitted = jnp.where(is_iter & side["adm_go"] & side["adm_new"], side["adm_id"], nowhere)
         return dataclasses.replace(
             s, rep=rep, router=router, view=snap, now=jnp.where(live, t, s.now), clock=clock, copies=copies,
             unique_tok=unique_tok, cache_tok=cache_tok, rep_area=rep_area, rep_time=rep_time,
             next_req=s.next_req + is_route, n_admitted=jnp.where(is_iter, side["n_admitted"], s.n_admitted),
             inflight=s.inflight.at[g].add(d_inf), inflight_tok=s.inflight_tok.at[g].add(d_tok),
-            queue_overflow=s.queue_overflow | (is_route & ~q_ok),
+            queue_overflow=s.queue_overflow | (is_route & ~q_ok) | (is_iter & side["q_full"]),
+            n_waiting=n_waiting, queue_area=queue_area, kv_area=kv_area,
             running_full=s.running_full | (is_iter & side["full"]),
             rec_replica=s.rec_replica.at[jnp.where(is_route, i, nowhere)].set(g, mode="drop"),
             rec_admit=s.rec_admit.at[admitted].set(m, mode="drop"),
@@ -272,6 +293,11 @@ class ReplicaModel(sim.Model):
         fin = lambda x: jnp.where(jnp.isfinite(x), x, 0.0)
         flags = {"queue_overflow": state.queue_overflow, **routers.flags(state.router, params.policy)}
         overflow = completed < n
+        # throughput and time averages over [first arrival, last finish]
+        span = jnp.max(jnp.where(done, state.rec_finish, -INF)) - jnp.min(r.arrival_s)
+        span = jnp.where(completed > 0, span, 0.0)
+        per_s = lambda x: jnp.where(span > 0, x / jnp.where(span > 0, span, 1.0), 0.0)
+        out_done = jnp.sum(jnp.where(done, r.out_tok, 0)).astype(jnp.float32)
         for v in flags.values():
             overflow = overflow | v
         return {
@@ -283,6 +309,11 @@ class ReplicaModel(sim.Model):
             "hit_rate": jnp.sum(state.rec_cached * done) / jnp.maximum(jnp.sum(prompt * done), 1),
             "replication_factor": jnp.where(state.rep_time > 0, state.rep_area / jnp.maximum(state.rep_time, 1e-30), 1.0),
             "max_replica_share": share,
+            "output_tokens_per_s": per_s(out_done),
+            "ttft_p90_s": mlib.masked_quantile(fin(ttft), done, 0.9),
+            "queue_mean": per_s(state.queue_area / self.n_replicas),
+            "kv_usage_mean": per_s(state.kv_area / (self.n_replicas * params.kv_capacity.astype(jnp.float32))),
+            "preemptions": jnp.sum(state.rep.n_preempt),
             "completed": completed,
             "running_full": state.running_full,
             **flags,

@@ -37,11 +37,16 @@ class Replica:
     pending: jax.Array  # [M+1] int32 unfinished requests dispatched here that contain the segment
     queue: jax.Array  # [Q] int32 request ids waiting locally (-1 = empty)
     run_req: jax.Array  # [B] int32 running request ids (-1 = empty slot)
-    run_pos: jax.Array  # [B] int32 prompt tokens already in KV (cached + computed)
+    run_pos: jax.Array  # [B] int32 prefill tokens already in KV (cached + computed), up to run_tgt
     run_gen: jax.Array  # [B] int32 output tokens generated
     run_nseg: jax.Array  # [B] int32 leading prompt segments locked in the cache
-    run_res: jax.Array  # [B] int32 private KV tokens held (prompt not yet in the cache + output)
+    run_res: jax.Array  # [B] int32 private KV tokens held (prompt not yet in the cache + output; "reserve"
+    #                     holds the whole output from admission, "on-demand" only the tokens allocated so far)
     run_seq: jax.Array  # [B] int32 admission stamp (prefill budget order)
+    run_tgt: jax.Array  # [B] int32 prefill target: prompt tokens (+ output tokens to recompute after a preemption)
+    queue_gen: jax.Array  # [Q] int32 output tokens a preempted request had generated (0 = never preempted)
+    queue_front: jax.Array  # [Q] int32 preemption stamp: > 0 waits at the queue's front, larger = nearer it
+    n_preempt: jax.Array  # [] int32 preemptions on this replica (on-demand admission only)
 
     def kv_in_use(self, seg_len: jax.Array) -> jax.Array:
         """KV tokens in use ([] for a row, [G] for the cluster): locked cached segments + private tokens.
@@ -78,6 +83,7 @@ class ReplicaState:
     now: jax.Array  # [] float32 time of the last event
     clock: jax.Array  # [G] float32 when each replica starts its next iteration (+inf = idle)
     n_admitted: jax.Array  # [] int32
+    n_waiting: jax.Array  # [] int32 requests in local queues (all replicas)
     inflight: jax.Array  # [G] float32 requests dispatched and unfinished
     inflight_tok: jax.Array  # [G] float32 their prompt + output tokens
     view: Snapshot
@@ -91,5 +97,7 @@ class ReplicaState:
     rec_cached: jax.Array  # [N] int32 prompt tokens found in the cache at admission
     rep_area: jax.Array  # [] float32 integral of the replication factor over time
     rep_time: jax.Array  # [] float32 time with a non-empty cache
+    queue_area: jax.Array  # [] float32 integral over time of the requests waiting in local queues (all replicas)
+    kv_area: jax.Array  # [] float32 integral over time of KV tokens in use (kv_in_use, all replicas)
     running_full: jax.Array  # [] bool admission ever waited only for a running slot (max_running)
     queue_overflow: jax.Array  # [] bool a request found its replica's local queue full (max_queue)

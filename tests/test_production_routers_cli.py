@@ -1,0 +1,64 @@
+"""`jaxroute cluster` with the production routers: every router in one compiled grid, weight vectors
+from the CLI, module settings, and refusals."""
+
+import json
+
+import numpy as np
+import pytest
+
+from jaxroute import sim
+from jaxroute.cli import main
+from jaxroute.clusters import replicas as R
+from jaxroute.experiments.cluster import policy_rows, run_cluster
+from jaxroute.routers.prefix import PREFIX_POLICIES
+from jaxroute.workloads import prefix as W
+from tests.cli_helpers import cli
+
+
+def test_every_router_runs_in_one_grid_and_conserves_requests():
+    """All presets side by side (one lax.switch over the policy id), 8 replicas of Qwen3-32B on 2 x H100."""
+    wl = W.synthetic("shared-prefix", 120)
+    rows = policy_rows(PREFIX_POLICIES, rate=40.0, gpu="h100", model_name="qwen3-32b", tp=2)
+    sim.clear_compiled(R.ReplicaModel)
+    res = run_cluster(rows, wl, replicas_n=8, seeds=2, max_tries=1)
+    m = res.grid.metrics
+    assert not res.grid.overflow.any()
+    assert (m["conservation_error"] == 0).all() and (m["completed"] == 120).all()
+    assert sim.compile_count(R.ReplicaModel, "chunk") == 1
+    share = dict(zip(res.labels, m["max_replica_share"].mean(1), strict=True))
+    # the routers differ: prefix-pinned routing herds, load-only routing spreads
+    assert share["vllm_prefixaware"] > share["least_load"]
+    assert np.all(m["output_tokens_per_s"] > 0)
+
+
+def test_weight_vectors_are_rows_of_one_grid(tmp_path, capsys):
+    out = tmp_path / "w.json"
+    rc = main(["cluster", "--workload", "toolbench", "--requests", "60", "--seeds", "2", "--rate", "20",
+               "--policies", "llmd_precise,llmd_approx,rr", "--weights", "prefix=3,kv=2,queue=2",
+               "--weights", "prefix=1,queue=1", "--router-set", "llmd_block_tokens=16", "--out", str(out)])
+    assert rc == 0
+    assert "llmd_approx[prefix=1,queue=1]" in capsys.readouterr().out
+    res = json.loads(out.read_text())
+    labels = [r["policy"] for r in res["results"]]
+    assert labels == ["llmd_precise[prefix=3,kv=2,queue=2]", "llmd_precise[prefix=1,queue=1]",
+                      "llmd_approx[prefix=3,kv=2,queue=2]", "llmd_approx[prefix=1,queue=1]", "rr"]
+    assert res["results"][1]["params"]["weights"] == {"prefix": 1.0, "queue": 1.0}
+    assert "weights" not in res["results"][4]["params"]
+    assert res["config"]["router_set"] == {"llmd_block_tokens": 16.0}
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--policies", "llmd_precise", "--weights", "prefx=1"], "unknown scorer"),
+    (["--policies", "rr", "--weights", "prefix=1"], "weighted presets"),
+    (["--policies", "dynamo_kv", "--router-set", "dyn_overlap_weigt=2"], "unknown router setting"),
+    (["--policies", "dynamo_kv", "--router-set", "dyn_temperature=-1"], "dyn_temperature"),
+])
+def test_bad_router_settings_are_refused(argv, message, capsys):
+    assert cli(["cluster", "--requests", "20", "--seeds", "2", *argv]) != 0
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_malformed_weights_are_usage_errors(capsys):
+    assert cli(["cluster", "--policies", "llmd_precise", "--weights", "prefix=three"]) == 2
+    assert "name=number" in capsys.readouterr().err
