@@ -155,7 +155,8 @@ DYNAMO = dict(dyn_overlap_weight=1.0, dyn_temperature=0.0, dyn_block_tokens=16)
 class DynamoKv(Router):
     """`dynamo_kv`: cost = w x (active prefill tokens + uncached prompt tokens) / B + unique active full
     blocks after admission; T = 0 -> lowest cost, random among ties; T > 0 -> softmax on min-max scaled
-    costs. Prefill tokens and blocks are added on dispatch and removed when the request finishes."""
+    costs. Prefill tokens and blocks are added on dispatch; prefill tokens leave at the first token,
+    blocks when the request finishes."""
 
     def __init__(self, world):
         super().__init__(world)
@@ -207,12 +208,16 @@ class DynamoKv(Router):
         self.prefill[g] += tok
         self.req[ctx.i] = (g, tok)
 
+    def on_first_token(self, g, rid, t):
+        if rid in self.req:
+            w, tok = self.req.pop(rid)
+            assert w == g
+            self.prefill[g] -= tok
+
     def on_finish(self, g, rid, t):
         for sid, _ in self.w.segs[rid]:
             self.count[g][sid] -= 1
-        w, tok = self.req.pop(rid)
-        assert w == g
-        self.prefill[g] -= tok
+        self.on_first_token(g, rid, t)
 
 
 ROUTERS: dict[str, type[Router]] = {"llmd_precise": LlmdPrecise, "llmd_approx": LlmdApprox, "llmd_load": LlmdLoad,

@@ -436,6 +436,8 @@ def simulate(table, *, G, cap, policy, cost, chunk=512, B=64, Q=256, max_admit=4
             if not was_decoding and s.pos == s.tgt:
                 if s.gen == 0:
                     rec["first"][s.rid] = t_end
+                    if ref_router is not None:
+                        ref_router.on_first_token(g, s.rid, t_end)
                 s.gen += 1
             elif was_decoding:
                 s.gen += 1

@@ -3,7 +3,7 @@
 A reference router is built once per run from the `World` (the run's requests and settings) and
 sees, at each arrival, a `Ctx` (what the jitted router's `RouterView` holds, as Python lists and
 sets). It answers `choose(ctx) -> replica` and is told `on_dispatch(ctx, g)` and
-`on_finish(g, rid, t)`. Floats are float32 (`F32`) where the jitted router computes in float32.
+`on_first_token(g, rid, t)` / `on_finish(g, rid, t)`. Floats are float32 (`F32`) where the jitted router computes in float32.
 Random choices use the same JAX key the jitted router gets (`ctx.key`), drawn the same way.
 """
 
@@ -119,6 +119,9 @@ class Router:
         raise NotImplementedError
 
     def on_dispatch(self, ctx: Ctx, g: int) -> None:
+        pass
+
+    def on_first_token(self, g: int, rid: int, t: float) -> None:
         pass
 
     def on_finish(self, g: int, rid: int, t: float) -> None:

@@ -8,10 +8,9 @@ Rule (`dynamo_kv`), per worker g, lower is better:
 
 - ov_g: the worker's cached prefix in blocks, from the KV-event indexer = floor(view.cached_match / B).
 - P_g: active prefill tokens the router tracks on g: every dispatched request adds its uncached tokens
-  (prompt - ov x B on its worker) (`single.rs` `add_request_with_prefill_tracking`); the source
-  removes them at the request's first token (`mark_prefill_completed`) and at the latest when it is
-  freed (`free`). The cluster model has no first-token hook, so here they are removed when the request
-  finishes: P_g over-counts requests that are decoding (see "differs" below).
+  (prompt - ov x B on its worker) (`single.rs` `add_request_with_prefill_tracking`) and they are
+  removed at the request's first token (`mark_prefill_completed`; the model's `on_first_token` hook),
+  at the latest when it is freed (`free`).
 - A_g: unique active prompt blocks on g (blocks of dispatched, unfinished requests, a block shared by
   several counted once: `BlockTracker` with `router_assume_kv_reuse = true`, config.rs default), full
   blocks only (the sequence hashes of full blocks); new_g: this prompt's full blocks not active on g
@@ -38,8 +37,7 @@ Segment granularity: a segment id fixes its position in every prompt (`RequestTa
 full blocks whose last token falls in a segment are the same for every prompt holding it; a block is
 active on g when its segment belongs to an unfinished request dispatched to g.
 
-Differs from the source: prefill tokens released at finish, not first token (no hook; a model hook
-`on_first_token(g, rids, first)` would make it exact); no router queue (`router_queue_threshold`), no
+Differs from the source: no router queue (`router_queue_threshold`), no
 per-request active-request term, no host/disk tiers, no expiry of stale requests (1 h). Per-request
 prefill tokens are kept in a table of `SLOTS` entries keyed by request id mod SLOTS; a live entry
 overwritten (more than SLOTS requests apart, both unfinished) raises `dyn_slot_overflow`.
@@ -148,6 +146,17 @@ def on_dispatch(s: State, view: RouterView, req: Request, g: jax.Array, active: 
     return State(count, seg_blocks, s.active.at[g].add(added), s.prefill.at[g].add(jnp.where(active, tok, 0)),
                  s.slot_rid.at[slot].set(jnp.where(active, req.id, s.slot_rid[slot])),
                  s.slot_tok.at[slot].set(jnp.where(active, tok, s.slot_tok[slot])), s.overflow | clash)
+
+
+def on_first_token(s: State, view: RouterView, g: jax.Array, rids: jax.Array, first: jax.Array, p: Params) -> State:
+    """Prefill done (`mark_prefill_completed`): release the requests' prefill tokens on worker g."""
+    rid = jnp.maximum(rids, 0)
+    slot = rid % SLOTS
+    mine = first & (s.slot_rid[slot] == rid)
+    nowhere = SLOTS
+    return dataclasses.replace(
+        s, prefill=s.prefill.at[g].add(-jnp.sum(jnp.where(mine, s.slot_tok[slot], 0))),
+        slot_rid=s.slot_rid.at[jnp.where(mine, slot, nowhere)].set(-1, mode="drop"))
 
 
 def on_finish(s: State, view: RouterView, g: jax.Array, rids: jax.Array, finished: jax.Array, p: Params) -> State:

@@ -254,6 +254,12 @@ def on_dispatch(state: dict, view: RouterView, req: Request, g: jax.Array, activ
     return {n: _hook(MODULES[n], "on_dispatch", state[n], view, req, g, active, params.own[n]) for n in state}
 
 
+def on_first_token(state: dict, view: RouterView, g: jax.Array, rids: jax.Array, first: jax.Array,
+                   params: RouterParams) -> dict:
+    """Requests `rids[first]` on replica g got their first token (prefill done); before `on_finish`."""
+    return {n: _hook(MODULES[n], "on_first_token", state[n], view, g, rids, first, params.own[n]) for n in state}
+
+
 def on_finish(state: dict, view: RouterView, g: jax.Array, rids: jax.Array, finished: jax.Array,
               params: RouterParams) -> dict:
     """Requests `rids[finished]` finished on replica g (`view.table` has their rows)."""

@@ -19,7 +19,7 @@ nothing but token counts change; both keep events identical to the plain loop
 Router: the model builds a `RouterView` (in-flight requests and tokens per replica, and the record
 of which replica should hold which segment: its cache plus the segments of requests dispatched to it
 and not finished, i.e. insert on dispatch) and calls the router's hooks (`routers/prefix.py`):
-`on_refresh` and `choose` at an arrival, `on_dispatch` after it, `on_finish` after an iteration. The
+`on_refresh` and `choose` at an arrival, `on_dispatch` after it, `on_first_token` and `on_finish` after an iteration. The
 router's state is one opaque field. With `stale_s` = T > 0 (needs `stale_view`) the loads and the
 record are snapshots refreshed every T seconds; dispatches since the snapshot are added at once.
 Routing is instantaneous, so a request's dispatch time is its arrival time.
@@ -227,6 +227,7 @@ class ReplicaModel(sim.Model):
 
         # ---- iterate
         it, side = iterate_row(self, row, r, m, params, s.n_admitted, a)
+        router = routers.on_first_token(router, view, g, side["rid"], is_iter & side["first"], params.router)
         router = routers.on_finish(router, view, g, side["rid"], is_iter & side["finished"], params.router)
 
         pick = lambda x0, xr, xi: jnp.where(is_route, xr, jnp.where(is_iter, xi, x0))
