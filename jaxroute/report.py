@@ -92,6 +92,8 @@ def write_results(path: str | Path, command: str, config: dict, records: Sequenc
 
 def fmt_ci(s: Summary, digits: int = 3) -> str:
     """`mean ± half-width` with a sensible number of significant digits."""
+    if s.mean == 0 and s.half_width == 0:
+        return "0 ± 0"
     mag = max(abs(s.mean), abs(s.half_width), 1e-12)
     if mag >= 1000:
         return f"{s.mean:,.0f} ± {s.half_width:,.0f}"

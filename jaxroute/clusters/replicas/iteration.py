@@ -36,8 +36,8 @@ KV admission (`ReplicaModel.admission`, static):
     kv_cache_manager.py:148) and no `scheduler_reserve_full_isl` admission gate.
   - A step allocates the KV of the tokens it computes *and* of the token it samples (vLLM
     allocates the sampled token's slot one step later, as the next step's input): a request holds
-    at most one token more than in vLLM, and a finished request holds exactly its reservation
-    of "reserve", so leaving its output in the cache never exceeds the capacity.
+    at most one token more than in vLLM, and at its finish exactly what "reserve" would have
+    reserved, so leaving its output in the cache never exceeds the capacity.
   - Decode tokens do not use the `chunk` budget (as in "reserve"; vLLM counts them in
     `max_num_batched_tokens`).
   - The running requests' allocations evict LRU segments once, after the preemptions are decided
@@ -70,13 +70,13 @@ INF = jnp.inf
 
 
 def _allocate_running(model, row: Replica, r: RequestTable, t: jax.Array, cap: jax.Array):
-    """On-demand admission, step 1 (vLLM's RUNNING loop, scheduler.py:795-1003): every running
+    """On-demand admission, step 1 (vLLM's RUNNING loop, scheduler.py:794-1036): every running
     request allocates this iteration's tokens, in admission order, preempting from the tail.
 
     A request computes its share of `chunk` (prefill) or one token (decode), scheduler.py:839-848,
     plus the token it samples. When it does not fit, the running request admitted last is preempted
-    (FCFS: `self.running[-1]`, scheduler.py:937/970), until it fits or it preempted itself
-    (scheduler.py:976-978). Preemption (scheduler.py:1799-1843, recompute): its KV is freed
+    (FCFS: `self.running[-1]`/`pop()`, scheduler.py:938/970), until it fits or it preempted itself
+    (scheduler.py:978-980). Preemption (scheduler.py:1799-1843, recompute): its KV is freed
     (1817), its progress reset (1822), and it is put at the front of the waiting queue (1842).
 
     In closed form: requests 1..k of the admission order keep running, k the largest with
@@ -182,7 +182,9 @@ def iterate_row(model, row: Replica, r: RequestTable, t: jax.Array, params: Repl
         tgt = r.prompt_tok[cand] + gen0  # a resumed request recomputes its output too (scheduler.py:1306)
         segs, tok = r.seg_ids[cand], r.seg_tok[cand]
         nmatch, mtok = leading_match(rw.cached, segs, tok)
-        if on_demand:  # room for this step's tokens only (scheduler.py:1346, allocate_slots at 1435-1452)
+        if on_demand:
+            # room for this step's tokens only (scheduler.py:1346; allocate_slots at 1435-1452); a request
+            # that does not fit blocks the queue (1454-1461), as in "reserve"
             share = jnp.minimum(tgt - mtok, model.chunk - jnp.sum(remaining))
             need = share + (share == tgt - mtok)
         else:

@@ -25,12 +25,18 @@ record are snapshots refreshed every T seconds; dispatches since the snapshot ar
 Routing is instantaneous, so a request's dispatch time is its arrival time.
 
 Capacities (each one has its own bool metric, OR-ed into `overflow`; grow it and rerun):
-- `max_queue` (Q), the local queue per replica: `queue_overflow`; `default_max_queue` sizes it.
+- `max_queue` (Q), the local queue per replica: `queue_overflow` (also when a preempted request finds
+  it full); `default_max_queue` sizes it.
 - `router_window`, the dispatch-window ring per replica of routers that keep one (Preble E2): the
   router's own flag (`e2_ring_overflow`); the router module sizes it (`routers.preble.default_window`).
   0 = no window: a router that needs one is refused by `check_params`.
 - `max_running` (B) is a modeled engine limit (SGLang's max_running_requests), not a capacity:
   requests wait for a slot and `running_full` reports that it bound.
+
+Metrics over the makespan [first arrival, last finish]: `output_tokens_per_s` (output tokens of
+completed requests / makespan), `queue_mean` (requests waiting in a local queue, time average per
+replica) and `kv_usage_mean` (`Replica.kv_in_use` / kv_capacity, time average over replicas; KV is
+integrated exactly, iteration by iteration, leaped ones included), and `preemptions` (count).
 """
 
 from __future__ import annotations
