@@ -25,9 +25,13 @@ from jaxroute.experiments.cluster import build_workload, policy_rows, run_cluste
 ROUTERS = ("random", "llmd_precise", "llmd_approx", "llmd_load", "llmd_load_aware", "dynamo_kv",
            "sglang_cache_aware", "sglang_power_of_two", "vllm_prefixaware", "vllm_session", "vllm_kvaware",
            "aibrix_prefix_cache", "aibrix_least_request")
-# Requests/s on the 8-replica cluster: light, medium, near saturation for least-loaded routing
-# (calibrated with this script's --rates on the same cluster; see the README's table).
-LADDER = {"shared-prefix": (20.0, 40.0, 60.0), "toolbench": (20.0, 40.0, 60.0), "mooncake": (1.0, 2.0, 3.0)}
+# Per workload: a rate ladder (requests/s on the 8-replica cluster) from light load to past least_load's
+# knee (where its queue starts to grow: ~700 req/s for shared-prefix, which max_running = 64 bounds;
+# ~150 for toolbench; ~8 for Mooncake's 10k-40k-token prompts), and the run size (Mooncake replays one
+# trace, so its seeds differ only in the routers' coin flips, and each request is costly to simulate).
+LADDER = {"shared-prefix": dict(rates=(150.0, 400.0, 650.0, 800.0), requests=1000, seeds=8),
+          "toolbench": dict(rates=(40.0, 90.0, 130.0, 160.0), requests=1000, seeds=8),
+          "mooncake": dict(rates=(2.0, 5.0, 8.0), requests=300, seeds=2)}
 COLS = ("ttft_p90_s", "output_tokens_per_s", "mean_latency_s", "hit_rate", "queue_mean", "kv_usage_mean",
         "preemptions", "max_replica_share")
 CLUSTER = dict(gpu="h100", model_name="qwen3-32b", tp=2)
@@ -46,8 +50,8 @@ def run_workload(name, rates, routers, *, replicas, requests, seeds, progress):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="small run (CI smoke: 2 seeds x 200 requests, 2 rates)")
-    ap.add_argument("--seeds", type=int, default=8, help="seeds per row (default 8)")
-    ap.add_argument("--requests", type=int, default=1000, help="requests per run (default 1000)")
+    ap.add_argument("--seeds", type=int, default=None, help="seeds per row (default: per workload, see LADDER)")
+    ap.add_argument("--requests", type=int, default=None, help="requests per run (default: per workload)")
     ap.add_argument("--replicas", type=int, default=8, help="replicas (default 8)")
     ap.add_argument("--workloads", default=",".join(LADDER), help=f"comma-separated (default {','.join(LADDER)})")
     ap.add_argument("--routers", default=",".join(ROUTERS), help="comma-separated policies (default: all production)")
@@ -55,12 +59,14 @@ def main(argv=None) -> int:
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = ap.parse_args(argv)
     use_all_cpu_cores()
-    seeds, requests = (2, 200) if args.quick else (args.seeds, args.requests)
     routers = tuple(args.routers.split(","))
-    out = {"cluster": dict(CLUSTER, replicas=args.replicas), "seeds": seeds, "requests": requests, "workloads": {}}
+    out = {"cluster": dict(CLUSTER, replicas=args.replicas), "workloads": {}}
     panels = {}
     for name in args.workloads.split(","):
-        rates = LADDER[name][:2] if args.quick else LADDER[name]
+        size = LADDER[name]
+        seeds = 2 if args.quick else args.seeds or size["seeds"]
+        requests = min(200, size["requests"]) if args.quick else args.requests or size["requests"]
+        rates = size["rates"][:2] if args.quick else size["rates"]
         res, elapsed = run_workload(name, rates, routers, replicas=args.replicas, requests=requests, seeds=seeds,
                                     progress=not args.no_progress)
         n_sim = len(res.records) * seeds * requests
@@ -71,7 +77,7 @@ def main(argv=None) -> int:
             recs = [r for r in res.records if r.policy.endswith(f"@{rate:g}")]
             print(f"-- {rate:g} requests/s")
             print(report.format_table(recs, COLS, label=lambda r: r.policy.split("@")[0]))
-        out["workloads"][name] = {"rates": list(rates), "elapsed_s": elapsed,
+        out["workloads"][name] = {"rates": list(rates), "seeds": seeds, "requests": requests, "elapsed_s": elapsed,
                                   "records": [r.as_json() for r in res.records]}
         for metric, title in (("ttft_p90_s", "TTFT p90 (s)"), ("output_tokens_per_s", "output tokens/s")):
             lines = []

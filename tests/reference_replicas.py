@@ -98,7 +98,7 @@ class Replica:
         self.clock = np.inf
 
 
-def _route(policy, G, inflight, tokens, match, tmatch, tsize, prompt, rr, rp, e2=None, stats=None):
+def _route(policy, G, inflight, tokens, match, prompt, rr, rp, e2=None, stats=None):
     least = int(np.argmin(inflight))
 
     def best(m):
@@ -211,7 +211,6 @@ def simulate(table, *, G, cap, policy, cost, chunk=512, B=64, Q=256, max_admit=4
     inflight = [0.0] * G
     tokens = [0.0] * G
     dispatched: list[dict[int, int]] = [dict() for _ in range(G)]  # insert-on-dispatch record (counts)
-    tree: list[set] = [set() for _ in range(G)]
     rec = dict(replica=np.full(N, -1), admit=np.full(N, np.inf, F32), first=np.full(N, np.inf, F32),
                finish=np.full(N, np.inf, F32), cached=np.zeros(N, np.int64))
     violations, overflow, running_full = [], False, False
@@ -306,8 +305,6 @@ def simulate(table, *, G, cap, policy, cost, chunk=512, B=64, Q=256, max_admit=4
             record = [set(seen["present"][g]) for g in range(G)]
             v_inf, v_tok = seen["inflight"], seen["tokens"]
             match = [view_match(g, i, lambda g, s, record=record: s in record[g]) for g in range(G)]
-            tmatch = [view_match(g, i, lambda g, s: s in tree[g]) for g in range(G)]
-            tsize = [sum(int(seg_len[s]) for s in tree[g]) for g in range(G)]
             locked = [{k for k, v in dispatched[g].items() if v > 0} for g in range(G)]
             e2_load, e2_extra, e2_p, e2_m = preble_costs(window, last, record, locked, segs[i], match, prompt[i], a, cap,
                                                    F32(rp["e2_window_s"]), cost, seg_len, seg_depth, segs)
@@ -320,7 +317,7 @@ def simulate(table, *, G, cap, policy, cost, chunk=512, B=64, Q=256, max_admit=4
                 g = ref_router.choose(ctx)
                 ref_router.on_dispatch(ctx, g)
             else:
-                g = _route(policy, G, v_inf, v_tok, match, tmatch, tsize, prompt[i], rr, rp, (e2_load, e2_extra, m_pos),
+                g = _route(policy, G, v_inf, v_tok, match, prompt[i], rr, rp, (e2_load, e2_extra, m_pos),
                            stats)
             window[g].append(dict(t=a, pre=e2_p[g], dec=F32(decode(cost, F32(1.0), F32(prompt[i]))),
                                   out=int(out_tok[i]), rid=i))
@@ -343,7 +340,6 @@ def simulate(table, *, G, cap, policy, cost, chunk=512, B=64, Q=256, max_admit=4
             tokens[g] += prompt[i] + int(out_tok[i])
             for sid, _ in segs[i] + ([(int(out_seg[i]), 0)] if out_seg[i] != dummy else []):
                 dispatched[g][sid] = dispatched[g].get(sid, 0) + 1
-                tree[g].add(sid)
             rec["replica"][i] = g
             rr += 1
             nxt += 1
@@ -365,12 +361,13 @@ def simulate(table, *, G, cap, policy, cost, chunk=512, B=64, Q=256, max_admit=4
             path = rep.cache.match(segs[cand])
             mtok = sum(n.tokens for n in path)
             tgt = prompt[cand] + saved_gen[cand]
+            start = min(mtok, tgt - 1)  # a fully cached prompt recomputes its last token (vLLM)
             pending_prefill = sum(s.tgt - s.pos for s in rep.slots if s is not None)
             if pending_prefill >= chunk:
                 break
             if admission == "on-demand":  # this step's share of the chunk (+ the token sampled if it completes)
-                share = min(tgt - mtok, chunk - pending_prefill)
-                need = share + (share == tgt - mtok)
+                share = min(tgt - start, chunk - pending_prefill)
+                need = share + (share == tgt - start)
             else:
                 need = prompt[cand] - mtok + int(out_tok[cand])
             exclude = {n.seg for n in path}
@@ -387,7 +384,7 @@ def simulate(table, *, G, cap, policy, cost, chunk=512, B=64, Q=256, max_admit=4
                 n.refcnt += 1
                 n.last_use = t
             slot = rep.slots.index(None)
-            rep.slots[slot] = Running(cand, mtok, saved_gen[cand], len(path), need, n_admitted, tgt)
+            rep.slots[slot] = Running(cand, start, saved_gen[cand], len(path), need, n_admitted, tgt)
             n_admitted += 1
             rep.queue.remove(cand)
             if cand in rep.front:

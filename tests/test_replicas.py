@@ -19,6 +19,9 @@ CASES = {
     "toolbench": (lambda: W.toolbench(60, n_tools=8, tool_mean=1500), 6000, 30.0),
     "agent": (lambda: W.agent(60, n_envs=4, turns=3, think_s=0.5), 8000, 8.0),
     "programming": (lambda: W.programming(48, n_problems=20, problem_mean=1500, samples=4), 9000, 10.0),
+    # 6 fixed prompts recur: fully cached prompts (the last token is recomputed for the first token)
+    "shared-prefix": (lambda: W.shared_prefix(60, groups=2, prompts_per_group=3, system_tokens=600,
+                                              question_tokens=200, output_tokens=30), 3000, 40.0),
 }
 
 
@@ -350,3 +353,19 @@ def test_lru_eviction_order():
                                                  jnp.asarray(seg_len), jnp.int32(deficit), jnp.asarray(value))
         np.testing.assert_array_equal(np.asarray(mask), want)
         assert int(got_freed) == freed and float(got_total) == total
+
+
+@pytest.mark.parametrize("policy, admission", [("least_load", "reserve"), ("affinity", "on-demand")])
+def test_fully_cached_prompts_still_get_a_first_token(policy, admission):
+    """Repeated prompts hit the cache whole; the request then computes its last prompt token, so every
+    finished request has a first token after its admission (TTFT > 0), as in the reference."""
+    _compare("shared-prefix", policy, admission=admission)
+    make, cap, rate = CASES["shared-prefix"]
+    model = R.ReplicaModel(n_replicas=3, max_running=8, max_queue=64, admission=admission)
+    st = R.run_single(model, jax.random.key(1), make(), R.make_params(policy, rate=rate, kv_capacity=cap))
+    rec = R.records(st)
+    done = np.isfinite(rec["finish_s"])
+    full = done & (rec["cached_tokens"] == rec["prompt_tokens"])
+    assert full.sum() > 10  # the path is exercised
+    first = rec["first_token_s"][done]
+    assert np.all(np.isfinite(first)) and np.all(first > rec["admit_s"][done])

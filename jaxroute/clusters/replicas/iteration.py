@@ -6,7 +6,8 @@ One iteration on replica g at time t:
    fit, when the running set is full, or once the running requests' remaining prefill reaches
    `chunk`. A request fits when its KV need <= free KV + tokens of unlocked cached segments.
    Segments are evicted in LRU order (`prefix_cache.evict_lru`) until the request fits. Its
-   matched segments are locked and touched at t.
+   matched segments are locked and touched at t. A fully cached prompt still computes its last
+   token (as vLLM does: its logits give the first output token).
 2. The batch: prefilling requests in admission order share `chunk` new tokens; every request
    whose prefill was complete before the iteration decodes one token. The time comes from
    `cost_models.step_time`; the iteration ends at t + dt.
@@ -182,11 +183,14 @@ def iterate_row(model, row: Replica, r: RequestTable, t: jax.Array, params: Repl
         tgt = r.prompt_tok[cand] + gen0  # a resumed request recomputes its output too (scheduler.py:1306)
         segs, tok = r.seg_ids[cand], r.seg_tok[cand]
         nmatch, mtok = leading_match(rw.cached, segs, tok)
+        # a fully cached prompt still computes its last token, whose logits give the first output token
+        # (vLLM kv_cache_manager.get_computed_blocks: at most num_tokens - 1 tokens come from the cache)
+        start = jnp.minimum(mtok, tgt - 1)
         if on_demand:
             # room for this step's tokens only (scheduler.py:1346; allocate_slots at 1435-1452); a request
             # that does not fit blocks the queue (1454-1461), as in "reserve"
-            share = jnp.minimum(tgt - mtok, model.chunk - jnp.sum(remaining))
-            need = share + (share == tgt - mtok)
+            share = jnp.minimum(tgt - start, model.chunk - jnp.sum(remaining))
+            need = share + (share == tgt - start)
         else:
             need = r.prompt_tok[cand] - mtok + r.out_tok[cand]
         free = cap - c["cache_tok"] - jnp.sum(rw.run_res)
@@ -212,7 +216,7 @@ def iterate_row(model, row: Replica, r: RequestTable, t: jax.Array, params: Repl
             rw, cached=rw.cached & ~evict, refcnt=refcnt,
             last_use=rw.last_use.at[segs].set(jnp.where(lock, t, rw.last_use[segs])),
             queue=pop(rw.queue, -1), queue_gen=pop(rw.queue_gen, 0), queue_front=pop(rw.queue_front, 0),
-            run_req=upd(rw.run_req, cand), run_pos=upd(rw.run_pos, mtok), run_gen=upd(rw.run_gen, gen0),
+            run_req=upd(rw.run_req, cand), run_pos=upd(rw.run_pos, start), run_gen=upd(rw.run_gen, gen0),
             run_nseg=upd(rw.run_nseg, nmatch), run_res=upd(rw.run_res, need),
             run_seq=upd(rw.run_seq, c["n_admitted"]), run_tgt=upd(rw.run_tgt, tgt))
         return dict(row=rw, n_admitted=c["n_admitted"] + go, stop=c["stop"] | ~go,
