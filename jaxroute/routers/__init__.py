@@ -12,8 +12,8 @@ Adding a stateless router = one function + one registry entry::
         \"\"\"Fewest tokens in flight, ties -> fewest requests (source: ...).\"\"\"
         return parts.argmax(parts.fewest_tokens(view, req), tie=parts.fewest_requests(view, req))
 
-    # routers/prefix.py, PRESETS (append: existing ids stay)
-    "shortest_prompt_queue": presets.shortest_prompt_queue,
+    # routers/prefix.py, PRESETS (append: existing ids stay; defaults= sets its weights, picker, ...)
+    "shortest_prompt_queue": Preset(presets.shortest_prompt_queue),
 
 Adding a stateful router = one module + one registry entry (+ its reference in tests/). The module
 owns its state and defines, with `view: RouterView`, `req: Request`, `g` the chosen replica and
@@ -38,10 +38,15 @@ owns its state and defines, with `view: RouterView`, `req: Request`, `g` the cho
     def on_dispatch(state, view, req, g, active, p):  # optional hooks: on_refresh, on_finish, check, flags
         return state.at[g, req.segs[0]].set(jnp.where(active, view.now, state[g, req.segs[0]]))
 
-    # routers/prefix.py, PRESETS
-    "recent": recent,
+    # routers/prefix.py, PRESETS (`_stateful(module, rule=..., **default settings)` for more presets
+    # on the same module and state)
+    "recent": _stateful(recent),
 
-Optional hooks: `on_refresh(state, view, active, p)` runs before every decision (expire windows),
-`on_finish(state, g, rids, finished, p)` after an iteration, `check(static)` refuses static sizes on
-the host, and `flags(state) -> {name: bool}` adds capacity flags to the metrics (OR-ed into overflow).
+A stateful rule's `p` is the row's `RouterParams` (weights, picker, and every module's settings by
+name, e.g. `p.recent_s`); the hooks get the module's own Params. Optional hooks: `on_refresh(state,
+view, active, p)` runs before every decision (expire windows), `on_first_token(state, view, g, rids,
+first, p)` and `on_finish(state, view, g, rids, finished, p)` after an iteration on replica g,
+`check(static)` refuses static sizes on the host, and `flags(state) -> {name: bool}` adds capacity
+flags to the metrics (OR-ed into overflow). A grid keeps only the modules its rows use
+(`ReplicaModel.router_modules`).
 """
