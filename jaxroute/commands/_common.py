@@ -14,7 +14,7 @@ from jaxroute.report import warn
 __all__ = [
     "add_grid_args", "add_output_args", "at_least", "check_conservation", "check_overflow", "choose", "csv_list",
     "finite_float", "fraction", "key_values", "list_of", "non_negative_float", "non_negative_int", "off_or", "positive_float",
-    "positive_fraction", "positive_int", "probability", "save_outputs", "show_progress", "warn",
+    "positive_fraction", "positive_int", "probability", "rate_stages", "save_outputs", "show_progress", "warn",
 ]
 
 # --------------------------------------------------------------------------- typed converters (argparse type=)
@@ -96,6 +96,21 @@ def key_values(text: str) -> dict[str, float]:
             raise argparse.ArgumentTypeError(f"names '{key}' twice: '{text}'")
         out[key] = number
     return out
+
+
+def rate_stages(text: str) -> list[tuple[float, float]]:
+    """argparse type: 'RATE:SECONDS,...' (each > 0) -> [(rate, seconds), ...]."""
+    stages = []
+    for item in text.split(","):
+        parts = item.strip().split(":")
+        try:
+            r, d = (float(x) for x in parts) if len(parts) == 2 else (math.nan, math.nan)
+        except ValueError:
+            r = d = math.nan
+        if not (math.isfinite(r) and math.isfinite(d) and r > 0 and d > 0):
+            raise argparse.ArgumentTypeError(f"expected RATE:SECONDS,... with each rate and duration > 0, got '{text}'")
+        stages.append((r, d))
+    return stages
 
 
 def csv_list(text: str) -> list[str]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import math
 import time
 
@@ -22,6 +21,7 @@ from jaxroute.commands._common import (
     positive_float,
     positive_int,
     probability,
+    rate_stages,
     save_outputs,
     show_progress,
     warn,
@@ -43,21 +43,6 @@ DEFAULT_REQUESTS = 2000
 # --sp-* flag -> shared-prefix setting (defaults: inference-perf, see wl_prefix.SP_DEFAULTS)
 SP_FLAGS = {"sp_groups": "groups", "sp_prompts_per_group": "prompts_per_group", "sp_system_len": "system_tokens",
             "sp_question_len": "question_tokens", "sp_output_len": "output_tokens"}
-
-
-def rate_stages(text: str) -> list[tuple[float, float]]:
-    """argparse type: 'RATE:SECONDS,...' (each > 0) -> [(rate, seconds), ...]."""
-    stages = []
-    for item in text.split(","):
-        parts = item.strip().split(":")
-        try:
-            r, d = (float(x) for x in parts) if len(parts) == 2 else (math.nan, math.nan)
-        except ValueError:
-            r = d = math.nan
-        if not (math.isfinite(r) and math.isfinite(d) and r > 0 and d > 0):
-            raise argparse.ArgumentTypeError(f"expected RATE:SECONDS,... with each rate and duration > 0, got '{text}'")
-        stages.append((r, d))
-    return stages
 
 
 def _sp_settings(args) -> dict:

@@ -74,6 +74,10 @@ class Preset:
     defaults: dict = dataclasses.field(default_factory=dict)
 
 
+def _module_name(m: ModuleType) -> str:
+    return m.__name__.rsplit(".", 1)[-1]
+
+
 def _stateful(module: ModuleType, rule: Callable | None = None, **defaults) -> Preset:
     return Preset(rule or module.choose, module, defaults)
 
@@ -89,13 +93,13 @@ PRESETS: dict[str, Preset] = {
     "sglang_cache_aware": _stateful(sglang),
     "preble_e2": _stateful(preble),
     "weighted": Preset(presets.weighted, defaults=dict(weights=dict(prefix=3.0, inflight=2.0, tokens=2.0))),
-    # --- llm-d and Dynamo (routers/llmd.py, routers/dynamo.py): append below
+    # llm-d and Dynamo (routers/llmd.py, routers/dynamo.py)
     "llmd_precise": Preset(llmd.scheduler, defaults=dict(weights=dict(prefix=3.0, kv=2.0, queue=2.0), picker="random")),
     "llmd_approx": _stateful(llmd, weights=dict(prefix=1.0, kv=1.0, queue=1.0), picker="random"),
     "llmd_load": Preset(llmd.scheduler, defaults=dict(weights=dict(queue=1.0, kv=1.0), picker="random")),
     "llmd_load_aware": Preset(llmd.scheduler, defaults=dict(weights=dict(load_aware=1.0), picker="random")),
     "dynamo_kv": _stateful(dynamo),
-    # --- SGLang gateway, vLLM production-stack, AIBrix (routers/sglang.py, vllm_stack.py, aibrix.py): append below
+    # SGLang gateway, vLLM production-stack, AIBrix (routers/sglang.py, vllm_stack.py, aibrix.py)
     "random": Preset(presets.random),
     # Rust `impl Default for CacheAwareConfig` (sgl-model-gateway/src/policies/mod.rs), pruning on
     "sglang_cache_aware_rs": _stateful(sglang, sgl_cache_threshold=0.5, sgl_balance_abs=32.0, sgl_balance_rel=1.1,
@@ -113,13 +117,9 @@ REGISTRY = PolicyRegistry("replica-cluster router", tuple(PRESETS))
 PREFIX_POLICIES = REGISTRY.names
 LOAD_ONLY = ("rr", "least_load", "least_tokens")
 # modules that own router state, by short name (one state per module, shared by its presets)
-MODULES: dict[str, ModuleType] = {m.__name__.rsplit(".", 1)[-1]: m
+MODULES: dict[str, ModuleType] = {_module_name(m): m
                                   for m in dict.fromkeys(p.module for p in PRESETS.values() if p.module)}
 STATEFUL = tuple(name for name, p in PRESETS.items() if p.module is not None)
-
-
-def _module_name(m: ModuleType) -> str:
-    return m.__name__.rsplit(".", 1)[-1]
 
 
 def policy_id(name: str) -> int:
