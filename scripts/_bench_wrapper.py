@@ -1,0 +1,33 @@
+"""Shared by the bench_*.py wrappers: run the harness (`jaxroute.experiments.bench`) on a config, print, write JSON."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+
+def run(config_kw: dict, out: str, devices: int | None = None) -> int:
+    """`jaxroute bench` with these BenchConfig settings; returns 0, or 1 when a part failed."""
+    if devices:
+        os.environ["JAXROUTE_CPU_DEVICES"] = str(devices)
+    from jaxroute.cli import use_all_cpu_cores
+
+    use_all_cpu_cores()  # one JAX CPU device per core (before JAX starts), as the CLI does
+    from jaxroute import report
+    from jaxroute.errors import JaxrouteError
+    from jaxroute.experiments.bench import BenchConfig, format_report, run_bench
+
+    try:
+        cfg = BenchConfig(**config_kw)
+    except JaxrouteError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    res = run_bench(cfg, lambda partial: report.write_json(out, partial))
+    print()
+    print(format_report(res))
+    print(f"wrote {report.write_json(out, res)}")
+    return 1 if res["errors"] else 0
+
+
+def ints(text: str) -> tuple[int, ...]:
+    return tuple(int(t) for t in text.split(",") if t.strip())

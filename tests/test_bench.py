@@ -1,0 +1,133 @@
+"""`jaxroute bench`: the JSON has every model with sane figures; flags are checked; gpu_check.sh parses.
+
+Compilation dominates a bench run (each model and size is its own program, ~10-20 s each on two
+cores), so the fast test runs `--quick` with one seed count, no 2x-requests runs and no separate
+preble_e2 grid; the slow test runs plain `--quick` (about 20 programs) and checks the scaling fields.
+"""
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from jaxroute.bench import BenchConfig, references
+from jaxroute.errors import JaxrouteError
+from tests.cli_helpers import cli
+
+ROOT = Path(__file__).resolve().parent.parent
+TOP_LEVEL = ("command", "config", "device", "n_devices", "cores", "jax_version", "load_average", "date", "models",
+             "blis", "trace", "decision", "errors")
+
+
+def _positive(x) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x) and x > 0
+
+
+def _check(res: dict, models: set[str]) -> None:
+    for key in TOP_LEVEL:
+        assert key in res, key
+    assert res["command"] == "bench" and res["partial"] is False
+    assert {"kind", "platform"} <= set(res["device"])
+    assert res["cores"]["os_cpu_count"] >= 1 and res["cores"]["used"] >= 1
+    assert len(res["load_average"]["before"]) == 3 and len(res["load_average"]["after"]) == 3
+    assert res["errors"] == []
+    assert {m["model"] for m in res["models"]} == models
+    for m in res["models"]:
+        assert m["sizes"] and m["failed"] is None
+        assert m["reference"]["available"], m["reference"]
+        assert _positive(m["reference"]["requests_per_s_per_core"])
+        for s in m["sizes"]:
+            for k in ("requests_per_s", "requests_per_s_per_core", "first_run_s", "steady_s", "memory_per_row_bytes",
+                      "ratio_vs_reference"):
+                assert _positive(s[k]), (m["model"], k, s[k])
+            assert s["compile_s"] >= 0 and s["overflow"] is False and s["conserved"] is True
+    blis = res["blis"]
+    assert {r["workload"] for r in blis["runs"]} == {"unique", "shared-prefix"}
+    for r in blis["runs"]:
+        assert _positive(r["requests_per_s"]) and _positive(r["ratio_per_core"])
+        assert r["blis_requests_per_s_per_core"] == 3030.0
+    assert all(_positive(r["requests_per_s"]) for r in res["trace"]["sizes"])
+    for v in list(res["decision"]["decisions"].values()) + [res["decision"]["brh_predicted_loads"]]:
+        assert _positive(v["p50_ms"]) and v["p99_ms"] >= v["p50_ms"]
+
+
+def test_bench_quick_every_model(tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    rc = cli(["bench", "--quick", "--seeds", "2", "--no-request-scaling", "--separate", "none",
+              "--blis-requests", "16", "--trace-sizes", "16", "--calls", "20", "--out", str(out)])
+    printed = capsys.readouterr().out
+    assert rc == 0, printed
+    res = json.loads(out.read_text())
+    _check(res, {"dispatch", "cluster/toolbench", "decode"})
+    assert res["config"]["preset"] == "quick" and res["config"]["dispatch_seeds"] == [2]
+    assert res["trace"]["sizes"][0]["reused_from"] == "blis"
+    for line in ("model", "dispatch", "cluster/toolbench", "decode", "BLIS scenario", "trace-length scaling",
+                 "BR decision latency", "ratio"):
+        assert line in printed
+
+
+@pytest.mark.slow
+def test_bench_plain_quick_reports_scaling(tmp_path):
+    out = tmp_path / "bench.json"
+    assert cli(["bench", "--quick", "--out", str(out)]) == 0
+    res = json.loads(out.read_text())
+    _check(res, {"dispatch", "cluster/toolbench", "cluster/toolbench/preble_e2", "decode"})
+    for m in res["models"]:
+        assert [s["seeds"] for s in m["sizes"]] == [1, 4]
+        assert m["seed_scaling"]["from_seeds"] == 1 and m["seed_scaling"]["to_seeds"] == 4
+        assert isinstance(m["seed_scaling"]["flat_or_rising"], bool)
+        rq = m["request_scaling"]
+        assert rq["requests_per_seed"][1] == 2 * rq["requests_per_seed"][0] and _positive(rq["per_request_cost_ratio"])
+    assert _positive(res["trace"]["max_over_min"]) and isinstance(res["trace"]["flat"], bool)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--seeds", "0,4"], "argument --seeds: expected a positive integer, got '0'"),
+    (["--seeds", "1,x"], "argument --seeds: expected a positive integer, got 'x'"),
+    (["--seeds", "4,4"], "argument --seeds: lists a value twice"),
+    (["--only", "dispatch,nope"], "unknown bench part 'nope'"),
+    (["--policies", "rr,nope"], "unknown router 'nope'"),
+    (["--quick", "--gpu-sizes"], "not allowed with argument"),
+])
+def test_bad_flags_exit_2_with_a_clear_message(argv, message, tmp_path, capsys):
+    assert cli(["bench", *argv, "--out", str(tmp_path / "x.json")]) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "x.json").exists()
+
+
+def test_config_refuses_bad_sizes():
+    with pytest.raises(JaxrouteError, match="dispatch seeds must be positive integers"):
+        BenchConfig(dispatch_seeds=(0,))
+    with pytest.raises(JaxrouteError, match="give a cluster rate"):
+        BenchConfig(cluster_workloads=("agent",))
+    assert BenchConfig.quick(trace_sizes=(8,)).trace_sizes == (8,)
+
+
+def test_references_unavailable_outside_a_checkout(monkeypatch, tmp_path):
+    monkeypatch.setattr(references, "repo_root", lambda: tmp_path)
+    mod, why = references.load_reference("reference_replicas")
+    assert mod is None and "not found" in why
+    res = references.time_replica_reference(None, None, replicas=4, max_running=64, max_queue=64, policy="rr")
+    assert res["available"] is False and "source checkout" in res["reason"]
+
+
+def test_python_jsq_is_stable_and_seeded():
+    a = references.python_jsq(4, 2000, 0.5, seed=1)
+    assert a == references.python_jsq(4, 2000, 0.5, seed=1)
+    assert 0.9 < sum(a) / len(a) < 1.5  # JSQ at load 0.5 on 4 servers: close to one service time
+
+
+def test_gpu_check_script_parses_and_is_executable():
+    script = ROOT / "scripts" / "gpu_check.sh"
+    assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0
+    assert script.stat().st_mode & 0o111
+
+
+@pytest.mark.parametrize("name", ["bench_dispatch", "bench_cluster", "bench_dispatch_latency"])
+def test_wrapper_scripts_show_help(name):
+    res = subprocess.run([sys.executable, str(ROOT / "scripts" / f"{name}.py"), "--help"], capture_output=True, text=True,
+                         cwd=ROOT)
+    assert res.returncode == 0 and "jaxroute bench" in res.stdout
