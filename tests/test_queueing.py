@@ -8,8 +8,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jaxroute import metrics as metrics_lib
 from jaxroute import sim
-from jaxroute.clusters import bins
+from jaxroute.clusters import bins, queueing
 from jaxroute.clusters.bins import BinsModel, BinsParams
 from jaxroute.clusters.queueing import (
     DispatchModel,
@@ -242,3 +243,18 @@ def test_bins_conservation_catches_a_corrupted_counter(corrupt):
         "placed": lambda s: dataclasses.replace(s, placed=s.placed.at[3].set(-1)),
     }[corrupt](state)
     assert int(model.metrics(broken, None, params)["conservation_error"]) > 0
+
+
+@pytest.mark.parametrize("n", [1, 5, 100, 1000])
+def test_upper_quantile_equals_counting_quantile(n):
+    x = jnp.asarray(np.random.default_rng(n).exponential(size=n).astype(np.float32))
+    for q in (0.5, 0.9, 0.99):
+        expected = metrics_lib.masked_quantile_select(x, jnp.ones(n, bool), q)
+        np.testing.assert_array_equal(np.asarray(queueing.upper_quantile(x, q)), np.asarray(expected))
+
+
+def test_ordered_keys_sort_and_tie_as_the_floats():
+    v = jnp.asarray([-3.5, -0.0, 0.0, 1e-30, 2.0, -1e30, 2.0, 7.25], jnp.float32)
+    keys = np.asarray(classic.ordered_key(v)).astype(np.int64)
+    f = np.asarray(v)
+    np.testing.assert_array_equal(np.sign(keys[:, None] - keys[None, :]), np.sign(f[:, None] - f[None, :]))

@@ -37,6 +37,7 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxroute import metrics as metrics_lib
 from jaxroute import sim
@@ -104,6 +105,7 @@ class DispatchState:
     cursor: jax.Array  # [N] int32 ring slot the next job of each server goes to (assigned mod K)
     board: jax.Array  # [N] int32 stale queue-length snapshot
     board_age: jax.Array  # [] float32 time since the last board refresh
+    draws: RequestDraws  # [B] the random inputs of the block the next step routes (drawn one step ahead)
     response: jax.Array  # [R / B, B] float32 response time of each request
     server_of: jax.Array  # [R / B, B] int32 server each request went to (-1 before routing)
     overflow: jax.Array  # [] bool a ring that the policy reads was overrun
@@ -125,7 +127,7 @@ class DispatchModel(sim.Model):
     ring: int = 16  # K: ring capacity per server (max queue length the router can count)
     max_d: int = 2  # D: samples drawn per request (power-of-d uses the first d)
     tail_levels: int = 0  # I: record the fraction of servers with >= 1..I jobs (fresh lengths)
-    block: int = 8  # B: arrivals per scan step
+    block: int = 8  # B: arrivals per scan step (one vectorised draw, one ring pass, one rebase)
 
     def __post_init__(self):
         if self.n_servers < 1:
@@ -180,81 +182,129 @@ class DispatchModel(sim.Model):
             cursor=jnp.zeros(n, jnp.int32),
             board=jnp.zeros(n, jnp.int32),
             board_age=jnp.float32(0.0),
+            draws=self.block_draws(key, jnp.int32(0), params),
             response=jnp.zeros((self.n_blocks, self.block), jnp.float32),
             server_of=jnp.full((self.n_blocks, self.block), -1, jnp.int32),
             overflow=jnp.bool_(False),
             tails=jnp.zeros(self.tail_levels, jnp.float32),
         )
 
-    def _arrival(self, carry: dict, gap, svc, picks, index, params: DispatchParams):
-        """Route one arrival at block time carry['now'] + gap; returns (carry, response)."""
-        n, k = self.n_servers, self.ring
-        active = index < self.n_requests  # padded arrivals past the end change nothing
-        gap = jnp.where(active, gap, 0.0)
-        now = carry["now"] + gap
+    def _times(self, carry: dict, gap: jax.Array, index: jax.Array, params: DispatchParams):
+        """Arrival times of one block and the instants their queue lengths are read at.
 
-        # Board refresh: boundaries at multiples of T; the last one in (t_prev, t] is `age` before now.
+        Arrival times depend only on the gaps, so the whole block's clock and board-refresh
+        bookkeeping runs before any routing. Returns (carry, now [B], thr [B], crossed [B], active [B]).
+        """
+        active = index < self.n_requests  # [B] padded arrivals past the end change nothing
+        gap = jnp.where(active, gap, 0.0)
         stale = params.stale > 0
         period = jnp.where(stale, params.stale, 1.0)
-        age = carry["age"] + gap
-        crossed = active & stale & (age >= period)
-        age = jnp.where(crossed, jax.lax.rem(age, period), age)
-        # Queue lengths at the refresh instant (stale) or now (fresh): jobs departing after it.
-        instant = jnp.where(crossed, jnp.maximum(now - age, now - gap), now)
-        ring = carry["ring"]
-        counted = jnp.sum(ring > instant, axis=0, dtype=jnp.int32)  # [N]
-        board = jnp.where(crossed, counted, carry["board"])
-        free = carry["free"]
-        view = classic.RouterView(queue=jnp.where(stale, board, counted), work=jnp.maximum(free - now, 0.0),
-                                  picks=picks, d=params.d, rr_index=index % n, tie_offset=picks[0])
-        server = classic.route(params.policy, view)
+        now, age = carry["now"], carry["age"]
+        nows, thrs, crossed_all = [], [], []
+        for j in range(self.block):  # scalar recurrences, in arrival order (float rounding as one by one)
+            now = now + gap[j]
+            # Board refresh: boundaries at multiples of T; the last one in (t_prev, t] is `age` before now.
+            age = age + gap[j]
+            crossed = active[j] & stale & (age >= period)
+            age = jnp.where(crossed, jax.lax.rem(jnp.where(crossed, age, 0.0), period), age)  # fmod only where used
+            # Queue lengths are read at the refresh instant (stale) or now (fresh).
+            thrs.append(jnp.where(crossed, jnp.maximum(now - age, now - gap[j]), now))
+            nows.append(now)
+            crossed_all.append(crossed)
+        carry = dict(carry, now=now, age=age)
+        return carry, jnp.stack(nows), jnp.stack(thrs), jnp.stack(crossed_all), active
 
-        chosen = (jnp.arange(n, dtype=jnp.int32) == server) & active  # [N]
-        # Per-server vectors (no cross-server reduction): the finish time if the job went there.
-        finish = jnp.maximum(free, now) + svc  # [N]
-        slot = carry["cursor"]  # [N]
-        write = (jnp.arange(k, dtype=jnp.int32)[:, None] == slot[None, :]) & chosen[None, :]  # [K, N]
-        next_slot = jnp.where(slot + 1 == k, 0, slot + 1)
-        evicted = jnp.sum(jnp.where(write, ring, 0.0), axis=0)  # [N] departure time in the reused slot
+    def _block(self, carry: dict, dr: RequestDraws, first: jax.Array, params: DispatchParams):
+        """Route the B arrivals of one block (arrival indices first .. first + B - 1).
 
-        tails = carry["tails"]
-        if self.tail_levels:
-            fresh = jnp.sum(ring > now, axis=0, dtype=jnp.int32)
-            levels = jnp.arange(1, self.tail_levels + 1, dtype=jnp.int32)
-            frac = jnp.mean((fresh[:, None] >= levels[None, :]).astype(jnp.float32), axis=0)
-            tails = tails + jnp.where(active & (index >= self.warmup), frac, 0.0)
-
+        Queue lengths: jobs of the block-start ring still in system at the reading instant
+        (one [B, K, N] count for the whole block) plus the block's own earlier jobs still in
+        system. While no ring is overrun this equals counting the ring as it is after each
+        write; the ring itself is written once at the end of the block (one pass over [K, N]).
+        """
+        n, k, nb = self.n_servers, self.ring, self.block
+        index = first + jnp.arange(nb, dtype=jnp.int32)
+        carry, now, thr, crossed, active = self._times(carry, dr.gap, index, params)
+        ring0 = carry["ring"]
+        # With B <= K no slot is written twice in a block, so the job an arrival overwrites is
+        # the block-start ring's; otherwise (and for the tail statistics) count fresh lengths.
+        need_fresh = bool(self.tail_levels) or nb > k
+        instants = jnp.concatenate([thr, now]) if need_fresh else thr
+        counts = jnp.sum(ring0[None] > instants[:, None, None], axis=1, dtype=jnp.int32)  # [B or 2B, N]
+        if nb <= k:  # oldest[m, s]: the ring entry in slot cursor[s] + m (mod K) at the block start
+            slots = carry["cursor"][None, :] + jnp.arange(nb, dtype=jnp.int32)[:, None]  # [B, N]
+            slots = jnp.where(slots >= k, slots - k, slots)
+            hit = jnp.arange(k, dtype=jnp.int32)[None, :, None] == slots[:, None, :]  # [B, K, N]
+            oldest = jnp.max(jnp.where(hit, ring0[None], -jnp.inf), axis=1)  # [B, N]
+        levels = jnp.arange(1, self.tail_levels + 1, dtype=jnp.int32)
+        stale = params.stale > 0
+        servers_n = jnp.arange(n, dtype=jnp.int32)
+        free, board, cursor, tails = carry["free"], carry["board"], carry["cursor"], carry["tails"]
+        overrun = carry["overrun"]
+        codes, servers, ends, responses = [], [], [], []
+        for j in range(nb):  # unrolled: B arrivals
+            # Plus the block's earlier jobs (server servers[i], departing at ends[i]) still in system.
+            counted = counts[j]
+            for i in range(j):
+                counted = counted + ((servers_n == servers[i]) & (ends[i] > thr[j])).astype(jnp.int32)
+            board = jnp.where(crossed[j], counted, board)
+            view = classic.RouterView(queue=jnp.where(stale, board, counted), work=jnp.maximum(free - now[j], 0.0),
+                                      picks=dr.picks[j], d=params.d, rr_index=index[j] % n,
+                                      tie_offset=dr.picks[j, 0])
+            server = classic.route(params.policy, view)
+            c = (servers_n == server) & active[j]  # [N] (none when the router names no server)
+            routed = active[j] & (server >= 0) & (server < n)  # = any(c), without a reduction
+            # Per-server vector (no cross-server reduction): the finish time if the job went there.
+            finish = jnp.maximum(free, now[j]) + dr.service[j]  # [N]
+            end = jnp.take(finish, server, mode="fill", fill_value=-jnp.inf)
+            if need_fresh:
+                fresh = counts[nb + j]
+                for i in range(j):
+                    fresh = fresh + ((servers_n == servers[i]) & (ends[i] > now[j])).astype(jnp.int32)
+            if nb > k:  # a server whose K ring slots all hold jobs in system has its oldest one overwritten
+                overrun = overrun | (routed & (jnp.take(fresh, server, mode="fill", fill_value=0) >= k))
+            else:  # the slot the job goes to holds the block-start ring's job, still in system or not
+                # This block's m-th job for the server overwrites the block-start ring's slot cursor + m.
+                m = sum(((servers[i] == server).astype(jnp.int32) for i in range(j)), jnp.int32(0))
+                evicted = oldest.at[m, server].get(mode="fill", fill_value=-jnp.inf)
+                overrun = overrun | (routed & (evicted > now[j]))
+            if self.tail_levels:
+                frac = jnp.mean((fresh[:, None] >= levels[None, :]).astype(jnp.float32), axis=0)
+                tails = tails + jnp.where(active[j] & (index[j] >= self.warmup), frac, 0.0)
+            codes.append(jnp.where(c, cursor, k))  # [N] the ring slot written per server, K: none
+            cursor = jnp.where(c, jnp.where(cursor + 1 == k, 0, cursor + 1), cursor)
+            free = jnp.where(c, finish, free)
+            servers.append(jnp.where(active[j], server, -1))
+            ends.append(end)
+            # The response at the chosen server (a router that names no server routed nothing: 0).
+            responses.append(jnp.where(routed, end - now[j], 0.0))
+        # The block's writes into the ring, in order, in one elementwise pass over [K, N].
+        ring = ring0
+        rows = jnp.arange(k, dtype=jnp.int32)[:, None]
+        for j in range(nb):
+            ring = jnp.where(rows == codes[j][None, :], ends[j], ring)
+        servers = jnp.stack(servers)  # [B]
+        last = carry["now"]
         carry = dict(
-            now=now,
-            age=age,
-            free=jnp.where(chosen, finish, free),
-            ring=jnp.where(write, finish[None, :], ring),
-            assigned=carry["assigned"] + chosen.astype(jnp.int32),
-            cursor=jnp.where(chosen, next_slot, slot),
+            now=jnp.float32(0.0),
+            age=carry["age"],
+            free=free - last,  # rebase to the next block's start
+            ring=ring - last,
+            assigned=carry["assigned"] + jnp.sum(servers[:, None] == servers_n[None, :], axis=0, dtype=jnp.int32),
+            cursor=cursor,
             board=board,
-            overrun=carry["overrun"] | (chosen & (evicted > now)),  # [N] a job still in system was dropped
+            overrun=overrun,
             tails=tails,
-            arrivals=carry["arrivals"] + active.astype(jnp.int32),
+            arrivals=carry["arrivals"] + jnp.sum(active, dtype=jnp.int32),
         )
-        return carry, (chosen, finish - now, jnp.where(active, server, -1))
+        return carry, jnp.stack(responses), servers
 
     def step(self, state: DispatchState, workload, params: DispatchParams) -> DispatchState:
-        dr = self.block_draws(state.key, state.block, params)
         carry = dict(now=jnp.float32(0.0), age=state.board_age, free=state.free, ring=state.ring,
                      assigned=state.assigned, cursor=state.cursor, board=state.board, tails=state.tails,
-                     arrivals=state.arrivals, overrun=jnp.zeros(self.n_servers, bool))
-        chosen, waits, servers = [], [], []
-        for j in range(self.block):  # unrolled: B arrivals per scan step
-            carry, (c, w, srv) = self._arrival(carry, dr.gap[j], dr.service[j], dr.picks[j],
-                                          state.block * self.block + j, params)
-            chosen.append(c)
-            waits.append(w)
-            servers.append(srv)
-        now = carry["now"]
-        # One reduction per block: each arrival's response at the server it chose.
-        responses = jnp.sum(jnp.where(jnp.stack(chosen), jnp.stack(waits), 0.0), axis=1)  # [B]
-        servers = jnp.stack(servers)  # [B] the router's decisions (-1: padded arrivals past the end)
-        overrun = jnp.any(carry["overrun"])
+                     arrivals=state.arrivals, overrun=jnp.bool_(False))
+        carry, responses, servers = self._block(carry, state.draws, state.block * self.block, params)
+        overrun = carry["overrun"]
         if not self.tail_levels:  # the tail statistics read the ring whatever the policy
             overrun = overrun & jnp.asarray(classic.USES_QUEUE_LENGTH)[params.policy]
         row = jnp.minimum(state.block, self.n_blocks - 1)
@@ -267,12 +317,15 @@ class DispatchModel(sim.Model):
             key=state.key,
             block=state.block + 1,
             arrivals=carry["arrivals"],
-            free=carry["free"] - now,  # rebase to the next block's start
-            ring=carry["ring"] - now,
+            free=carry["free"],
+            ring=carry["ring"],
             assigned=carry["assigned"],
             cursor=carry["cursor"],
             board=carry["board"],
             board_age=carry["age"],
+            # Drawn a step ahead: the routing loop then reads the draws from memory (drawn in the
+            # same step, XLA fuses the uniform-to-draw arithmetic into every per-arrival kernel).
+            draws=self.block_draws(state.key, state.block + 1, params),
             response=response,
             server_of=server_of,
             overflow=state.overflow | overrun,
@@ -303,7 +356,7 @@ class DispatchModel(sim.Model):
         mask = (index >= self.warmup) & (index < self.n_requests)
         out = {
             "mean_response": metrics_lib.masked_mean(response, mask),
-            "p99_response": metrics_lib.masked_quantile_select(response, mask, 0.99),
+            "p99_response": upper_quantile(response[self.warmup: self.n_requests], 0.99),
             "overflow": state.overflow,
             "conservation_error": self.conservation_error(state),
         }
@@ -311,6 +364,27 @@ class DispatchModel(sim.Model):
         for level in range(1, self.tail_levels + 1):
             out[f"frac_ge_{level}"] = state.tails[level - 1] / counted
         return out
+
+
+def upper_quantile(x: jax.Array, q: float) -> jax.Array:
+    """`metrics.masked_quantile_select(x, all-true mask, q)` (same value) for q near 1, from a top-k.
+
+    The order statistics around the quantile are among the few largest values, so one
+    partial sort replaces 32 counting passes over x (the mask is all-true: x is the
+    slice of recorded requests, its length static).
+    """
+    n = x.shape[0]
+    pos = np.float32(q) * np.float32(max(n - 1, 0))  # as masked_quantile_select computes it, in float32
+    rank = int(np.floor(pos))  # 0-based order statistic below the quantile
+    k = n - rank  # x_(rank) is the k-th largest
+    if n == 0 or 4 * (k + 1) > n:  # a large top-k would cost more than counting
+        return metrics_lib.masked_quantile_select(x, jnp.ones(n, bool), q)
+    # The k largest, descending. The barrier keeps XLA's TopK kernel: reading single elements of
+    # its result otherwise turns it back into a full sort of x (several times slower on CPU).
+    top = jax.lax.optimization_barrier(jax.lax.top_k(x.astype(jnp.float32), k)[0])
+    x_lo = top[k - 1]
+    x_hi = top[k - 2] if k >= 2 else x_lo  # x_(rank + 1), or x_lo when rank is the largest
+    return x_lo + (x_hi - x_lo) * np.float32(pos - np.float32(rank))
 
 
 def default_ring(n_servers: int, load: float, stale: float) -> int:
@@ -324,4 +398,3 @@ def default_ring(n_servers: int, load: float, stale: float) -> int:
     while k < need:
         k *= 2
     return k
-

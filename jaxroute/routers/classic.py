@@ -46,13 +46,23 @@ class RouterView:
 def argmin_random_tie(values: jax.Array, tie_offset: jax.Array) -> jax.Array:
     """Index of the minimum; among ties, the first index at or after `tie_offset` (cyclically).
 
-    Two plain min-reductions (no variadic argmin), which vectorise well on CPU.
+    Two plain integer min-reductions (no variadic argmin), which vectorise well on CPU:
+    float scores are first mapped to int32 keys with the same order and ties.
     """
     n = values.shape[0]
     shifted = jnp.arange(n, dtype=jnp.int32) - tie_offset  # rank = shifted mod n, without a division
     rank = jnp.where(shifted < 0, shifted + n, shifted)
-    first = jnp.min(jnp.where(values == jnp.min(values), rank, n)) + tie_offset
+    keys = ordered_key(values)
+    first = jnp.min(jnp.where(keys == jnp.min(keys), rank, n)) + tie_offset
     return jnp.where(first >= n, first - n, first).astype(jnp.int32)
+
+
+def ordered_key(values: jax.Array) -> jax.Array:
+    """int32 keys ordered as the float32 `values` (-0 and +0 tie; NaN excluded); ints pass through."""
+    if not jnp.issubdtype(values.dtype, jnp.floating):
+        return values.astype(jnp.int32)
+    bits = jax.lax.bitcast_convert_type(values.astype(jnp.float32) + 0.0, jnp.int32)  # + 0.0: -0 becomes +0
+    return bits ^ ((bits >> 31) & 0x7FFFFFFF)  # negatives: flip the magnitude so larger |x| sorts lower
 
 
 def best_of_sampled(values_at_picks: jax.Array, d: jax.Array) -> jax.Array:
