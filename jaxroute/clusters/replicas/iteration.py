@@ -70,7 +70,7 @@ from jaxroute.workloads.prefix import RequestTable
 INF = jnp.inf
 
 
-def _allocate_running(model, row: Replica, r: RequestTable, t: jax.Array, cap: jax.Array):
+def _allocate_running(model, row: Replica, r: RequestTable, t: jax.Array, cap: jax.Array, active: jax.Array):
     """On-demand admission, step 1 (vLLM's RUNNING loop, scheduler.py:794-1036): every running
     request allocates this iteration's tokens, in admission order, preempting from the tail.
 
@@ -83,7 +83,8 @@ def _allocate_running(model, row: Replica, r: RequestTable, t: jax.Array, cap: j
     In closed form: requests 1..k of the admission order keep running, k the largest with
     a_1 + ... + a_k <= avail + freed(k+1..n). The loop below preempts from the tail while the
     survivors' tokens exceed the available tokens (one loop step per preemption, usually none).
-    Returns (row, number preempted, a preempted request found the local queue full)."""
+    Returns (row, number preempted, a preempted request found the local queue full). An inactive row
+    (its result is discarded) preempts nothing, so a batched loop runs only for rows that need it."""
     seg_len = r.seg_len
     running = row.run_req >= 0
     rid = jnp.maximum(row.run_req, 0)
@@ -103,7 +104,7 @@ def _allocate_running(model, row: Replica, r: RequestTable, t: jax.Array, cap: j
 
     def cond(c):
         _, alive, avail, _ = c
-        return jnp.any(alive) & (jnp.sum(jnp.where(alive, a, 0)) > avail)
+        return active & jnp.any(alive) & (jnp.sum(jnp.where(alive, a, 0)) > avail)
 
     def body(c):
         rw, alive, avail, q_full = c
@@ -135,9 +136,11 @@ def _allocate_running(model, row: Replica, r: RequestTable, t: jax.Array, cap: j
 
 
 def iterate_row(model, row: Replica, r: RequestTable, t: jax.Array, params: ReplicaParams,
-                n_admitted: jax.Array, next_arrival: jax.Array):
+                n_admitted: jax.Array, next_arrival: jax.Array, active: jax.Array):
     """One iteration of replica `row` starting at time t: (new row, side outputs). `model` gives the
-    static sizes (chunk, max_admit, local_order, admission, leap).
+    static sizes (chunk, max_admit, local_order, admission, leap). `active` False: the caller discards
+    the result (a routing event), so the admission and preemption loops stop at once; under `vmap`
+    they then run only as many times as the rows that do iterate need.
 
     Event leaping (exact): after this iteration, if it had no event (no prefill completed, no
     segment completed, no finish, no preemption) and the next iterations cannot admit anything (a
@@ -156,14 +159,21 @@ def iterate_row(model, row: Replica, r: RequestTable, t: jax.Array, params: Repl
     A = model.max_admit
     on_demand = model.admission == "on-demand"
     if on_demand:
-        row, n_pre, q_full = _allocate_running(model, row, r, t, cap)
+        row, n_pre, q_full = _allocate_running(model, row, r, t, cap, active)
     else:
         n_pre, q_full = jnp.int32(0), jnp.bool_(False)
     cache_tok = jnp.sum(row.cached * seg_len)
     unlocked_tok = jnp.sum((row.cached & (row.refcnt == 0)) * seg_len)
 
-    def admit(k, c):
+    def may_admit(c):
+        """Another admission is possible: not stopped, a request waits, the chunk has room (cheap,
+        so the loop body runs only while some row can admit)."""
         rw = c["row"]
+        remaining = jnp.where(rw.run_req >= 0, rw.run_tgt - rw.run_pos, 0)
+        return (c["k"] < A) & ~c["stop"] & jnp.any(rw.queue >= 0) & (jnp.sum(remaining) < model.chunk)
+
+    def admit(c):
+        rw, k = c["row"], c["k"]
         running = rw.run_req >= 0
         remaining = jnp.where(running, rw.run_tgt - rw.run_pos, 0)
         qv = rw.queue >= 0
@@ -219,7 +229,7 @@ def iterate_row(model, row: Replica, r: RequestTable, t: jax.Array, params: Repl
             run_req=upd(rw.run_req, cand), run_pos=upd(rw.run_pos, start), run_gen=upd(rw.run_gen, gen0),
             run_nseg=upd(rw.run_nseg, nmatch), run_res=upd(rw.run_res, need),
             run_seq=upd(rw.run_seq, c["n_admitted"]), run_tgt=upd(rw.run_tgt, tgt))
-        return dict(row=rw, n_admitted=c["n_admitted"] + go, stop=c["stop"] | ~go,
+        return dict(row=rw, k=k + 1, n_admitted=c["n_admitted"] + go, stop=c["stop"] | ~go,
                     blocked=c["blocked"] | blocked, full=c["full"] | full,
                     cache_tok=c["cache_tok"] - freed,
                     unlocked_tok=c["unlocked_tok"] - freed - jnp.sum(jnp.where(go, prefix_unlocked * tok, 0)),
@@ -227,11 +237,11 @@ def iterate_row(model, row: Replica, r: RequestTable, t: jax.Array, params: Repl
                     adm_tok=c["adm_tok"].at[k].set(mtok), adm_new=c["adm_new"].at[k].set(~resumed))
 
     # no admission in an iteration that preempted (scheduler.py:1050 `if not preempted_reqs`)
-    c0 = dict(row=row, n_admitted=n_admitted, stop=n_pre > 0, blocked=jnp.bool_(False),
+    c0 = dict(row=row, k=jnp.int32(0), n_admitted=n_admitted, stop=(n_pre > 0) | ~active, blocked=jnp.bool_(False),
               full=jnp.bool_(False), cache_tok=cache_tok, unlocked_tok=unlocked_tok,
               adm_go=jnp.zeros(A, bool), adm_id=jnp.zeros(A, jnp.int32), adm_tok=jnp.zeros(A, jnp.int32),
               adm_new=jnp.zeros(A, bool))
-    c = jax.lax.fori_loop(0, A, admit, c0)
+    c = jax.lax.while_loop(may_admit, admit, c0)
     rw = c["row"]
     kv_start = (jnp.sum((rw.cached & (rw.refcnt > 0)) * seg_len) + jnp.sum(rw.run_res)).astype(jnp.float32)
 

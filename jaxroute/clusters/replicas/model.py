@@ -232,7 +232,7 @@ class ReplicaModel(sim.Model):
                                      pending=row.pending.at[all_segs].add(1))
 
         # ---- iterate
-        it, side = iterate_row(self, row, r, m, params, s.n_admitted, a)
+        it, side = iterate_row(self, row, r, m, params, s.n_admitted, a, is_iter)
         router = routers.on_first_token(router, view, g, side["rid"], is_iter & side["first"], params.router)
         router = routers.on_finish(router, view, g, side["rid"], is_iter & side["finished"], params.router)
 
