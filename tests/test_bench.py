@@ -2,7 +2,7 @@
 
 Compilation dominates a bench run (each model and size is its own program, ~10-20 s each on two
 cores), so the fast test runs `--quick` with one seed count, no 2x-requests runs and no separate
-preble_e2 grid; the slow test runs plain `--quick` (about 20 programs) and checks the scaling fields.
+preble_e2 grid; the slow test runs `--quick --seeds 1,4 --request-scaling` (about 20 programs) and checks the scaling fields.
 """
 
 import json
@@ -70,9 +70,9 @@ def test_bench_quick_every_model(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_bench_plain_quick_reports_scaling(tmp_path):
+def test_bench_quick_reports_scaling(tmp_path):
     out = tmp_path / "bench.json"
-    assert cli(["bench", "--quick", "--out", str(out)]) == 0
+    assert cli(["bench", "--quick", "--seeds", "1,4", "--request-scaling", "--out", str(out)]) == 0
     res = json.loads(out.read_text())
     _check(res, {"dispatch", "cluster/toolbench", "cluster/toolbench/preble_e2", "decode"})
     for m in res["models"]:

@@ -84,7 +84,7 @@ def _result(source: str, seconds: float, requests: float, **extra) -> dict:
             "cores": 1, "requests_per_s_per_core": rps, **extra}
 
 
-def time_python_jsq(n_servers: int, requests: int, load: float, seeds: int, repeats: int = 2) -> dict:
+def time_python_jsq(n_servers: int, requests: int, load: float, seeds: int, repeats: int = 3) -> dict:
     """Best of `repeats` timings of the JSQ loop over `seeds` seeds (the same system as the dispatch model)."""
     best = float("inf")
     for _ in range(repeats):

@@ -51,7 +51,7 @@ First-run times include compilation only when the persistent compile cache misse
     )
     size = p.add_mutually_exclusive_group()
     size.add_argument("--quick", action="store_true",
-                      help="every part at tiny sizes (seeds 1,4; few requests; trace sizes 32,64; 50 decision calls; "
+                      help="every part at tiny sizes (4 seeds, no 2x-requests runs; few requests; trace sizes 32,64; 50 decision calls; "
                       "cluster on toolbench only); explicit flags still win (default: the full sizes)")
     size.add_argument("--gpu-sizes", action="store_true",
                       help="seed counts for an accelerator: dispatch 1,64,1024,4096,16384,65536; cluster and decode "
@@ -59,7 +59,7 @@ First-run times include compilation only when the persistent compile cache misse
     p.add_argument("--only", metavar="LIST", help=f"comma-separated parts to run: {', '.join(C.PARTS)} (default: all)")
     seeds = list_of(positive_int)
     p.add_argument("--seeds", type=seeds, metavar="LIST",
-                   help="seed counts for dispatch, cluster and decode (default 1,64,1024; quick 1,4)")
+                   help="seed counts for dispatch, cluster and decode (default 1,64,1024; quick 4)")
     for model in ("dispatch", "cluster", "decode"):
         p.add_argument(f"--{model}-seeds", type=seeds, metavar="LIST", help=f"seed counts for {model} (default: --seeds)")
     p.add_argument("--dispatch-requests", type=positive_int, metavar="N", help="requests per seed (default 20000)")
@@ -81,10 +81,11 @@ First-run times include compilation only when the persistent compile cache misse
     p.add_argument("--trace-sizes", type=seeds, metavar="LIST",
                    help="trace lengths in requests (default 2000,10000,50000; quick 32,64); sizes also in "
                    "--blis-requests are reused; the largest may take long (progress printed; Ctrl-C skips it)")
-    p.add_argument("--no-request-scaling", action="store_true",
-                   help="skip the runs at 2x requests per seed (the linear-in-requests check) (default: run them)")
+    p.add_argument("--request-scaling", action=argparse.BooleanOptionalAction, default=None,
+                   help="also time each model at 2x its requests per seed (the linear-in-requests check) "
+                   "(default: on; quick: off)")
     p.add_argument("--no-references", action="store_true", help="skip the pure-Python references (default: run them)")
-    p.add_argument("--ref-seeds", type=positive_int, metavar="S", help="seeds of the Python JSQ loop (default 2)")
+    p.add_argument("--ref-seeds", type=positive_int, metavar="S", help="seeds of the Python JSQ loop, best of 3 runs (default 8)")
     p.add_argument("--ref-requests", type=positive_int, metavar="N", help="requests of the cluster reference run (default 200)")
     p.add_argument("--ref-decode-requests", type=positive_int, metavar="N",
                    help="requests of the decode reference run (default 32)")
@@ -130,8 +131,8 @@ def config_from_args(args) -> C.BenchConfig:
     if args.separate:
         names = csv_list(args.separate)
         kw["separate"] = () if names == ["none"] else tuple(choose(names, list(PRESETS), "router"))
-    if args.no_request_scaling:
-        kw["request_scaling"] = False
+    if args.request_scaling is not None:
+        kw["request_scaling"] = args.request_scaling
     if args.no_references:
         kw["references"] = False
     if args.progress:
