@@ -363,6 +363,30 @@ def iteration_stats(prefill_tokens, prefill_context, prefill_mask, decode_contex
     )
 
 
+def leap_stats(chunk, context0, has_prefill, decode_context0, n_decode, shifts) -> IterationStats:
+    """IterationStats of the iterations `shifts` [L] (0, 1, ...) after one whose stats are: one prefill chunk of
+    `chunk` tokens on `context0` cached tokens (when `has_prefill`) and `n_decode` decoders of summed context
+    `decode_context0`. Each later iteration adds `chunk` to the prefill context and one token to every decoder.
+
+    Closed form, O(L) instead of O(L x B): bit for bit `iteration_stats` of the per-request arrays, because
+    token counts are integers that float32 holds exactly (the decoders' summed context is bounded by the KV
+    capacity, far below 2**24)."""
+    shift = jnp.asarray(shifts, jnp.float32)
+    n = jnp.where(has_prefill, jnp.asarray(chunk, jnp.float32), 0.0)
+    c = jnp.where(has_prefill, jnp.asarray(context0, jnp.float32) + shift * n, 0.0)
+    n_dec = jnp.asarray(n_decode, jnp.float32)
+    dc = jnp.asarray(decode_context0, jnp.float32) + shift * n_dec
+    ones = jnp.ones_like(shift)
+    return IterationStats(
+        tokens=(n + n_dec) * ones,
+        requests=(jnp.where(has_prefill, 1.0, 0.0) + n_dec) * ones,
+        attn_pairs=(n * c + 0.5 * n * n) + dc,
+        kv_read=c + dc,
+        total_context=(c + n) + dc,
+        preble_extend_ms=jnp.where(has_prefill, _preble_extend_ms(n, c + n), 0.0) * ones,
+    )
+
+
 def roofline_terms(cp: CostParams, s: IterationStats) -> tuple[jax.Array, jax.Array, jax.Array]:
     """(compute_s, memory_s, comm_s) of one iteration under the roofline model, per TP rank."""
     flops = cp.linear_flops_per_token * s.tokens + cp.logits_flops * s.requests + cp.attn_flops_per_pair * s.attn_pairs

@@ -31,10 +31,7 @@ def evict_lru(evictable: jax.Array, last_use: jax.Array, depth: jax.Array, seg_l
 
     def body(c):
         ev, out, freed, total = c
-        lu = jnp.where(ev, last_use, jnp.inf)
-        cand = ev & (lu == jnp.min(lu))
-        cand &= depth == jnp.max(jnp.where(cand, depth, -1))
-        k = jnp.argmax(cand)
+        k = _lru_victim(ev, last_use, depth)
         return ev.at[k].set(False), out.at[k].set(True), freed + seg_len[k], total + value[k]
 
     def cond(c):
@@ -43,3 +40,29 @@ def evict_lru(evictable: jax.Array, last_use: jax.Array, depth: jax.Array, seg_l
     init = (evictable, jnp.zeros_like(evictable), jnp.int32(0), jnp.zeros((), value.dtype))
     _, out, freed, total = jax.lax.while_loop(cond, body, init)
     return out, freed, total
+
+
+def _lru_victim(evictable: jax.Array, last_use: jax.Array, depth: jax.Array) -> jax.Array:
+    """Index of the first segment in LRU order among `evictable` (least recent, deepest, lowest id)."""
+    lu = jnp.where(evictable, last_use, jnp.inf)
+    cand = evictable & (lu == jnp.min(lu))
+    cand &= depth == jnp.max(jnp.where(cand, depth, -1))
+    return jnp.argmax(cand)
+
+
+def evict_cache(cached: jax.Array, refcnt: jax.Array, last_use: jax.Array, depth: jax.Array, seg_len: jax.Array,
+                deficit: jax.Array, available: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(cached, tokens freed): `evict_lru` of the unlocked cached segments, applied to `cached` in place.
+    `available` is the caller's count of unlocked cached tokens (it stops the loop once they are all gone),
+    so a call with deficit <= 0 makes no pass over the M+1 segments; the segments evicted and their order
+    are those of `evict_lru`."""
+
+    def body(c):
+        cached, freed = c
+        k = _lru_victim(cached & (refcnt == 0), last_use, depth)
+        return cached.at[k].set(False), freed + seg_len[k]
+
+    def cond(c):
+        return (c[1] < deficit) & (c[1] < available)
+
+    return jax.lax.while_loop(cond, body, (cached, jnp.int32(0)))

@@ -63,7 +63,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxroute import cost_models
-from jaxroute.clusters.prefix_cache import evict_lru, leading_match
+from jaxroute.clusters.prefix_cache import evict_cache, evict_lru, leading_match
 from jaxroute.clusters.replicas.types import Replica, ReplicaParams
 from jaxroute.workloads.prefix import RequestTable
 
@@ -136,11 +136,14 @@ def _allocate_running(model, row: Replica, r: RequestTable, t: jax.Array, cap: j
 
 
 def iterate_row(model, row: Replica, r: RequestTable, t: jax.Array, params: ReplicaParams,
-                n_admitted: jax.Array, next_arrival: jax.Array, active: jax.Array):
+                n_admitted: jax.Array, next_arrival: jax.Array, active: jax.Array, cache_tok: jax.Array,
+                locked_tok: jax.Array):
     """One iteration of replica `row` starting at time t: (new row, side outputs). `model` gives the
     static sizes (chunk, max_admit, local_order, admission, leap). `active` False: the caller discards
     the result (a routing event), so the admission and preemption loops stop at once; under `vmap`
-    they then run only as many times as the rows that do iterate need.
+    they then run only as many times as the rows that do iterate need. `cache_tok` and `locked_tok` are the
+    row's cached tokens and those of locked cached segments (the model keeps both), so no pass over the
+    M+1 segments is needed to count them.
 
     Event leaping (exact): after this iteration, if it had no event (no prefill completed, no
     segment completed, no finish, no preemption) and the next iterations cannot admit anything (a
@@ -158,12 +161,13 @@ def iterate_row(model, row: Replica, r: RequestTable, t: jax.Array, params: Repl
     cap = params.kv_capacity
     A = model.max_admit
     on_demand = model.admission == "on-demand"
-    if on_demand:
+    if on_demand:  # preemptions unlock and evict segments: count again
         row, n_pre, q_full = _allocate_running(model, row, r, t, cap, active)
+        cache_tok = jnp.sum(row.cached * seg_len)
+        unlocked_tok = jnp.sum((row.cached & (row.refcnt == 0)) * seg_len)
     else:
         n_pre, q_full = jnp.int32(0), jnp.bool_(False)
-    cache_tok = jnp.sum(row.cached * seg_len)
-    unlocked_tok = jnp.sum((row.cached & (row.refcnt == 0)) * seg_len)
+        unlocked_tok = cache_tok - locked_tok
 
     def may_admit(c):
         """Another admission is possible: not stopped, a request waits, the chunk has room (cheap,
@@ -218,12 +222,13 @@ def iterate_row(model, row: Replica, r: RequestTable, t: jax.Array, params: Repl
         lock = in_prefix & go
         refcnt = rw.refcnt.at[segs].add(lock.astype(jnp.int32))
         deficit = jnp.where(go, jnp.maximum(need - free, 0), 0)
-        evict, freed, _ = evict_lru(rw.cached & (refcnt == 0), rw.last_use, r.seg_depth, seg_len, deficit)
+        # `fits` guarantees the unlocked tokens outside the request's prefix cover the deficit
+        cached, freed = evict_cache(rw.cached, refcnt, rw.last_use, r.seg_depth, seg_len, deficit, evictable_tok)
         slot = jnp.argmax(free_slot)
         upd = lambda x, v: x.at[slot].set(jnp.where(go, v, x[slot]))
         pop = lambda x, v: x.at[qslot].set(jnp.where(go, v, x[qslot]))
         rw = dataclasses.replace(
-            rw, cached=rw.cached & ~evict, refcnt=refcnt,
+            rw, cached=cached, refcnt=refcnt,
             last_use=rw.last_use.at[segs].set(jnp.where(lock, t, rw.last_use[segs])),
             queue=pop(rw.queue, -1), queue_gen=pop(rw.queue_gen, 0), queue_front=pop(rw.queue_front, 0),
             run_req=upd(rw.run_req, cand), run_pos=upd(rw.run_pos, start), run_gen=upd(rw.run_gen, gen0),
@@ -243,7 +248,7 @@ def iterate_row(model, row: Replica, r: RequestTable, t: jax.Array, params: Repl
               adm_new=jnp.zeros(A, bool))
     c = jax.lax.while_loop(may_admit, admit, c0)
     rw = c["row"]
-    kv_start = (jnp.sum((rw.cached & (rw.refcnt > 0)) * seg_len) + jnp.sum(rw.run_res)).astype(jnp.float32)
+    kv_start = (c["cache_tok"] - c["unlocked_tok"] + jnp.sum(rw.run_res)).astype(jnp.float32)  # locked + private
 
     # ---- the batch: prefill chunks in admission order share `chunk`; finished prefills decode
     running = rw.run_req >= 0
@@ -296,15 +301,10 @@ def iterate_row(model, row: Replica, r: RequestTable, t: jax.Array, params: Repl
         quiet = eventless & (has_f | (jnp.any(decoding) & (~jnp.any(rw.queue >= 0) | c["blocked"])))
         j = jnp.arange(1, model.leap + 1)
         is_f = (jnp.arange(pos.shape[0]) == f) & has_f
-        ctx = (prompt + new_gen).astype(jnp.float32)
-        alloc_f = jnp.where(is_f, model.chunk, 0).astype(jnp.float32)
-
-        def dt_j(jj):
-            shift = (jj - 1).astype(jnp.float32)
-            return cost_models.step_time(params.cost, alloc_f, new_pos.astype(jnp.float32) + shift * alloc_f,
-                                         alloc_f > 0, ctx + shift, decoding)
-
-        dts = jax.vmap(dt_j)(j)
+        # leaped iteration jj: f's chunk on a context grown by (jj - 1) chunks, every decoder one token longer
+        dec_ctx = jnp.sum(jnp.where(decoding, prompt + new_gen, 0)).astype(jnp.float32)
+        stats = cost_models.leap_stats(model.chunk, new_pos[f], has_f, dec_ctx, jnp.sum(decoding), j - 1)
+        dts = jax.vmap(lambda st: cost_models.time_from_stats(params.cost, st))(stats)
         ends = t_end + jnp.cumsum(dts)
         prefill_ok = ~has_f | ((rem_f - (j - 1) * model.chunk > model.chunk) & (j <= j_seg))
         ok = quiet & (j <= first_fin) & (ends - dts < next_arrival) & prefill_ok

@@ -160,7 +160,8 @@ class ReplicaModel(sim.Model):
         return ReplicaState(
             req=req, rep=rep, router=routers.init(self.router_static(m1)), key=jax.random.fold_in(key, _ROUTER_KEY),
             next_req=jnp.int32(0), now=jnp.float32(0), clock=f((G,), INF), n_admitted=jnp.int32(0),
-            n_waiting=jnp.int32(0), queue_area=jnp.float32(0), kv_area=jnp.float32(0),
+            waiting=i((G,), 0), running=i((G,), 0), kv_used=i((G,), 0), queue_area=jnp.float32(0),
+            kv_area=jnp.float32(0),
             inflight=f((G,), 0.0), inflight_tok=f((G,), 0.0), view=view,
             copies=i((m1,), 0), cache_tok=i((G,), 0), unique_tok=jnp.int32(0),
             rec_replica=i((n,), -1), rec_admit=f((n,), INF), rec_first=f((n,), INF), rec_finish=f((n,), INF),
@@ -173,10 +174,9 @@ class ReplicaModel(sim.Model):
     def _view(self, s: ReplicaState, params: ReplicaParams, a, is_route, req: Request):
         """(router view, the snapshot to keep) for a request arriving at `a`."""
         record = s.rep.cached | (s.rep.pending > 0)
-        fresh = Snapshot(record, s.inflight, s.inflight_tok, a, s.rep.cached,
-                         jnp.sum(s.rep.queue >= 0, axis=1).astype(jnp.float32),
-                         jnp.sum(s.rep.run_req >= 0, axis=1).astype(jnp.float32),
-                         s.rep.kv_in_use(s.req.seg_len).astype(jnp.float32) / params.kv_capacity.astype(jnp.float32))
+        fresh = Snapshot(record, s.inflight, s.inflight_tok, a, s.rep.cached, s.waiting.astype(jnp.float32),
+                         s.running.astype(jnp.float32),
+                         s.kv_used.astype(jnp.float32) / params.kv_capacity.astype(jnp.float32))
         snap = s.view
         if self.stale_view:
             refresh = is_route & (a >= s.view.time + params.stale_s)
@@ -212,7 +212,7 @@ class ReplicaModel(sim.Model):
         ratio = jnp.sum(s.cache_tok) / jnp.maximum(s.unique_tok, 1)
         rep_area = s.rep_area + jnp.where(has, ratio * dt_ev, 0.0)
         rep_time = s.rep_time + jnp.where(has, dt_ev, 0.0)
-        queue_area = s.queue_area + s.n_waiting.astype(jnp.float32) * dt_ev  # waiting requests over [now, t)
+        queue_area = s.queue_area + jnp.sum(s.waiting).astype(jnp.float32) * dt_ev  # waiting requests over [now, t)
 
         # ---- routing decision for request i (used only if is_route)
         req = Request.of(r, i)
@@ -232,7 +232,8 @@ class ReplicaModel(sim.Model):
                                      pending=row.pending.at[all_segs].add(1))
 
         # ---- iterate
-        it, side = iterate_row(self, row, r, m, params, s.n_admitted, a, is_iter)
+        locked_tok = s.kv_used[g] - jnp.sum(row.run_res)  # kv_in_use = locked cached + private
+        it, side = iterate_row(self, row, r, m, params, s.n_admitted, a, is_iter, s.cache_tok[g], locked_tok)
         router = routers.on_first_token(router, view, g, side["rid"], is_iter & side["first"], params.router)
         router = routers.on_finish(router, view, g, side["rid"], is_iter & side["finished"], params.router)
 
@@ -257,7 +258,9 @@ class ReplicaModel(sim.Model):
                                        inflight=snap.inflight.at[g].add(jnp.where(is_route, 1.0, 0.0)),
                                        tokens=snap.tokens.at[g].add(jnp.where(is_route, size, 0.0)))
         # waiting requests (both kinds of event); KV in use integrated over the iteration(s)
-        n_waiting = s.n_waiting + jnp.sum(new_row.queue >= 0) - jnp.sum(row.queue >= 0)
+        waiting = s.waiting.at[g].set(jnp.sum(new_row.queue >= 0))
+        running = s.running.at[g].set(jnp.sum(new_row.run_req >= 0))
+        kv_used = s.kv_used.at[g].set(new_row.kv_in_use(r.seg_len))
         kv_area = s.kv_area + jnp.where(is_iter, side["kv_area"], 0.0)
         # per-request records: point updates (out-of-range index n = no update); a readmission after a
         # preemption keeps the first admission's time and cached tokens
@@ -269,7 +272,7 @@ class ReplicaModel(sim.Model):
             next_req=s.next_req + is_route, n_admitted=jnp.where(is_iter, side["n_admitted"], s.n_admitted),
             inflight=s.inflight.at[g].add(d_inf), inflight_tok=s.inflight_tok.at[g].add(d_tok),
             queue_overflow=s.queue_overflow | (is_route & ~q_ok) | (is_iter & side["q_full"]),
-            n_waiting=n_waiting, queue_area=queue_area, kv_area=kv_area,
+            waiting=waiting, running=running, kv_used=kv_used, queue_area=queue_area, kv_area=kv_area,
             running_full=s.running_full | (is_iter & side["full"]),
             rec_replica=s.rec_replica.at[jnp.where(is_route, i, nowhere)].set(g, mode="drop"),
             rec_admit=s.rec_admit.at[admitted].set(m, mode="drop"),
