@@ -11,6 +11,8 @@ record. This module imports no model or router, so both sides can use it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import jax
 import jax.numpy as jnp
 
@@ -50,19 +52,20 @@ def _lru_victim(evictable: jax.Array, last_use: jax.Array, depth: jax.Array) -> 
     return jnp.argmax(cand)
 
 
-def evict_cache(cached: jax.Array, refcnt: jax.Array, last_use: jax.Array, depth: jax.Array, seg_len: jax.Array,
-                deficit: jax.Array, available: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """(cached, tokens freed): `evict_lru` of the unlocked cached segments, applied to `cached` in place.
-    `available` is the caller's count of unlocked cached tokens (it stops the loop once they are all gone),
-    so a call with deficit <= 0 makes no pass over the M+1 segments; the segments evicted and their order
-    are those of `evict_lru`."""
+def evict_cache(cached: jax.Array, evictable: Callable[[jax.Array], jax.Array], last_use: jax.Array,
+                depth: jax.Array, seg_len: jax.Array, deficit: jax.Array,
+                available: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(cached, tokens freed): `evict_lru` applied to `cached` in place; `evictable(cached)` is the mask of
+    segments that may go (formed inside the loop). `available` is the caller's count of evictable tokens
+    (the loop stops once they are all gone), so a call with deficit <= 0 makes no pass over the M+1
+    segments; the segments evicted and their order are those of `evict_lru`."""
 
     def body(c):
         cached, freed = c
-        k = _lru_victim(cached & (refcnt == 0), last_use, depth)
+        k = _lru_victim(evictable(cached), last_use, depth)
         return cached.at[k].set(False), freed + seg_len[k]
 
     def cond(c):
         return (c[1] < deficit) & (c[1] < available)
 
-    return jax.lax.while_loop(cond, body, (cached, jnp.int32(0)))
+    return jax.lax.while_loop(cond, body, (cached, jnp.zeros((), seg_len.dtype)))

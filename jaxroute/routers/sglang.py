@@ -45,7 +45,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from jaxroute.clusters.prefix_cache import evict_lru, leading_match
+from jaxroute.clusters.prefix_cache import evict_cache, leading_match
 from jaxroute.errors import JaxrouteError
 from jaxroute.routers import parts
 from jaxroute.routers.view import Request, RouterStatic, RouterView
@@ -102,13 +102,11 @@ def on_refresh(state: State, view: RouterView, active: jax.Array, p: Params) -> 
     seg_len, depth = view.table.seg_len, view.table.seg_depth
     deficit = jnp.where(due, state.size - p.sgl_max_tree_tokens, 0.0)  # evict while freed < deficit
 
-    def one(tree_g, last_g, d):
-        out, freed, _ = evict_lru(tree_g & real, last_g, depth, seg_len, d)
-        return out, freed
+    def one(tree_g, last_g, d, size_g):  # in place: no pass over the tree unless a tick is due
+        return evict_cache(tree_g, lambda x: x & real, last_g, depth, seg_len, d, size_g)
 
-    out, freed = jax.vmap(one)(state.tree, state.last, deficit)
-    return State(state.tree & ~out, state.size - freed.astype(jnp.float32), state.last,
-                 jnp.where(due, n, state.tick))
+    tree, freed = jax.vmap(one)(state.tree, state.last, deficit, state.size)
+    return State(tree, state.size - freed.astype(jnp.float32), state.last, jnp.where(due, n, state.tick))
 
 
 def choose(state: State, view: RouterView, req: Request, p, key) -> jax.Array:

@@ -193,7 +193,10 @@ def iterate_row(model, row: Replica, r: RequestTable, t: jax.Array, params: Repl
             qslot = jnp.where(jnp.any(front), jnp.argmax(jnp.where(front, rw.queue_front, 0)), qslot)
         has = jnp.any(qv)
         cand = qid[qslot]
-        gen0, resumed = rw.queue_gen[qslot], rw.queue_front[qslot] > 0
+        if on_demand:
+            gen0, resumed = rw.queue_gen[qslot], rw.queue_front[qslot] > 0
+        else:  # nothing is ever preempted
+            gen0, resumed = jnp.int32(0), jnp.bool_(False)
         tgt = r.prompt_tok[cand] + gen0  # a resumed request recomputes its output too (scheduler.py:1306)
         segs, tok = r.seg_ids[cand], r.seg_tok[cand]
         nmatch, mtok = leading_match(rw.cached, segs, tok)
@@ -223,14 +226,17 @@ def iterate_row(model, row: Replica, r: RequestTable, t: jax.Array, params: Repl
         refcnt = rw.refcnt.at[segs].add(lock.astype(jnp.int32))
         deficit = jnp.where(go, jnp.maximum(need - free, 0), 0)
         # `fits` guarantees the unlocked tokens outside the request's prefix cover the deficit
-        cached, freed = evict_cache(rw.cached, refcnt, rw.last_use, r.seg_depth, seg_len, deficit, evictable_tok)
+        cached, freed = evict_cache(rw.cached, lambda x: x & (refcnt == 0), rw.last_use, r.seg_depth, seg_len,
+                                    deficit, evictable_tok)
         slot = jnp.argmax(free_slot)
         upd = lambda x, v: x.at[slot].set(jnp.where(go, v, x[slot]))
         pop = lambda x, v: x.at[qslot].set(jnp.where(go, v, x[qslot]))
+        if on_demand:
+            rw = dataclasses.replace(rw, queue_gen=pop(rw.queue_gen, 0), queue_front=pop(rw.queue_front, 0))
         rw = dataclasses.replace(
             rw, cached=cached, refcnt=refcnt,
             last_use=rw.last_use.at[segs].set(jnp.where(lock, t, rw.last_use[segs])),
-            queue=pop(rw.queue, -1), queue_gen=pop(rw.queue_gen, 0), queue_front=pop(rw.queue_front, 0),
+            queue=pop(rw.queue, -1),
             run_req=upd(rw.run_req, cand), run_pos=upd(rw.run_pos, start), run_gen=upd(rw.run_gen, gen0),
             run_nseg=upd(rw.run_nseg, nmatch), run_res=upd(rw.run_res, need),
             run_seq=upd(rw.run_seq, c["n_admitted"]), run_tgt=upd(rw.run_tgt, tgt))

@@ -147,13 +147,15 @@ class ReplicaModel(sim.Model):
         req = workload.realize(key, params.rate)
         n, m1 = req.arrival_s.shape[0], req.seg_len.shape[0]
         G, B, Q = self.n_replicas, self.max_running, self.max_queue
+        q_pre = Q if self.admission == "on-demand" else 1  # preemption fields: unused without preemption
         f = lambda shape, v: jnp.full(shape, v, jnp.float32)
         i = lambda shape, v: jnp.full(shape, v, jnp.int32)
         b = lambda shape: jnp.zeros(shape, bool)
         rep = Replica(cached=b((G, m1)), refcnt=i((G, m1), 0), last_use=f((G, m1), 0.0), pending=i((G, m1), 0),
                       queue=i((G, Q), -1), run_req=i((G, B), -1), run_pos=i((G, B), 0),
                       run_gen=i((G, B), 0), run_nseg=i((G, B), 0), run_res=i((G, B), 0), run_seq=i((G, B), 0),
-                      run_tgt=i((G, B), 0), queue_gen=i((G, Q), 0), queue_front=i((G, Q), 0), n_preempt=i((G,), 0))
+                      run_tgt=i((G, B), 0), queue_gen=i((G, q_pre), 0), queue_front=i((G, q_pre), 0),
+                      n_preempt=i((G,), 0))
         m_snap = m1 if self.stale_view else 1
         view = Snapshot(b((G, m_snap)), f((G,), 0.0), f((G,), 0.0), jnp.float32(-INF), b((G, m_snap)), f((G,), 0.0),
                         f((G,), 0.0), f((G,), 0.0))

@@ -44,8 +44,8 @@ class Replica:
     #                     holds the whole output from admission, "on-demand" only the tokens allocated so far)
     run_seq: jax.Array  # [B] int32 admission stamp (prefill budget order)
     run_tgt: jax.Array  # [B] int32 prefill target: prompt tokens (+ output tokens to recompute after a preemption)
-    queue_gen: jax.Array  # [Q] int32 output tokens a preempted request had generated (0 = never preempted)
-    queue_front: jax.Array  # [Q] int32 preemption stamp: > 0 waits at the queue's front, larger = nearer it
+    queue_gen: jax.Array  # [Q] ([1] with admission "reserve") int32 output tokens a preempted request had generated (0 = never preempted)
+    queue_front: jax.Array  # [Q] ([1] with "reserve") int32 preemption stamp: > 0 waits at the queue's front, larger = nearer it
     n_preempt: jax.Array  # [] int32 preemptions on this replica (on-demand admission only)
 
     def kv_in_use(self, seg_len: jax.Array) -> jax.Array:
