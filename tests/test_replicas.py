@@ -199,7 +199,7 @@ def test_cache_invariants_during_a_run():
     seg_len = np.asarray(state.req.seg_len)
     for _ in range(40):
         state = step(state)
-        cached = np.asarray(state.rep.cached)
+        cached = np.asarray(R.cached_mask(state.cache_index, state.rep.slot_seg))
         used = (cached * seg_len).sum(1) + np.asarray(state.rep.run_res).sum(1)
         assert (used <= cap).all()
         for g in range(cached.shape[0]):

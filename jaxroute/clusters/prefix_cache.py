@@ -19,7 +19,12 @@ import jax.numpy as jnp
 
 def leading_match(present: jax.Array, seg_ids: jax.Array, seg_tok: jax.Array) -> tuple[jax.Array, jax.Array]:
     """(segments, tokens) of the longest prefix whose segments are all present. present [..., M+1]."""
-    ok = present[..., seg_ids] | (seg_tok == 0)
+    return leading_run(present[..., seg_ids], seg_tok)
+
+
+def leading_run(flags: jax.Array, seg_tok: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """`leading_match` on the prompt's own present flags ([..., S], gathered by the caller)."""
+    ok = flags | (seg_tok == 0)
     lead = jnp.cumprod(ok.astype(jnp.int32), axis=-1)
     return jnp.sum(lead * (seg_tok > 0), axis=-1), jnp.sum(lead * seg_tok, axis=-1)
 

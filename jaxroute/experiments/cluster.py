@@ -18,7 +18,7 @@ from jaxroute.workloads import traces
 WORKLOADS = wl_prefix.PREFIX_WORKLOADS + wl_prefix.TRACE_WORKLOADS
 METRICS = replicas.METRICS
 # Fixed capacities of the replica model and the bool metric that says each one overflowed.
-CAPACITY_FLAGS = {"max_queue": "queue_overflow", "router_window": "e2_ring_overflow"}
+CAPACITY_FLAGS = {"max_queue": "queue_overflow", "router_window": "e2_ring_overflow", "cache_slots": "cache_full"}
 
 
 def build_workload(name: str, requests: int, trace: str | None = None, hot_tool: float = 0.0, *,
@@ -104,10 +104,13 @@ def row_info(p: replicas.ReplicaParams) -> dict:
 
 
 def initial_capacities(workload, params, n_replicas: int) -> dict[str, int]:
-    """Local queue and E2 ring sizes to start from (E2's ring is 0 when no row runs preble_e2)."""
+    """Local queue, E2 ring and cache-table sizes to start from (E2's ring is 0 when no row runs preble_e2;
+    the cache table holds as many segments as the largest KV capacity can, so it never fills)."""
     n = workload.n_requests
     e2 = [p for p in params if _is_e2(p)]
-    caps = {"max_queue": replicas.default_max_queue(n, n_replicas), "router_window": 0}
+    kv = max(int(np.asarray(p.kv_capacity)) for p in params)
+    caps = {"max_queue": replicas.default_max_queue(n, n_replicas), "router_window": 0,
+            "cache_slots": replicas.slot_bound(workload.segment_lengths(), kv)}
     if e2:
         rate = max(float(p.rate) for p in e2)
         window = max(float(p.router.e2_window_s) for p in e2)
@@ -142,7 +145,7 @@ def run_cluster(rows, workload, *, replicas_n=4, seeds=16, local="fcfs", chunk=5
         model = replicas.ReplicaModel(
             n_replicas=replicas_n, chunk=chunk, max_running=max_running, max_queue=caps["max_queue"],
             local_order=local, stale_view=stale_view, router_window=caps["router_window"],
-            router_modules=modules, admission=admission)
+            router_modules=modules, admission=admission, cache_slots=caps["cache_slots"])
         return Comparison(model, rows, seeds, METRICS, workload=workload, seed=seed, chunk=1000,
                           progress="cluster" if progress else False).run()
 

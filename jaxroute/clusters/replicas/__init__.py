@@ -3,6 +3,7 @@ iteration and the event leap), `types` (params and state);
 `jaxroute.clusters.prefix_cache` has the cache rules (leading match, LRU order) it shares with routers."""
 
 from jaxroute.clusters.prefix_cache import leading_match
+from jaxroute.clusters.replicas.cache import SlotTable, cached_mask, slot_bound
 from jaxroute.clusters.replicas.model import (
     METRICS,
     ReplicaModel,
@@ -19,4 +20,4 @@ from jaxroute.clusters.replicas.types import (
 )
 
 __all__ = ["METRICS", "Replica", "ReplicaModel", "ReplicaParams", "ReplicaState", "Snapshot",
-           "default_max_queue", "leading_match", "make_params", "records", "run_single"]
+           "default_max_queue", "leading_match", "make_params", "records", "run_single", "SlotTable", "cached_mask", "slot_bound"]

@@ -63,14 +63,21 @@ import jax
 import jax.numpy as jnp
 
 from jaxroute import cost_models
-from jaxroute.clusters.prefix_cache import evict_cache, evict_lru, leading_match
+from jaxroute.clusters.prefix_cache import leading_run
+from jaxroute.clusters.replicas.cache import (
+    Replication,
+    SlotTable,
+    insert,
+    settle_evictions,
+)
 from jaxroute.clusters.replicas.types import Replica, ReplicaParams
 from jaxroute.workloads.prefix import RequestTable
 
 INF = jnp.inf
 
 
-def _allocate_running(model, row: Replica, r: RequestTable, t: jax.Array, cap: jax.Array, active: jax.Array):
+def _allocate_running(model, row: Replica, cache: SlotTable, index: jax.Array, g: jax.Array, r: RequestTable,
+                      t: jax.Array, cap: jax.Array, active: jax.Array):
     """On-demand admission, step 1 (vLLM's RUNNING loop, scheduler.py:794-1036): every running
     request allocates this iteration's tokens, in admission order, preempting from the tail.
 
@@ -83,8 +90,9 @@ def _allocate_running(model, row: Replica, r: RequestTable, t: jax.Array, cap: j
     In closed form: requests 1..k of the admission order keep running, k the largest with
     a_1 + ... + a_k <= avail + freed(k+1..n). The loop below preempts from the tail while the
     survivors' tokens exceed the available tokens (one loop step per preemption, usually none).
-    Returns (row, number preempted, a preempted request found the local queue full). An inactive row
-    (its result is discarded) preempts nothing, so a batched loop runs only for rows that need it."""
+    Returns (row, cache, number preempted, a preempted request found the local queue full). An inactive
+    row (its result is discarded) preempts and evicts nothing, so a batched loop runs only for rows that
+    need it."""
     seg_len = r.seg_len
     running = row.run_req >= 0
     rid = jnp.maximum(row.run_req, 0)
@@ -97,22 +105,22 @@ def _allocate_running(model, row: Replica, r: RequestTable, t: jax.Array, cap: j
     a = jnp.where(prefilling, share + (share == rem), running.astype(jnp.int32))
     segs, tok = r.seg_ids[rid], r.seg_tok[rid]  # [B, S]
     spos = jnp.arange(segs.shape[1])
-    cache_tok = jnp.sum(row.cached * seg_len)
-    unlocked_tok = jnp.sum((row.cached & (row.refcnt == 0)) * seg_len)
+    unlocked_tok = cache.tokens - cache.locked_tokens(seg_len)
     # vLLM's free blocks include the evictable cached ones (kv_cache_manager.py:584-588)
-    avail = cap - cache_tok - jnp.sum(row.run_res) + unlocked_tok
+    avail = cap - cache.tokens - jnp.sum(row.run_res) + unlocked_tok
 
     def cond(c):
-        _, alive, avail, _ = c
+        _, _, alive, avail, _, _ = c
         return active & jnp.any(alive) & (jnp.sum(jnp.where(alive, a, 0)) > avail)
 
     def body(c):
-        rw, alive, avail, q_full = c
+        rw, ch, alive, avail, unlocked, q_full = c
         v = jnp.argmax(jnp.where(alive, rw.run_seq, -1))  # admitted last
         sv = segs[v]
         lock = (spos < rw.run_nseg[v]) & (tok[v] > 0)
-        refcnt = rw.refcnt.at[sv].add(-lock.astype(jnp.int32))
-        freed = jnp.sum(jnp.where(lock & (refcnt[sv] == 0), tok[v], 0))
+        ch = ch.lock(index, g, sv, lock, -1)
+        freed = jnp.sum(jnp.where(lock & (ch.refs(index, g, sv) == 0), tok[v], 0))
+        ch = ch.stamp(index, g, sv, lock, t)
         free_q = rw.queue < 0
         ok = jnp.any(free_q)
         qs = jnp.argmax(free_q)
@@ -120,30 +128,31 @@ def _allocate_running(model, row: Replica, r: RequestTable, t: jax.Array, cap: j
         put = lambda x, val: x.at[qs].set(jnp.where(ok, val, x[qs]))
         clear = lambda x: x.at[v].set(0)
         rw = dataclasses.replace(
-            rw, refcnt=refcnt, last_use=rw.last_use.at[sv].set(jnp.where(lock, t, rw.last_use[sv])),
-            queue=put(rw.queue, rw.run_req[v]), queue_gen=put(rw.queue_gen, rw.run_gen[v]),
+            rw, queue=put(rw.queue, rw.run_req[v]), queue_gen=put(rw.queue_gen, rw.run_gen[v]),
             queue_front=put(rw.queue_front, stamp), n_preempt=stamp,
             run_req=rw.run_req.at[v].set(-1), run_pos=clear(rw.run_pos), run_gen=clear(rw.run_gen),
             run_nseg=clear(rw.run_nseg), run_res=clear(rw.run_res), run_tgt=clear(rw.run_tgt))
-        return rw, alive.at[v].set(False), avail + res_v + freed, q_full | ~ok
+        return rw, ch, alive.at[v].set(False), avail + res_v + freed, unlocked + freed, q_full | ~ok
 
-    rw, alive, _, q_full = jax.lax.while_loop(cond, body, (row, running, avail, jnp.bool_(False)))
+    init = (row, cache, running, avail, unlocked_tok, jnp.bool_(False))
+    rw, cache, alive, _, unlocked_tok, q_full = jax.lax.while_loop(cond, body, init)
     run_res = rw.run_res + jnp.where(alive, a, 0)
-    deficit = cache_tok + jnp.sum(run_res) - cap
-    evict, _, _ = evict_lru(rw.cached & (rw.refcnt == 0), rw.last_use, r.seg_depth, seg_len, deficit)
-    rw = dataclasses.replace(rw, cached=rw.cached & ~evict, run_res=run_res)
-    return rw, rw.n_preempt - row.n_preempt, q_full
+    deficit = jnp.where(active, cache.tokens + jnp.sum(run_res) - cap, 0)  # an inactive row keeps its cache
+    cache, _ = cache.evict(deficit, unlocked_tok, seg_len, r.seg_depth)
+    rw = dataclasses.replace(rw, run_res=run_res)
+    return rw, cache, rw.n_preempt - row.n_preempt, q_full
 
 
-def iterate_row(model, row: Replica, r: RequestTable, t: jax.Array, params: ReplicaParams,
-                n_admitted: jax.Array, next_arrival: jax.Array, active: jax.Array, cache_tok: jax.Array,
-                locked_tok: jax.Array):
-    """One iteration of replica `row` starting at time t: (new row, side outputs). `model` gives the
-    static sizes (chunk, max_admit, local_order, admission, leap). `active` False: the caller discards
-    the result (a routing event), so the admission and preemption loops stop at once; under `vmap`
-    they then run only as many times as the rows that do iterate need. `cache_tok` and `locked_tok` are the
-    row's cached tokens and those of locked cached segments (the model keeps both), so no pass over the
-    M+1 segments is needed to count them.
+def iterate_row(model, row: Replica, cache: SlotTable, index: jax.Array, g: jax.Array, acct: Replication,
+                pending: jax.Array, r: RequestTable, t: jax.Array, params: ReplicaParams, n_admitted: jax.Array,
+                next_arrival: jax.Array, active: jax.Array):
+    """One iteration of replica g (`row`, its cache table `cache`; `index` [G, M+1] the cluster's cache index,
+    `acct` its replication counts, `pending` [G, M+1] its counts of unfinished dispatched requests per
+    segment) starting at time t: (new row, cache, index, acct, pending, a cache table was full, side outputs).
+    `model` gives the static sizes (chunk, max_admit, local_order, admission, leap). `active` False: the
+    caller discards the row (a routing event): the admission and preemption loops stop at once (under
+    `vmap` they then run only as many times as the rows that do iterate need), and the cache and
+    `pending` come back unchanged, so the caller keeps them without a select.
 
     Event leaping (exact): after this iteration, if it had no event (no prefill completed, no
     segment completed, no finish, no preemption) and the next iterations cannot admit anything (a
@@ -161,13 +170,12 @@ def iterate_row(model, row: Replica, r: RequestTable, t: jax.Array, params: Repl
     cap = params.kv_capacity
     A = model.max_admit
     on_demand = model.admission == "on-demand"
-    if on_demand:  # preemptions unlock and evict segments: count again
-        row, n_pre, q_full = _allocate_running(model, row, r, t, cap, active)
-        cache_tok = jnp.sum(row.cached * seg_len)
-        unlocked_tok = jnp.sum((row.cached & (row.refcnt == 0)) * seg_len)
+    cache0 = cache
+    if on_demand:
+        row, cache, n_pre, q_full = _allocate_running(model, row, cache, index, g, r, t, cap, active)
     else:
         n_pre, q_full = jnp.int32(0), jnp.bool_(False)
-        unlocked_tok = cache_tok - locked_tok
+    unlocked_tok = cache.tokens - cache.locked_tokens(seg_len)
 
     def may_admit(c):
         """Another admission is possible: not stopped, a request waits, the chunk has room (cheap,
@@ -177,13 +185,13 @@ def iterate_row(model, row: Replica, r: RequestTable, t: jax.Array, params: Repl
         return (c["k"] < A) & ~c["stop"] & jnp.any(rw.queue >= 0) & (jnp.sum(remaining) < model.chunk)
 
     def admit(c):
-        rw, k = c["row"], c["k"]
+        rw, ch, k = c["row"], c["cache"], c["k"]
         running = rw.run_req >= 0
         remaining = jnp.where(running, rw.run_tgt - rw.run_pos, 0)
         qv = rw.queue >= 0
         qid = jnp.maximum(rw.queue, 0)
         if model.local_order == "lpm":
-            _, qmatch = leading_match(rw.cached, r.seg_ids[qid], r.seg_tok[qid])  # [Q]
+            _, qmatch = leading_run(ch.present(index, g, r.seg_ids[qid]), r.seg_tok[qid])  # [Q]
             best = qv & (qmatch == jnp.max(jnp.where(qv, qmatch, -1)))
             qslot = jnp.argmin(jnp.where(best, rw.queue, jnp.iinfo(jnp.int32).max))
         else:
@@ -199,7 +207,7 @@ def iterate_row(model, row: Replica, r: RequestTable, t: jax.Array, params: Repl
             gen0, resumed = jnp.int32(0), jnp.bool_(False)
         tgt = r.prompt_tok[cand] + gen0  # a resumed request recomputes its output too (scheduler.py:1306)
         segs, tok = r.seg_ids[cand], r.seg_tok[cand]
-        nmatch, mtok = leading_match(rw.cached, segs, tok)
+        nmatch, mtok = leading_run(ch.present(index, g, segs), tok)
         # a fully cached prompt still computes its last token, whose logits give the first output token
         # (vLLM kv_cache_manager.get_computed_blocks: at most num_tokens - 1 tokens come from the cache)
         start = jnp.minimum(mtok, tgt - 1)
@@ -210,10 +218,10 @@ def iterate_row(model, row: Replica, r: RequestTable, t: jax.Array, params: Repl
             need = share + (share == tgt - start)
         else:
             need = r.prompt_tok[cand] - mtok + r.out_tok[cand]
-        free = cap - c["cache_tok"] - jnp.sum(rw.run_res)
+        free = cap - ch.tokens - jnp.sum(rw.run_res)
         pos = jnp.arange(segs.shape[0])
         in_prefix = pos < nmatch
-        prefix_unlocked = in_prefix & (rw.refcnt[segs] == 0)
+        prefix_unlocked = in_prefix & (ch.refs(index, g, segs) == 0)
         evictable_tok = c["unlocked_tok"] - jnp.sum(prefix_unlocked * tok)
         fits = need <= free + evictable_tok
         free_slot = ~running
@@ -223,41 +231,40 @@ def iterate_row(model, row: Replica, r: RequestTable, t: jax.Array, params: Repl
         full = ~c["stop"] & has & budget & fits & ~has_slot
         blocked = ~c["stop"] & has & budget & (~fits | ~has_slot)
         lock = in_prefix & go
-        refcnt = rw.refcnt.at[segs].add(lock.astype(jnp.int32))
+        ch = ch.lock(index, g, segs, lock, 1)
         deficit = jnp.where(go, jnp.maximum(need - free, 0), 0)
-        # `fits` guarantees the unlocked tokens outside the request's prefix cover the deficit
-        cached, freed = evict_cache(rw.cached, lambda x: x & (refcnt == 0), rw.last_use, r.seg_depth, seg_len,
-                                    deficit, evictable_tok)
+        # `fits`: the unlocked tokens outside the request's prefix cover the deficit
+        ch, freed = ch.evict(deficit, evictable_tok, seg_len, r.seg_depth)
+        ch = ch.stamp(index, g, segs, lock, t)
         slot = jnp.argmax(free_slot)
         upd = lambda x, v: x.at[slot].set(jnp.where(go, v, x[slot]))
         pop = lambda x, v: x.at[qslot].set(jnp.where(go, v, x[qslot]))
         if on_demand:
             rw = dataclasses.replace(rw, queue_gen=pop(rw.queue_gen, 0), queue_front=pop(rw.queue_front, 0))
         rw = dataclasses.replace(
-            rw, cached=cached, refcnt=refcnt,
-            last_use=rw.last_use.at[segs].set(jnp.where(lock, t, rw.last_use[segs])),
-            queue=pop(rw.queue, -1),
+            rw, queue=pop(rw.queue, -1),
             run_req=upd(rw.run_req, cand), run_pos=upd(rw.run_pos, start), run_gen=upd(rw.run_gen, gen0),
             run_nseg=upd(rw.run_nseg, nmatch), run_res=upd(rw.run_res, need),
             run_seq=upd(rw.run_seq, c["n_admitted"]), run_tgt=upd(rw.run_tgt, tgt))
-        return dict(row=rw, k=k + 1, n_admitted=c["n_admitted"] + go, stop=c["stop"] | ~go,
+        return dict(row=rw, cache=ch, k=k + 1, n_admitted=c["n_admitted"] + go, stop=c["stop"] | ~go,
                     blocked=c["blocked"] | blocked, full=c["full"] | full,
-                    cache_tok=c["cache_tok"] - freed,
                     unlocked_tok=c["unlocked_tok"] - freed - jnp.sum(jnp.where(go, prefix_unlocked * tok, 0)),
                     adm_go=c["adm_go"].at[k].set(go), adm_id=c["adm_id"].at[k].set(cand),
                     adm_tok=c["adm_tok"].at[k].set(mtok), adm_new=c["adm_new"].at[k].set(~resumed))
 
     # no admission in an iteration that preempted (scheduler.py:1050 `if not preempted_reqs`)
-    c0 = dict(row=row, k=jnp.int32(0), n_admitted=n_admitted, stop=(n_pre > 0) | ~active, blocked=jnp.bool_(False),
-              full=jnp.bool_(False), cache_tok=cache_tok, unlocked_tok=unlocked_tok,
+    c0 = dict(row=row, cache=cache, k=jnp.int32(0), n_admitted=n_admitted, stop=(n_pre > 0) | ~active,
+              blocked=jnp.bool_(False), full=jnp.bool_(False), unlocked_tok=unlocked_tok,
               adm_go=jnp.zeros(A, bool), adm_id=jnp.zeros(A, jnp.int32), adm_tok=jnp.zeros(A, jnp.int32),
               adm_new=jnp.zeros(A, bool))
     c = jax.lax.while_loop(may_admit, admit, c0)
-    rw = c["row"]
-    kv_start = (c["cache_tok"] - c["unlocked_tok"] + jnp.sum(rw.run_res)).astype(jnp.float32)  # locked + private
+    rw, cache = c["row"], c["cache"]
+    acct = settle_evictions(cache0, cache, acct, seg_len)  # evictions only so far; insertions below
+    kv_start = (cache.tokens - c["unlocked_tok"] + jnp.sum(rw.run_res)).astype(jnp.float32)  # locked + private
 
-    # ---- the batch: prefill chunks in admission order share `chunk`; finished prefills decode
-    running = rw.run_req >= 0
+    # ---- the batch: prefill chunks in admission order share `chunk`; finished prefills decode. An inactive
+    # row runs nothing, so its cache and pending counts come back unchanged
+    running = (rw.run_req >= 0) & active
     rid = jnp.maximum(rw.run_req, 0)
     prompt = jnp.where(running, r.prompt_tok[rid], 0)
     tgt = jnp.where(running, rw.run_tgt, 0)  # = prompt unless recomputing after a preemption
@@ -316,7 +323,7 @@ def iterate_row(model, row: Replica, r: RequestTable, t: jax.Array, params: Repl
         ok = quiet & (j <= first_fin) & (ends - dts < next_arrival) & prefill_ok
         if on_demand:  # each leaped iteration takes its tokens from free KV: no eviction, no preemption
             per_it = jnp.sum(decoding) + jnp.where(has_f, model.chunk, 0)
-            ok = ok & (j * per_it <= cap - c["cache_tok"] - jnp.sum(rw.run_res))
+            ok = ok & (j * per_it <= cap - cache.tokens - jnp.sum(rw.run_res))
         else:
             per_it = jnp.int32(0)
         k = jnp.sum(ok)  # ok is a prefix of j
@@ -327,34 +334,30 @@ def iterate_row(model, row: Replica, r: RequestTable, t: jax.Array, params: Repl
         if on_demand:
             run_res = run_res + jnp.where(decoding, k, 0) + jnp.where(is_f, k * model.chunk, 0)
 
-    # ---- segments completed by this iteration enter the cache (locked), prefix touched
+    # ---- segments completed by this iteration enter the cache (locked), prefix touched; a finished request
+    # unlocks and touches its segments and leaves its output in the cache when the workload keeps it
     nseg_new = completed_segments(new_pos)
     newly = (spos >= rw.run_nseg[:, None]) & (spos < nseg_new[:, None]) & running[:, None]
     touch = (spos < nseg_new[:, None]) & jnp.any(newly, axis=1, keepdims=True)
-    cached = rw.cached.at[segs].max(newly)
-    refcnt = rw.refcnt.at[segs].add(newly.astype(jnp.int32))
-    run_res = run_res - jnp.sum(newly * tok, axis=1)
-    last_use = rw.last_use.at[segs].max(jnp.where(touch, t_end, -INF))
-
-    # ---- finishes
     finished = running & (new_gen >= out)
     fin_seg = finished[:, None] & (tok > 0)
-    refcnt = refcnt.at[segs].add(-fin_seg.astype(jnp.int32))
-    last_use = last_use.at[segs].max(jnp.where(fin_seg, t_end, -INF))
     out_seg = r.out_seg[rid]
     keep_out = finished & (out_seg < m1 - 1)
-    cached = cached.at[out_seg].max(keep_out)
-    last_use = last_use.at[out_seg].max(jnp.where(keep_out, t_end, -INF))
+    cache, index, acct, full = insert(cache, index, g, acct, jnp.concatenate([segs.reshape(-1), out_seg]),
+                                      jnp.concatenate([newly.reshape(-1), keep_out]), seg_len)
+    cache = cache.lock(index, g, segs, newly, 1).touch(index, g, segs, touch, t_end)
+    run_res = run_res - jnp.sum(newly * tok, axis=1)
+    cache = cache.lock(index, g, segs, fin_seg, -1).touch(index, g, segs, fin_seg, t_end).touch(index, g, out_seg, keep_out, t_end)
     all_segs = jnp.concatenate([segs, out_seg[:, None]], axis=1)
-    pending = rw.pending.at[all_segs].add(-jnp.broadcast_to(finished[:, None], all_segs.shape).astype(jnp.int32))
+    pending = pending.at[g, all_segs].add(-jnp.broadcast_to(finished[:, None], all_segs.shape).astype(jnp.int32))
     run_req = jnp.where(finished, -1, rw.run_req)
     busy = jnp.any(run_req >= 0) | jnp.any(rw.queue >= 0)
     new_row = dataclasses.replace(
-        rw, cached=cached, refcnt=refcnt, last_use=last_use, pending=pending, run_req=run_req,
-        run_pos=new_pos, run_gen=new_gen, run_nseg=nseg_new, run_res=jnp.where(finished, 0, run_res))
+        rw, run_req=run_req, run_pos=new_pos, run_gen=new_gen, run_nseg=nseg_new,
+        run_res=jnp.where(finished, 0, run_res))
     side = dict(clock=jnp.where(busy, t_end, INF), t_end=t_end, n_admitted=c["n_admitted"],
                 full=c["full"], adm_go=c["adm_go"], adm_id=c["adm_id"], adm_tok=c["adm_tok"],
                 adm_new=c["adm_new"], n_pre=n_pre, q_full=q_full, kv_area=kv_area,
                 rid=rid, first=first, finished=finished, n_fin=jnp.sum(finished).astype(jnp.float32),
                 tok_fin=jnp.sum(jnp.where(finished, prompt + out, 0)).astype(jnp.float32))
-    return new_row, side
+    return new_row, cache, index, acct, pending, full, side

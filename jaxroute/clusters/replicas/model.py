@@ -50,7 +50,13 @@ import numpy as np
 
 from jaxroute import cost_models, sim
 from jaxroute import metrics as mlib
-from jaxroute.clusters.prefix_cache import leading_match
+from jaxroute.clusters.prefix_cache import leading_run
+from jaxroute.clusters.replicas.cache import (
+    Replication,
+    SlotTable,
+    cached_at,
+    cached_mask,
+)
 from jaxroute.clusters.replicas.iteration import iterate_row
 from jaxroute.clusters.replicas.types import (
     Replica,
@@ -110,11 +116,14 @@ class ReplicaModel(sim.Model):
     router_window: int = 0  # dispatch-window ring per replica for routers that keep one (0 = none)
     router_modules: tuple[str, ...] | None = None  # stateful router modules kept (None = all; routers.modules_for)
     leap: int = 32  # pure-decode iterations a replica may take in one step (0 = none; exact either way)
+    cache_slots: int = 0  # C: segments a replica's cache table holds (0 = every segment id; cache.slot_bound)
     admission: str = "reserve"  # KV admission: "reserve" (prompt + whole output) or "on-demand" (vLLM V1)
 
     def __post_init__(self):
         if self.n_replicas < 1 or self.chunk < 1 or self.max_running < 1 or self.max_queue < 1 or self.max_admit < 1:
             raise JaxrouteError("replicas, chunk, max_running, max_queue and max_admit must all be >= 1")
+        if self.cache_slots < 0:
+            raise JaxrouteError(f"cache_slots must be >= 0 (0 = one per segment id), got {self.cache_slots}")
         if self.router_window < 0:
             raise JaxrouteError(f"router_window must be >= 0, got {self.router_window}")
         if self.local_order not in ("fcfs", "lpm"):
@@ -147,12 +156,14 @@ class ReplicaModel(sim.Model):
         req = workload.realize(key, params.rate)
         n, m1 = req.arrival_s.shape[0], req.seg_len.shape[0]
         G, B, Q = self.n_replicas, self.max_running, self.max_queue
+        C = m1 if self.cache_slots == 0 else min(self.cache_slots, m1)
         q_pre = Q if self.admission == "on-demand" else 1  # preemption fields: unused without preemption
         f = lambda shape, v: jnp.full(shape, v, jnp.float32)
         i = lambda shape, v: jnp.full(shape, v, jnp.int32)
         b = lambda shape: jnp.zeros(shape, bool)
-        rep = Replica(cached=b((G, m1)), refcnt=i((G, m1), 0), last_use=f((G, m1), 0.0), pending=i((G, m1), 0),
-                      queue=i((G, Q), -1), run_req=i((G, B), -1), run_pos=i((G, B), 0),
+        stack = jnp.broadcast_to(jnp.arange(C - 1, -1, -1, dtype=jnp.int32), (G, C))  # slot 0 on top
+        rep = Replica(slot_seg=i((G, C), -1), slot_ref=i((G, C), 0), slot_free=stack, n_free=i((G,), C),
+                      slot_last=f((G, C), 0.0), queue=i((G, Q), -1), run_req=i((G, B), -1), run_pos=i((G, B), 0),
                       run_gen=i((G, B), 0), run_nseg=i((G, B), 0), run_res=i((G, B), 0), run_seq=i((G, B), 0),
                       run_tgt=i((G, B), 0), queue_gen=i((G, q_pre), 0), queue_front=i((G, q_pre), 0),
                       n_preempt=i((G,), 0))
@@ -165,6 +176,7 @@ class ReplicaModel(sim.Model):
             waiting=i((G,), 0), running=i((G,), 0), kv_used=i((G,), 0), queue_area=jnp.float32(0),
             kv_area=jnp.float32(0),
             inflight=f((G,), 0.0), inflight_tok=f((G,), 0.0), view=view,
+            cache_index=i((G, m1), -1), pending=i((G, m1), 0), cache_full=jnp.bool_(False),
             copies=i((m1,), 0), cache_tok=i((G,), 0), unique_tok=jnp.int32(0),
             rec_replica=i((n,), -1), rec_admit=f((n,), INF), rec_first=f((n,), INF), rec_finish=f((n,), INF),
             rec_cached=i((n,), 0), rep_area=jnp.float32(0), rep_time=jnp.float32(0), running_full=jnp.bool_(False),
@@ -175,8 +187,9 @@ class ReplicaModel(sim.Model):
 
     def _view(self, s: ReplicaState, params: ReplicaParams, a, is_route, req: Request):
         """(router view, the snapshot to keep) for a request arriving at `a`."""
-        record = s.rep.cached | (s.rep.pending > 0)
-        fresh = Snapshot(record, s.inflight, s.inflight_tok, a, s.rep.cached, s.waiting.astype(jnp.float32),
+        cached = cached_mask(s.cache_index, s.rep.slot_seg)  # [G, M+1]: only routers that read it whole (Preble) materialise these
+        record = cached | (s.pending > 0)
+        fresh = Snapshot(record, s.inflight, s.inflight_tok, a, cached, s.waiting.astype(jnp.float32),
                          s.running.astype(jnp.float32),
                          s.kv_used.astype(jnp.float32) / params.kv_capacity.astype(jnp.float32))
         snap = s.view
@@ -184,13 +197,15 @@ class ReplicaModel(sim.Model):
             refresh = is_route & (a >= s.view.time + params.stale_s)
             snap = jax.tree.map(lambda new, old: jnp.where(refresh, new, old), fresh, s.view)
             seen = snap
+            present, held = seen.present[:, req.segs], seen.cached[:, req.segs]
         else:
             seen = fresh
-        pos = jnp.arange(req.segs.shape[0])
-        _, match = leading_match(seen.present[:, req.segs], pos, req.tok)
-        _, cached_match = leading_match(seen.cached[:, req.segs], pos, req.tok)
+            held = cached_at(s.cache_index, s.rep.slot_seg, req.segs)  # at the request's segments: O(G x S)
+            present = held | (s.pending[:, req.segs] > 0)
+        _, match = leading_run(present, req.tok)
+        _, cached_match = leading_run(held, req.tok)
         view = RouterView(now=a, inflight=seen.inflight, tokens=seen.tokens, record=seen.present,
-                          locked=s.rep.pending > 0, match_tokens=match.astype(jnp.float32), cached=seen.cached,
+                          locked=s.pending > 0, match_tokens=match.astype(jnp.float32), cached=seen.cached,
                           cached_match=cached_match.astype(jnp.float32), waiting=seen.waiting, running=seen.running,
                           kv_usage=seen.kv_usage, kv_capacity=params.kv_capacity, cost=params.cost, table=s.req)
         return view, snap
@@ -230,24 +245,22 @@ class ReplicaModel(sim.Model):
         free_q = row.queue < 0
         q_ok = jnp.any(free_q)
         qslot = jnp.argmax(free_q)
-        routed = dataclasses.replace(row, queue=row.queue.at[qslot].set(jnp.where(q_ok, i, row.queue[qslot])),
-                                     pending=row.pending.at[all_segs].add(1))
+        routed = dataclasses.replace(row, queue=row.queue.at[qslot].set(jnp.where(q_ok, i, row.queue[qslot])))
 
-        # ---- iterate
-        locked_tok = s.kv_used[g] - jnp.sum(row.run_res)  # kv_in_use = locked cached + private
-        it, side = iterate_row(self, row, r, m, params, s.n_admitted, a, is_iter, s.cache_tok[g], locked_tok)
+        # ---- iterate (an inactive iteration leaves the cache and pending counts as they are)
+        table = SlotTable(row.slot_seg, row.slot_free, row.n_free, row.slot_ref, row.slot_last, s.cache_tok[g])
+        it, table, index, acct, pending, table_full, side = iterate_row(
+            self, row, table, s.cache_index, g, Replication(s.copies, s.unique_tok), s.pending, r, m, params,
+            s.n_admitted, a, is_iter)
+        pending = pending.at[g, all_segs].add(is_route.astype(jnp.int32))
         router = routers.on_first_token(router, view, g, side["rid"], is_iter & side["first"], params.router)
         router = routers.on_finish(router, view, g, side["rid"], is_iter & side["finished"], params.router)
 
         pick = lambda x0, xr, xi: jnp.where(is_route, xr, jnp.where(is_iter, xi, x0))
-        new_row = jax.tree.map(pick, row, routed, it)
+        new_row = dataclasses.replace(jax.tree.map(pick, row, routed, it), slot_seg=table.seg, slot_free=table.free,
+                                      n_free=table.n_free, slot_ref=table.ref, slot_last=table.last)
         rep = jax.tree.map(lambda x, v: x.at[g].set(v), s.rep, new_row)
-
-        # cache accounting for the replication factor
-        d = new_row.cached.astype(jnp.int32) - row.cached.astype(jnp.int32)
-        copies = s.copies + d
-        unique_tok = s.unique_tok + jnp.sum(((copies > 0).astype(jnp.int32) - (s.copies > 0)) * r.seg_len)
-        cache_tok = s.cache_tok.at[g].add(jnp.sum(d * r.seg_len))
+        cache_tok = s.cache_tok.at[g].set(table.tokens)
 
         # replica-level vectors
         size = (req.prompt + req.out).astype(jnp.float32)
@@ -262,15 +275,16 @@ class ReplicaModel(sim.Model):
         # waiting requests (both kinds of event); KV in use integrated over the iteration(s)
         waiting = s.waiting.at[g].set(jnp.sum(new_row.queue >= 0))
         running = s.running.at[g].set(jnp.sum(new_row.run_req >= 0))
-        kv_used = s.kv_used.at[g].set(new_row.kv_in_use(r.seg_len))
+        kv_used = s.kv_used.at[g].set(table.locked_tokens(r.seg_len) + jnp.sum(new_row.run_res))
         kv_area = s.kv_area + jnp.where(is_iter, side["kv_area"], 0.0)
         # per-request records: point updates (out-of-range index n = no update); a readmission after a
         # preemption keeps the first admission's time and cached tokens
         nowhere = n
         admitted = jnp.where(is_iter & side["adm_go"] & side["adm_new"], side["adm_id"], nowhere)
         return dataclasses.replace(
-            s, rep=rep, router=router, view=snap, now=jnp.where(live, t, s.now), clock=clock, copies=copies,
-            unique_tok=unique_tok, cache_tok=cache_tok, rep_area=rep_area, rep_time=rep_time,
+            s, rep=rep, router=router, view=snap, now=jnp.where(live, t, s.now), clock=clock, copies=acct.copies,
+            unique_tok=acct.unique_tok, cache_tok=cache_tok, cache_index=index, pending=pending,
+            cache_full=s.cache_full | table_full, rep_area=rep_area, rep_time=rep_time,
             next_req=s.next_req + is_route, n_admitted=jnp.where(is_iter, side["n_admitted"], s.n_admitted),
             inflight=s.inflight.at[g].add(d_inf), inflight_tok=s.inflight_tok.at[g].add(d_tok),
             queue_overflow=s.queue_overflow | (is_route & ~q_ok) | (is_iter & side["q_full"]),
@@ -303,7 +317,8 @@ class ReplicaModel(sim.Model):
         routed = jnp.maximum(jnp.sum(state.rec_replica >= 0), 1)
         share = jnp.max(jnp.sum(state.rec_replica[None, :] == jnp.arange(self.n_replicas)[:, None], axis=1)) / routed
         fin = lambda x: jnp.where(jnp.isfinite(x), x, 0.0)
-        flags = {"queue_overflow": state.queue_overflow, **routers.flags(state.router, params.policy)}
+        flags = {"queue_overflow": state.queue_overflow, "cache_full": state.cache_full,
+                 **routers.flags(state.router, params.policy)}
         overflow = completed < n
         # throughput and time averages over [first arrival, last finish]
         span = jnp.max(jnp.where(done, state.rec_finish, -INF)) - jnp.min(r.arrival_s)

@@ -1,12 +1,11 @@
-"""Traced params and state of the replica cluster (shapes: G replicas, M+1 segment ids, Q queue slots,
-B running slots, N requests)."""
+"""Traced params and state of the replica cluster (shapes: G replicas, M+1 segment ids, C cache slots per
+replica, Q queue slots, B running slots, N requests)."""
 
 from __future__ import annotations
 
 import dataclasses
 
 import jax
-import jax.numpy as jnp
 
 from jaxroute import cost_models
 from jaxroute.routers.prefix import RouterParams
@@ -31,10 +30,11 @@ class ReplicaParams:
 class Replica:
     """One replica's local state (a row of the cluster arrays)."""
 
-    cached: jax.Array  # [M+1] bool segment in the cache
-    refcnt: jax.Array  # [M+1] int32 running requests locking the segment
-    last_use: jax.Array  # [M+1] float32 LRU stamp
-    pending: jax.Array  # [M+1] int32 unfinished requests dispatched here that contain the segment
+    slot_seg: jax.Array  # [C] int32 segment cached in each slot (-1 = free); see replicas/cache.py
+    slot_ref: jax.Array  # [C] int32 running requests locking the slot's segment
+    slot_free: jax.Array  # [C] int32 stack of free slots (the first n_free entries)
+    n_free: jax.Array  # [] int32 free slots
+    slot_last: jax.Array  # [C] float32 LRU stamp of the slot's segment
     queue: jax.Array  # [Q] int32 request ids waiting locally (-1 = empty)
     run_req: jax.Array  # [B] int32 running request ids (-1 = empty slot)
     run_pos: jax.Array  # [B] int32 prefill tokens already in KV (cached + computed), up to run_tgt
@@ -47,12 +47,6 @@ class Replica:
     queue_gen: jax.Array  # [Q] ([1] with admission "reserve") int32 output tokens a preempted request had generated (0 = never preempted)
     queue_front: jax.Array  # [Q] ([1] with "reserve") int32 preemption stamp: > 0 waits at the queue's front, larger = nearer it
     n_preempt: jax.Array  # [] int32 preemptions on this replica (on-demand admission only)
-
-    def kv_in_use(self, seg_len: jax.Array) -> jax.Array:
-        """KV tokens in use ([] for a row, [G] for the cluster): locked cached segments + private tokens.
-        Unlocked cached segments count as free, as in vLLM's kv-cache usage (they are evictable)."""
-        locked = self.cached & (self.refcnt > 0)
-        return jnp.sum(locked * seg_len, axis=-1) + jnp.sum(self.run_res, axis=-1)
 
 
 @jax.tree_util.register_dataclass
@@ -85,10 +79,13 @@ class ReplicaState:
     n_admitted: jax.Array  # [] int32
     waiting: jax.Array  # [G] int32 requests in each local queue (kept per event: only row g changes)
     running: jax.Array  # [G] int32 running requests per replica
-    kv_used: jax.Array  # [G] int32 Replica.kv_in_use per replica
+    kv_used: jax.Array  # [G] int32 KV tokens in use per replica: locked cached segments + private tokens
     inflight: jax.Array  # [G] float32 requests dispatched and unfinished
     inflight_tok: jax.Array  # [G] float32 their prompt + output tokens
     view: Snapshot
+    cache_index: jax.Array  # [G, M+1] int32 slot of each segment in each replica's cache (-1 = not cached)
+    pending: jax.Array  # [G, M+1] int32 unfinished requests dispatched to each replica that contain the segment
+    cache_full: jax.Array  # [] bool a segment found its replica's slot table full (cache_slots)
     copies: jax.Array  # [M+1] int32 replicas caching each segment
     cache_tok: jax.Array  # [G] int32 cached tokens per replica
     unique_tok: jax.Array  # [] int32 tokens of segments cached somewhere

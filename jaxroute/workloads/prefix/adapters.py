@@ -45,6 +45,10 @@ class TracePrefixWorkload:
     def max_segments(self) -> int:
         return int(self.table.seg_ids.shape[1])
 
+    def segment_lengths(self) -> np.ndarray:
+        """Tokens of every segment id (bounds how many a replica can cache)."""
+        return np.asarray(self.table.seg_len)[:-1]
+
     def step_bound(self, chunk: int) -> int:
         """Upper bound on events: per request, its arrival + its (prefill chunks + output - 1)."""
         return sum(c * (1 + request_steps(p, o, chunk)) for p, o, c in self.request_shapes)

@@ -103,6 +103,13 @@ class SyntheticPrefixWorkload:
     def max_segments(self) -> int:
         return int(self.unit_seg.shape[2])
 
+    def segment_lengths(self) -> np.ndarray:
+        """Lengths no realised run's segments are shorter than, one per segment id: the shared segments'
+        own, and the shortest private slot for every instance slot (bounds how many a replica can cache)."""
+        slots = np.asarray(self.unit_slot_len)
+        shortest = int(slots[slots > 0].min()) if np.any(slots > 0) else 0
+        return np.concatenate([np.asarray(self.shared_len), np.full(self.n_instances * self.n_slots, shortest)])
+
     def step_bound(self, chunk: int) -> int:
         """Upper bound on events: per request, its arrival + its worst (prefill chunks + output - 1)."""
         return self.n_requests * (1 + max(request_steps(p, o, chunk) for p, o in self.request_shapes))
