@@ -135,13 +135,13 @@ def insert(tab: SlotTable, index: jax.Array, g: jax.Array, rep: Replication, seg
     placed = win & (slot < C)
     index = claimed.at[g, jnp.where(win, segs, m1)].set(jnp.where(placed, slot, -1), mode="drop")
     length = jnp.where(placed, seg_len[segs], 0)
-    first_copy = placed & (rep.copies[segs] == 0)
+    copies = rep.copies.at[jnp.where(placed, segs, m1)].add(1, mode="drop")
+    first_copy = placed & (copies[segs] == 1)  # read after the write: the scatter stays in place
     tab = dataclasses.replace(
         tab, seg=tab.seg.at[slot].set(segs, mode="drop"), ref=tab.ref.at[slot].set(0, mode="drop"),
         last=tab.last.at[slot].set(-jnp.inf, mode="drop"), n_free=tab.n_free - jnp.sum(placed),
         tokens=tab.tokens + jnp.sum(length))
-    rep = Replication(rep.copies.at[jnp.where(placed, segs, m1)].add(1, mode="drop"),
-                      rep.unique_tok + jnp.sum(jnp.where(first_copy, length, 0)))
+    rep = Replication(copies, rep.unique_tok + jnp.sum(jnp.where(first_copy, length, 0)))
     return tab, index, rep, jnp.any(win & ~placed)
 
 

@@ -144,15 +144,16 @@ def _allocate_running(model, row: Replica, cache: SlotTable, index: jax.Array, g
 
 
 def iterate_row(model, row: Replica, cache: SlotTable, index: jax.Array, g: jax.Array, acct: Replication,
-                pending: jax.Array, r: RequestTable, t: jax.Array, params: ReplicaParams, n_admitted: jax.Array,
+                r: RequestTable, t: jax.Array, params: ReplicaParams, n_admitted: jax.Array,
                 next_arrival: jax.Array, active: jax.Array):
     """One iteration of replica g (`row`, its cache table `cache`; `index` [G, M+1] the cluster's cache index,
-    `acct` its replication counts, `pending` [G, M+1] its counts of unfinished dispatched requests per
-    segment) starting at time t: (new row, cache, index, acct, pending, a cache table was full, side outputs).
+    `acct` its replication counts) starting at time t: (new row, cache, index, acct, a cache table was full,
+    side outputs; side["done_segs"] [B, S+1] are the finished requests' segments, to take off the pending
+    counts).
     `model` gives the static sizes (chunk, max_admit, local_order, admission, leap). `active` False: the
     caller discards the row (a routing event): the admission and preemption loops stop at once (under
     `vmap` they then run only as many times as the rows that do iterate need), and the cache and
-    `pending` come back unchanged, so the caller keeps them without a select.
+    accounting come back unchanged, so the caller keeps them without a select.
 
     Event leaping (exact): after this iteration, if it had no event (no prefill completed, no
     segment completed, no finish, no preemption) and the next iterations cannot admit anything (a
@@ -263,7 +264,7 @@ def iterate_row(model, row: Replica, cache: SlotTable, index: jax.Array, g: jax.
     kv_start = (cache.tokens - c["unlocked_tok"] + jnp.sum(rw.run_res)).astype(jnp.float32)  # locked + private
 
     # ---- the batch: prefill chunks in admission order share `chunk`; finished prefills decode. An inactive
-    # row runs nothing, so its cache and pending counts come back unchanged
+    # row runs nothing, so its cache comes back unchanged
     running = (rw.run_req >= 0) & active
     rid = jnp.maximum(rw.run_req, 0)
     prompt = jnp.where(running, r.prompt_tok[rid], 0)
@@ -349,7 +350,7 @@ def iterate_row(model, row: Replica, cache: SlotTable, index: jax.Array, g: jax.
     run_res = run_res - jnp.sum(newly * tok, axis=1)
     cache = cache.lock(index, g, segs, fin_seg, -1).touch(index, g, segs, fin_seg, t_end).touch(index, g, out_seg, keep_out, t_end)
     all_segs = jnp.concatenate([segs, out_seg[:, None]], axis=1)
-    pending = pending.at[g, all_segs].add(-jnp.broadcast_to(finished[:, None], all_segs.shape).astype(jnp.int32))
+    done_segs = jnp.where(finished[:, None], all_segs, m1)  # m1: no segment
     run_req = jnp.where(finished, -1, rw.run_req)
     busy = jnp.any(run_req >= 0) | jnp.any(rw.queue >= 0)
     new_row = dataclasses.replace(
@@ -358,6 +359,6 @@ def iterate_row(model, row: Replica, cache: SlotTable, index: jax.Array, g: jax.
     side = dict(clock=jnp.where(busy, t_end, INF), t_end=t_end, n_admitted=c["n_admitted"],
                 full=c["full"], adm_go=c["adm_go"], adm_id=c["adm_id"], adm_tok=c["adm_tok"],
                 adm_new=c["adm_new"], n_pre=n_pre, q_full=q_full, kv_area=kv_area,
-                rid=rid, first=first, finished=finished, n_fin=jnp.sum(finished).astype(jnp.float32),
+                rid=rid, first=first, finished=finished, done_segs=done_segs, n_fin=jnp.sum(finished).astype(jnp.float32),
                 tok_fin=jnp.sum(jnp.where(finished, prompt + out, 0)).astype(jnp.float32))
-    return new_row, cache, index, acct, pending, full, side
+    return new_row, cache, index, acct, full, side

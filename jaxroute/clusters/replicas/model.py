@@ -176,7 +176,9 @@ class ReplicaModel(sim.Model):
             waiting=i((G,), 0), running=i((G,), 0), kv_used=i((G,), 0), queue_area=jnp.float32(0),
             kv_area=jnp.float32(0),
             inflight=f((G,), 0.0), inflight_tok=f((G,), 0.0), view=view,
-            cache_index=i((G, m1), -1), pending=i((G, m1), 0), cache_full=jnp.bool_(False),
+            cache_index=i((G, m1), -1), pending=i((G, m1), 0), pending_g=jnp.int32(0),
+            pending_segs=i((B * (req.seg_ids.shape[1] + 1),), m1), pending_add=i((B * (req.seg_ids.shape[1] + 1),), 0),
+            cache_full=jnp.bool_(False),
             copies=i((m1,), 0), cache_tok=i((G,), 0), unique_tok=jnp.int32(0),
             rec_replica=i((n,), -1), rec_admit=f((n,), INF), rec_first=f((n,), INF), rec_finish=f((n,), INF),
             rec_cached=i((n,), 0), rep_area=jnp.float32(0), rep_time=jnp.float32(0), running_full=jnp.bool_(False),
@@ -185,10 +187,10 @@ class ReplicaModel(sim.Model):
     def is_done(self, state: ReplicaState) -> jax.Array:
         return (state.next_req >= state.req.arrival_s.shape[0]) & jnp.all(jnp.isinf(state.clock))
 
-    def _view(self, s: ReplicaState, params: ReplicaParams, a, is_route, req: Request):
-        """(router view, the snapshot to keep) for a request arriving at `a`."""
+    def _view(self, s: ReplicaState, pending, params: ReplicaParams, a, is_route, req: Request):
+        """(router view, the snapshot to keep) for a request arriving at `a` (`pending`: the counts now)."""
         cached = cached_mask(s.cache_index, s.rep.slot_seg)  # [G, M+1]: only routers that read it whole (Preble) materialise these
-        record = cached | (s.pending > 0)
+        record = cached | (pending > 0)
         fresh = Snapshot(record, s.inflight, s.inflight_tok, a, cached, s.waiting.astype(jnp.float32),
                          s.running.astype(jnp.float32),
                          s.kv_used.astype(jnp.float32) / params.kv_capacity.astype(jnp.float32))
@@ -201,11 +203,11 @@ class ReplicaModel(sim.Model):
         else:
             seen = fresh
             held = cached_at(s.cache_index, s.rep.slot_seg, req.segs)  # at the request's segments: O(G x S)
-            present = held | (s.pending[:, req.segs] > 0)
+            present = held | (pending[:, req.segs] > 0)
         _, match = leading_run(present, req.tok)
         _, cached_match = leading_run(held, req.tok)
         view = RouterView(now=a, inflight=seen.inflight, tokens=seen.tokens, record=seen.present,
-                          locked=s.pending > 0, match_tokens=match.astype(jnp.float32), cached=seen.cached,
+                          locked=pending > 0, match_tokens=match.astype(jnp.float32), cached=seen.cached,
                           cached_match=cached_match.astype(jnp.float32), waiting=seen.waiting, running=seen.running,
                           kv_usage=seen.kv_usage, kv_capacity=params.kv_capacity, cost=params.cost, table=s.req)
         return view, snap
@@ -233,7 +235,10 @@ class ReplicaModel(sim.Model):
 
         # ---- routing decision for request i (used only if is_route)
         req = Request.of(r, i)
-        view, snap = self._view(s, params, a, is_route, req)
+        # the previous event's pending changes, applied before anything reads the counts (so the scatter is
+        # their only user and updates them in place: no copy of the [G, M+1] array per event)
+        pending = s.pending.at[s.pending_g, s.pending_segs].add(s.pending_add, mode="drop")
+        view, snap = self._view(s, pending, params, a, is_route, req)
         router = routers.on_refresh(s.router, view, is_route, params.router)
         g_route = routers.choose(router, view, req, params.policy, params.router, jax.random.fold_in(s.key, i))
         g = jnp.where(is_route, g_route, jnp.argmin(s.clock))
@@ -249,10 +254,16 @@ class ReplicaModel(sim.Model):
 
         # ---- iterate (an inactive iteration leaves the cache and pending counts as they are)
         table = SlotTable(row.slot_seg, row.slot_free, row.n_free, row.slot_ref, row.slot_last, s.cache_tok[g])
-        it, table, index, acct, pending, table_full, side = iterate_row(
-            self, row, table, s.cache_index, g, Replication(s.copies, s.unique_tok), s.pending, r, m, params,
-            s.n_admitted, a, is_iter)
-        pending = pending.at[g, all_segs].add(is_route.astype(jnp.int32))
+        it, table, index, acct, table_full, side = iterate_row(
+            self, row, table, s.cache_index, g, Replication(s.copies, s.unique_tok), r, m, params, s.n_admitted,
+            a, is_iter)
+        # this event's pending changes (dispatch: +1 on the request's segments; iteration: -1 on the finished
+        # requests' segments) go to the log
+        done = side["done_segs"].reshape(-1)
+        nowhere_seg = r.seg_len.shape[0]
+        dispatched = jnp.full(done.shape, nowhere_seg, jnp.int32).at[: all_segs.shape[0]].set(all_segs)
+        log_segs = jnp.where(is_route, dispatched, jnp.where(is_iter, done, nowhere_seg))
+        log_add = jnp.full(done.shape, jnp.where(is_route, 1, -1), jnp.int32)
         router = routers.on_first_token(router, view, g, side["rid"], is_iter & side["first"], params.router)
         router = routers.on_finish(router, view, g, side["rid"], is_iter & side["finished"], params.router)
 
@@ -284,6 +295,7 @@ class ReplicaModel(sim.Model):
         return dataclasses.replace(
             s, rep=rep, router=router, view=snap, now=jnp.where(live, t, s.now), clock=clock, copies=acct.copies,
             unique_tok=acct.unique_tok, cache_tok=cache_tok, cache_index=index, pending=pending,
+            pending_g=g, pending_segs=log_segs, pending_add=log_add,
             cache_full=s.cache_full | table_full, rep_area=rep_area, rep_time=rep_time,
             next_req=s.next_req + is_route, n_admitted=jnp.where(is_iter, side["n_admitted"], s.n_admitted),
             inflight=s.inflight.at[g].add(d_inf), inflight_tok=s.inflight_tok.at[g].add(d_tok),

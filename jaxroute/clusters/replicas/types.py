@@ -84,7 +84,11 @@ class ReplicaState:
     inflight_tok: jax.Array  # [G] float32 their prompt + output tokens
     view: Snapshot
     cache_index: jax.Array  # [G, M+1] int32 slot of each segment in each replica's cache (-1 = not cached)
-    pending: jax.Array  # [G, M+1] int32 unfinished requests dispatched to each replica that contain the segment
+    pending: jax.Array  # [G, M+1] int32 unfinished requests dispatched to each replica that contain the segment,
+    #                     as of the previous event: the event's own changes wait in the log below
+    pending_g: jax.Array  # [] int32 replica of the last event's pending changes
+    pending_segs: jax.Array  # [B*(S+1)] int32 their segments (M+1 = none); applied first thing in the next event
+    pending_add: jax.Array  # [B*(S+1)] int32 their increments
     cache_full: jax.Array  # [] bool a segment found its replica's slot table full (cache_slots)
     copies: jax.Array  # [M+1] int32 replicas caching each segment
     cache_tok: jax.Array  # [G] int32 cached tokens per replica
