@@ -135,8 +135,10 @@ def insert(tab: SlotTable, index: jax.Array, g: jax.Array, rep: Replication, seg
     placed = win & (slot < C)
     index = claimed.at[g, jnp.where(win, segs, m1)].set(jnp.where(placed, slot, -1), mode="drop")
     length = jnp.where(placed, seg_len[segs], 0)
-    copies = rep.copies.at[jnp.where(placed, segs, m1)].add(1, mode="drop")
-    first_copy = placed & (copies[segs] == 1)  # read after the write: the scatter stays in place
+    # `unique_tok >= 0` always holds; gating on it orders this scatter after the reads that computed it
+    # (settle_evictions), so XLA updates the counts in place instead of copying the [M+1] array
+    copies = rep.copies.at[jnp.where(placed & (rep.unique_tok >= 0), segs, m1)].add(1, mode="drop")
+    first_copy = placed & (copies[segs] == 1)  # read after the write
     tab = dataclasses.replace(
         tab, seg=tab.seg.at[slot].set(segs, mode="drop"), ref=tab.ref.at[slot].set(0, mode="drop"),
         last=tab.last.at[slot].set(-jnp.inf, mode="drop"), n_free=tab.n_free - jnp.sum(placed),

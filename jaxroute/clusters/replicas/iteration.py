@@ -70,14 +70,15 @@ from jaxroute.clusters.replicas.cache import (
     insert,
     settle_evictions,
 )
+from jaxroute.clusters.replicas.local_queue import Entries, Ring
 from jaxroute.clusters.replicas.types import Replica, ReplicaParams
 from jaxroute.workloads.prefix import RequestTable
 
 INF = jnp.inf
 
 
-def _allocate_running(model, row: Replica, cache: SlotTable, index: jax.Array, g: jax.Array, r: RequestTable,
-                      t: jax.Array, cap: jax.Array, active: jax.Array):
+def _allocate_running(model, row: Replica, ring: Ring, cache: SlotTable, index: jax.Array, g: jax.Array,
+                      r: RequestTable, t: jax.Array, cap: jax.Array, active: jax.Array):
     """On-demand admission, step 1 (vLLM's RUNNING loop, scheduler.py:794-1036): every running
     request allocates this iteration's tokens, in admission order, preempting from the tail.
 
@@ -90,7 +91,7 @@ def _allocate_running(model, row: Replica, cache: SlotTable, index: jax.Array, g
     In closed form: requests 1..k of the admission order keep running, k the largest with
     a_1 + ... + a_k <= avail + freed(k+1..n). The loop below preempts from the tail while the
     survivors' tokens exceed the available tokens (one loop step per preemption, usually none).
-    Returns (row, cache, number preempted, a preempted request found the local queue full). An inactive
+    Returns (row, ring, cache, number preempted, a preempted request found the local queue full). An inactive
     row (its result is discarded) preempts and evicts nothing, so a batched loop runs only for rows that
     need it."""
     seg_len = r.seg_len
@@ -110,44 +111,41 @@ def _allocate_running(model, row: Replica, cache: SlotTable, index: jax.Array, g
     avail = cap - cache.tokens - jnp.sum(row.run_res) + unlocked_tok
 
     def cond(c):
-        _, _, alive, avail, _, _ = c
+        _, _, _, alive, avail, _, _ = c
         return active & jnp.any(alive) & (jnp.sum(jnp.where(alive, a, 0)) > avail)
 
     def body(c):
-        rw, ch, alive, avail, unlocked, q_full = c
+        rw, rg, ch, alive, avail, unlocked, q_full = c
         v = jnp.argmax(jnp.where(alive, rw.run_seq, -1))  # admitted last
         sv = segs[v]
         lock = (spos < rw.run_nseg[v]) & (tok[v] > 0)
         ch = ch.lock(index, g, sv, lock, -1)
         freed = jnp.sum(jnp.where(lock & (ch.refs(index, g, sv) == 0), tok[v], 0))
         ch = ch.stamp(index, g, sv, lock, t)
-        free_q = rw.queue < 0
-        ok = jnp.any(free_q)
-        qs = jnp.argmax(free_q)
         stamp, res_v = rw.n_preempt + 1, rw.run_res[v]
-        put = lambda x, val: x.at[qs].set(jnp.where(ok, val, x[qs]))
+        rg, ok = rg.push_front(rw.run_req[v], rw.run_gen[v], stamp, True)
         clear = lambda x: x.at[v].set(0)
         rw = dataclasses.replace(
-            rw, queue=put(rw.queue, rw.run_req[v]), queue_gen=put(rw.queue_gen, rw.run_gen[v]),
-            queue_front=put(rw.queue_front, stamp), n_preempt=stamp,
-            run_req=rw.run_req.at[v].set(-1), run_pos=clear(rw.run_pos), run_gen=clear(rw.run_gen),
-            run_nseg=clear(rw.run_nseg), run_res=clear(rw.run_res), run_tgt=clear(rw.run_tgt))
-        return rw, ch, alive.at[v].set(False), avail + res_v + freed, unlocked + freed, q_full | ~ok
+            rw, n_preempt=stamp, run_req=rw.run_req.at[v].set(-1), run_pos=clear(rw.run_pos),
+            run_gen=clear(rw.run_gen), run_nseg=clear(rw.run_nseg), run_res=clear(rw.run_res),
+            run_tgt=clear(rw.run_tgt))
+        return rw, rg, ch, alive.at[v].set(False), avail + res_v + freed, unlocked + freed, q_full | ~ok
 
-    init = (row, cache, running, avail, unlocked_tok, jnp.bool_(False))
-    rw, cache, alive, _, unlocked_tok, q_full = jax.lax.while_loop(cond, body, init)
+    init = (row, ring, cache, running, avail, unlocked_tok, jnp.bool_(False))
+    rw, ring, cache, alive, _, unlocked_tok, q_full = jax.lax.while_loop(cond, body, init)
     run_res = rw.run_res + jnp.where(alive, a, 0)
     deficit = jnp.where(active, cache.tokens + jnp.sum(run_res) - cap, 0)  # an inactive row keeps its cache
     cache, _ = cache.evict(deficit, unlocked_tok, seg_len, r.seg_depth)
     rw = dataclasses.replace(rw, run_res=run_res)
-    return rw, cache, rw.n_preempt - row.n_preempt, q_full
+    return rw, ring, cache, rw.n_preempt - row.n_preempt, q_full
 
 
-def iterate_row(model, row: Replica, cache: SlotTable, index: jax.Array, g: jax.Array, acct: Replication,
-                r: RequestTable, t: jax.Array, params: ReplicaParams, n_admitted: jax.Array,
-                next_arrival: jax.Array, active: jax.Array):
-    """One iteration of replica g (`row`, its cache table `cache`; `index` [G, M+1] the cluster's cache index,
-    `acct` its replication counts) starting at time t: (new row, cache, index, acct, a cache table was full,
+def iterate_row(model, row: Replica, ring: Ring, entries: Entries, cache: SlotTable, index: jax.Array,
+                g: jax.Array, acct: Replication, r: RequestTable, t: jax.Array, params: ReplicaParams,
+                n_admitted: jax.Array, next_arrival: jax.Array, active: jax.Array):
+    """One iteration of replica g (`row`: its running set; `ring`, `entries`: its local queue; `cache` its
+    cache table; `index` [G, M+1] the cluster's cache index, `acct` its replication counts) starting at
+    time t: (new row, ring, cache, index, acct, a cache table was full,
     side outputs; side["done_segs"] [B, S+1] are the finished requests' segments, to take off the pending
     counts).
     `model` gives the static sizes (chunk, max_admit, local_order, admission, leap). `active` False: the
@@ -172,8 +170,10 @@ def iterate_row(model, row: Replica, cache: SlotTable, index: jax.Array, g: jax.
     A = model.max_admit
     on_demand = model.admission == "on-demand"
     cache0 = cache
+    if model.local_order == "lpm":  # before a preempted request is put in front of the head
+        ring = ring.skip_holes(entries)
     if on_demand:
-        row, cache, n_pre, q_full = _allocate_running(model, row, cache, index, g, r, t, cap, active)
+        row, ring, cache, n_pre, q_full = _allocate_running(model, row, ring, cache, index, g, r, t, cap, active)
     else:
         n_pre, q_full = jnp.int32(0), jnp.bool_(False)
     unlocked_tok = cache.tokens - cache.locked_tokens(seg_len)
@@ -183,27 +183,29 @@ def iterate_row(model, row: Replica, cache: SlotTable, index: jax.Array, g: jax.
         so the loop body runs only while some row can admit)."""
         rw = c["row"]
         remaining = jnp.where(rw.run_req >= 0, rw.run_tgt - rw.run_pos, 0)
-        return (c["k"] < A) & ~c["stop"] & jnp.any(rw.queue >= 0) & (jnp.sum(remaining) < model.chunk)
+        return (c["k"] < A) & ~c["stop"] & (c["ring"].count > 0) & (jnp.sum(remaining) < model.chunk)
 
     def admit(c):
-        rw, ch, k = c["row"], c["cache"], c["k"]
+        rw, rg, ch, k = c["row"], c["ring"], c["cache"], c["k"]
         running = rw.run_req >= 0
         remaining = jnp.where(running, rw.run_tgt - rw.run_pos, 0)
-        qv = rw.queue >= 0
-        qid = jnp.maximum(rw.queue, 0)
+        # fcfs: the ring's head (arrival order; preempted requests wait in front of it, the latest first,
+        # scheduler.py:1842); lpm: the most cached prompt tokens, ties by arrival, preempted ones first
+        qpos = rg.head
         if model.local_order == "lpm":
+            ids = entries.row()  # [Q]
+            qv = rg.in_span() & (ids >= 0) & jnp.all(jnp.arange(rg.size)[:, None] != c["taken"][None, :], axis=1)
+            qid = jnp.maximum(ids, 0)
             _, qmatch = leading_run(ch.present(index, g, r.seg_ids[qid]), r.seg_tok[qid])  # [Q]
             best = qv & (qmatch == jnp.max(jnp.where(qv, qmatch, -1)))
-            qslot = jnp.argmin(jnp.where(best, rw.queue, jnp.iinfo(jnp.int32).max))
-        else:
-            qslot = jnp.argmin(jnp.where(qv, rw.queue, jnp.iinfo(jnp.int32).max))
-        if on_demand:  # preempted requests first, the latest preempted at the head (scheduler.py:1842)
-            front = qv & (rw.queue_front > 0)
-            qslot = jnp.where(jnp.any(front), jnp.argmax(jnp.where(front, rw.queue_front, 0)), qslot)
-        has = jnp.any(qv)
-        cand = qid[qslot]
+            lpm_pos = jnp.argmin(jnp.where(best, ids, jnp.iinfo(jnp.int32).max))
+            front_first = entries.preempted(rg.head)[1] > 0 if on_demand else False
+            qpos = jnp.where(front_first, rg.head, lpm_pos)
+        has = rg.count > 0
+        cand = jnp.maximum(entries.at(qpos), 0)
         if on_demand:
-            gen0, resumed = rw.queue_gen[qslot], rw.queue_front[qslot] > 0
+            gen0, stamp0 = entries.preempted(qpos)
+            resumed = stamp0 > 0
         else:  # nothing is ever preempted
             gen0, resumed = jnp.int32(0), jnp.bool_(False)
         tgt = r.prompt_tok[cand] + gen0  # a resumed request recomputes its output too (scheduler.py:1306)
@@ -239,27 +241,25 @@ def iterate_row(model, row: Replica, cache: SlotTable, index: jax.Array, g: jax.
         ch = ch.stamp(index, g, segs, lock, t)
         slot = jnp.argmax(free_slot)
         upd = lambda x, v: x.at[slot].set(jnp.where(go, v, x[slot]))
-        pop = lambda x, v: x.at[qslot].set(jnp.where(go, v, x[qslot]))
-        if on_demand:
-            rw = dataclasses.replace(rw, queue_gen=pop(rw.queue_gen, 0), queue_front=pop(rw.queue_front, 0))
+        rg = rg.take(qpos, go)
         rw = dataclasses.replace(
-            rw, queue=pop(rw.queue, -1),
-            run_req=upd(rw.run_req, cand), run_pos=upd(rw.run_pos, start), run_gen=upd(rw.run_gen, gen0),
+            rw, run_req=upd(rw.run_req, cand), run_pos=upd(rw.run_pos, start), run_gen=upd(rw.run_gen, gen0),
             run_nseg=upd(rw.run_nseg, nmatch), run_res=upd(rw.run_res, need),
             run_seq=upd(rw.run_seq, c["n_admitted"]), run_tgt=upd(rw.run_tgt, tgt))
-        return dict(row=rw, cache=ch, k=k + 1, n_admitted=c["n_admitted"] + go, stop=c["stop"] | ~go,
+        return dict(row=rw, ring=rg, taken=c["taken"].at[k].set(jnp.where(go, qpos, rg.size)), cache=ch, k=k + 1,
+                    n_admitted=c["n_admitted"] + go, stop=c["stop"] | ~go,
                     blocked=c["blocked"] | blocked, full=c["full"] | full,
                     unlocked_tok=c["unlocked_tok"] - freed - jnp.sum(jnp.where(go, prefix_unlocked * tok, 0)),
                     adm_go=c["adm_go"].at[k].set(go), adm_id=c["adm_id"].at[k].set(cand),
                     adm_tok=c["adm_tok"].at[k].set(mtok), adm_new=c["adm_new"].at[k].set(~resumed))
 
     # no admission in an iteration that preempted (scheduler.py:1050 `if not preempted_reqs`)
-    c0 = dict(row=row, cache=cache, k=jnp.int32(0), n_admitted=n_admitted, stop=(n_pre > 0) | ~active,
+    c0 = dict(row=row, ring=ring, taken=jnp.full((A,), ring.size, jnp.int32), cache=cache, k=jnp.int32(0), n_admitted=n_admitted, stop=(n_pre > 0) | ~active,
               blocked=jnp.bool_(False), full=jnp.bool_(False), unlocked_tok=unlocked_tok,
               adm_go=jnp.zeros(A, bool), adm_id=jnp.zeros(A, jnp.int32), adm_tok=jnp.zeros(A, jnp.int32),
               adm_new=jnp.zeros(A, bool))
     c = jax.lax.while_loop(may_admit, admit, c0)
-    rw, cache = c["row"], c["cache"]
+    rw, ring, cache = c["row"], c["ring"], c["cache"]
     acct = settle_evictions(cache0, cache, acct, seg_len)  # evictions only so far; insertions below
     kv_start = (cache.tokens - c["unlocked_tok"] + jnp.sum(rw.run_res)).astype(jnp.float32)  # locked + private
 
@@ -312,7 +312,7 @@ def iterate_row(model, row: Replica, cache: SlotTable, index: jax.Array, g: jax.
                      & (first_fin > 0) & (n_pre == 0))
         # admission stays impossible: the chunk is full (rem_f > chunk), or the queue is empty or
         # blocked by memory/slots (which only a finish can free)
-        quiet = eventless & (has_f | (jnp.any(decoding) & (~jnp.any(rw.queue >= 0) | c["blocked"])))
+        quiet = eventless & (has_f | (jnp.any(decoding) & ((ring.count == 0) | c["blocked"])))
         j = jnp.arange(1, model.leap + 1)
         is_f = (jnp.arange(pos.shape[0]) == f) & has_f
         # leaped iteration jj: f's chunk on a context grown by (jj - 1) chunks, every decoder one token longer
@@ -352,7 +352,7 @@ def iterate_row(model, row: Replica, cache: SlotTable, index: jax.Array, g: jax.
     all_segs = jnp.concatenate([segs, out_seg[:, None]], axis=1)
     done_segs = jnp.where(finished[:, None], all_segs, m1)  # m1: no segment
     run_req = jnp.where(finished, -1, rw.run_req)
-    busy = jnp.any(run_req >= 0) | jnp.any(rw.queue >= 0)
+    busy = jnp.any(run_req >= 0) | (ring.count > 0)
     new_row = dataclasses.replace(
         rw, run_req=run_req, run_pos=new_pos, run_gen=new_gen, run_nseg=nseg_new,
         run_res=jnp.where(finished, 0, run_res))
@@ -361,4 +361,4 @@ def iterate_row(model, row: Replica, cache: SlotTable, index: jax.Array, g: jax.
                 adm_new=c["adm_new"], n_pre=n_pre, q_full=q_full, kv_area=kv_area,
                 rid=rid, first=first, finished=finished, done_segs=done_segs, n_fin=jnp.sum(finished).astype(jnp.float32),
                 tok_fin=jnp.sum(jnp.where(finished, prompt + out, 0)).astype(jnp.float32))
-    return new_row, cache, index, acct, full, side
+    return new_row, ring, cache, index, acct, full, side

@@ -58,6 +58,7 @@ from jaxroute.clusters.replicas.cache import (
     cached_mask,
 )
 from jaxroute.clusters.replicas.iteration import iterate_row
+from jaxroute.clusters.replicas.local_queue import Entries, QueueLog, Ring, apply_log
 from jaxroute.clusters.replicas.types import (
     Replica,
     ReplicaParams,
@@ -163,10 +164,9 @@ class ReplicaModel(sim.Model):
         b = lambda shape: jnp.zeros(shape, bool)
         stack = jnp.broadcast_to(jnp.arange(C - 1, -1, -1, dtype=jnp.int32), (G, C))  # slot 0 on top
         rep = Replica(slot_seg=i((G, C), -1), slot_ref=i((G, C), 0), slot_free=stack, n_free=i((G,), C),
-                      slot_last=f((G, C), 0.0), queue=i((G, Q), -1), run_req=i((G, B), -1), run_pos=i((G, B), 0),
-                      run_gen=i((G, B), 0), run_nseg=i((G, B), 0), run_res=i((G, B), 0), run_seq=i((G, B), 0),
-                      run_tgt=i((G, B), 0), queue_gen=i((G, q_pre), 0), queue_front=i((G, q_pre), 0),
-                      n_preempt=i((G,), 0))
+                      slot_last=f((G, C), 0.0), q_head=i((G,), 0), q_span=i((G,), 0), q_count=i((G,), 0),
+                      run_req=i((G, B), -1), run_pos=i((G, B), 0), run_gen=i((G, B), 0), run_nseg=i((G, B), 0),
+                      run_res=i((G, B), 0), run_seq=i((G, B), 0), run_tgt=i((G, B), 0), n_preempt=i((G,), 0))
         m_snap = m1 if self.stale_view else 1
         view = Snapshot(b((G, m_snap)), f((G,), 0.0), f((G,), 0.0), jnp.float32(-INF), b((G, m_snap)), f((G,), 0.0),
                         f((G,), 0.0), f((G,), 0.0))
@@ -178,11 +178,16 @@ class ReplicaModel(sim.Model):
             inflight=f((G,), 0.0), inflight_tok=f((G,), 0.0), view=view,
             cache_index=i((G, m1), -1), pending=i((G, m1), 0), pending_g=jnp.int32(0),
             pending_segs=i((B * (req.seg_ids.shape[1] + 1),), m1), pending_add=i((B * (req.seg_ids.shape[1] + 1),), 0),
-            cache_full=jnp.bool_(False),
+            cache_full=jnp.bool_(False), queue=i((G, Q), -1), queue_gen=i((G, q_pre), 0),
+            queue_front=i((G, q_pre), 0), queue_log=QueueLog.empty(self._log_len, Q),
             copies=i((m1,), 0), cache_tok=i((G,), 0), unique_tok=jnp.int32(0),
             rec_replica=i((n,), -1), rec_admit=f((n,), INF), rec_first=f((n,), INF), rec_finish=f((n,), INF),
             rec_cached=i((n,), 0), rep_area=jnp.float32(0), rep_time=jnp.float32(0), running_full=jnp.bool_(False),
             queue_overflow=jnp.bool_(False))
+
+    @property
+    def _log_len(self) -> int:  # local-queue writes one event can make: preemptions, admissions or one dispatch
+        return max(self.max_running, self.max_admit)
 
     def is_done(self, state: ReplicaState) -> jax.Array:
         return (state.next_req >= state.req.arrival_s.shape[0]) & jnp.all(jnp.isinf(state.clock))
@@ -245,18 +250,24 @@ class ReplicaModel(sim.Model):
         row = jax.tree.map(lambda x: x[g], s.rep)
         router = routers.on_dispatch(router, view, req, g, is_route, params.router)
 
+        # ---- the local queue: the last event's writes first (in place), then this event's reads
+        on_demand = self.admission == "on-demand"
+        queue, queue_gen, queue_front = apply_log(s.queue, s.queue_gen, s.queue_front, s.queue_log, on_demand)
+        entries = Entries(queue, queue_gen, queue_front, g)
+        ring = Ring(row.q_head, row.q_span, row.q_count, self.max_queue, QueueLog.empty(self._log_len, self.max_queue, g))
+
         # ---- route: enqueue; the record counts the request's segments at once (insert on dispatch)
         all_segs = req.all_segs
-        free_q = row.queue < 0
-        q_ok = jnp.any(free_q)
-        qslot = jnp.argmax(free_q)
-        routed = dataclasses.replace(row, queue=row.queue.at[qslot].set(jnp.where(q_ok, i, row.queue[qslot])))
+        ring_route, q_ok = ring.push_back(i, is_route)
 
-        # ---- iterate (an inactive iteration leaves the cache and pending counts as they are)
+        # ---- iterate (an inactive iteration leaves the cache and the queue as they are); its loops carry
+        # the running set, the ring's counters and the [C] cache table only
         table = SlotTable(row.slot_seg, row.slot_free, row.n_free, row.slot_ref, row.slot_last, s.cache_tok[g])
-        it, table, index, acct, table_full, side = iterate_row(
-            self, row, table, s.cache_index, g, Replication(s.copies, s.unique_tok), r, m, params, s.n_admitted,
-            a, is_iter)
+        run = dataclasses.replace(row, slot_seg=None, slot_free=None, n_free=None, slot_ref=None, slot_last=None,
+                                  q_head=None, q_span=None, q_count=None)
+        it, ring_iter, table, index, acct, table_full, side = iterate_row(
+            self, run, ring, entries, table, s.cache_index, g, Replication(s.copies, s.unique_tok), r, m, params,
+            s.n_admitted, a, is_iter)
         # this event's pending changes (dispatch: +1 on the request's segments; iteration: -1 on the finished
         # requests' segments) go to the log
         done = side["done_segs"].reshape(-1)
@@ -268,8 +279,11 @@ class ReplicaModel(sim.Model):
         router = routers.on_finish(router, view, g, side["rid"], is_iter & side["finished"], params.router)
 
         pick = lambda x0, xr, xi: jnp.where(is_route, xr, jnp.where(is_iter, xi, x0))
-        new_row = dataclasses.replace(jax.tree.map(pick, row, routed, it), slot_seg=table.seg, slot_free=table.free,
-                                      n_free=table.n_free, slot_ref=table.ref, slot_last=table.last)
+        ring = jax.tree.map(lambda xr, xi: jnp.where(is_route, xr, xi), ring_route, ring_iter)
+        new_row = dataclasses.replace(jax.tree.map(lambda x0, xi: jnp.where(is_iter, xi, x0), run, it),
+                                      slot_seg=table.seg, slot_free=table.free, n_free=table.n_free,
+                                      slot_ref=table.ref, slot_last=table.last, q_head=ring.head, q_span=ring.span,
+                                      q_count=ring.count)
         rep = jax.tree.map(lambda x, v: x.at[g].set(v), s.rep, new_row)
         cache_tok = s.cache_tok.at[g].set(table.tokens)
 
@@ -284,7 +298,7 @@ class ReplicaModel(sim.Model):
                                        inflight=snap.inflight.at[g].add(jnp.where(is_route, 1.0, 0.0)),
                                        tokens=snap.tokens.at[g].add(jnp.where(is_route, size, 0.0)))
         # waiting requests (both kinds of event); KV in use integrated over the iteration(s)
-        waiting = s.waiting.at[g].set(jnp.sum(new_row.queue >= 0))
+        waiting = s.waiting.at[g].set(ring.count)
         running = s.running.at[g].set(jnp.sum(new_row.run_req >= 0))
         kv_used = s.kv_used.at[g].set(table.locked_tokens(r.seg_len) + jnp.sum(new_row.run_res))
         kv_area = s.kv_area + jnp.where(is_iter, side["kv_area"], 0.0)
@@ -296,7 +310,8 @@ class ReplicaModel(sim.Model):
             s, rep=rep, router=router, view=snap, now=jnp.where(live, t, s.now), clock=clock, copies=acct.copies,
             unique_tok=acct.unique_tok, cache_tok=cache_tok, cache_index=index, pending=pending,
             pending_g=g, pending_segs=log_segs, pending_add=log_add,
-            cache_full=s.cache_full | table_full, rep_area=rep_area, rep_time=rep_time,
+            cache_full=s.cache_full | table_full, queue=queue, queue_gen=queue_gen, queue_front=queue_front,
+            queue_log=ring.log, rep_area=rep_area, rep_time=rep_time,
             next_req=s.next_req + is_route, n_admitted=jnp.where(is_iter, side["n_admitted"], s.n_admitted),
             inflight=s.inflight.at[g].add(d_inf), inflight_tok=s.inflight_tok.at[g].add(d_tok),
             queue_overflow=s.queue_overflow | (is_route & ~q_ok) | (is_iter & side["q_full"]),
@@ -323,7 +338,7 @@ class ReplicaModel(sim.Model):
         multi = done & (r.out_tok > 1)
         tpot = (state.rec_finish - state.rec_first) / jnp.maximum(r.out_tok - 1, 1)
         arrived = state.next_req
-        in_queue = jnp.sum(state.rep.queue >= 0)
+        in_queue = jnp.sum(state.rep.q_count)
         running = jnp.sum(state.rep.run_req >= 0)
         completed = jnp.sum(done)
         routed = jnp.maximum(jnp.sum(state.rec_replica >= 0), 1)

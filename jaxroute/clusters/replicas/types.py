@@ -8,6 +8,7 @@ import dataclasses
 import jax
 
 from jaxroute import cost_models
+from jaxroute.clusters.replicas.local_queue import QueueLog
 from jaxroute.routers.prefix import RouterParams
 from jaxroute.workloads.prefix import RequestTable
 
@@ -35,7 +36,9 @@ class Replica:
     slot_free: jax.Array  # [C] int32 stack of free slots (the first n_free entries)
     n_free: jax.Array  # [] int32 free slots
     slot_last: jax.Array  # [C] float32 LRU stamp of the slot's segment
-    queue: jax.Array  # [Q] int32 request ids waiting locally (-1 = empty)
+    q_head: jax.Array  # [] int32 local queue (a ring, see replicas/local_queue.py): position of its front
+    q_span: jax.Array  # [] int32 ring positions in use (holes left by "lpm" included)
+    q_count: jax.Array  # [] int32 requests waiting locally
     run_req: jax.Array  # [B] int32 running request ids (-1 = empty slot)
     run_pos: jax.Array  # [B] int32 prefill tokens already in KV (cached + computed), up to run_tgt
     run_gen: jax.Array  # [B] int32 output tokens generated
@@ -44,8 +47,6 @@ class Replica:
     #                     holds the whole output from admission, "on-demand" only the tokens allocated so far)
     run_seq: jax.Array  # [B] int32 admission stamp (prefill budget order)
     run_tgt: jax.Array  # [B] int32 prefill target: prompt tokens (+ output tokens to recompute after a preemption)
-    queue_gen: jax.Array  # [Q] ([1] with admission "reserve") int32 output tokens a preempted request had generated (0 = never preempted)
-    queue_front: jax.Array  # [Q] ([1] with "reserve") int32 preemption stamp: > 0 waits at the queue's front, larger = nearer it
     n_preempt: jax.Array  # [] int32 preemptions on this replica (on-demand admission only)
 
 
@@ -90,6 +91,10 @@ class ReplicaState:
     pending_segs: jax.Array  # [B*(S+1)] int32 their segments (M+1 = none); applied first thing in the next event
     pending_add: jax.Array  # [B*(S+1)] int32 their increments
     cache_full: jax.Array  # [] bool a segment found its replica's slot table full (cache_slots)
+    queue: jax.Array  # [G, Q] int32 local queue entries: request ids (-1 = empty or a hole)
+    queue_gen: jax.Array  # [G, Q] ([G, 1] with admission "reserve") int32 output tokens a preempted request had generated
+    queue_front: jax.Array  # [G, Q] ([G, 1]) int32 preemption stamp (0 = never preempted)
+    queue_log: QueueLog  # the last event's writes to the queue arrays, made first thing in the next event
     copies: jax.Array  # [M+1] int32 replicas caching each segment
     cache_tok: jax.Array  # [G] int32 cached tokens per replica
     unique_tok: jax.Array  # [] int32 tokens of segments cached somewhere
