@@ -26,11 +26,17 @@ CASES = {
 
 
 def _compare(case, policy, G=3, B=8, Q=64, local="fcfs", stale=0.0, leap=32, key=1, theta=0.5, e2_ring=64,
-             router=None, admission="reserve"):
-    make, cap, rate = CASES[case]
-    wl = make()
+             router=None, admission="reserve", slots=0, workload=None, cap=None):
+    """Run the jitted model and the radix-tree reference on one case; assert they agree request by request.
+    slots: cache table slots per replica (0 = one per segment id, "bound" = `slot_bound` of the case)."""
+    make, case_cap, rate = CASES[case]
+    wl = make() if workload is None else workload
+    cap = case_cap if cap is None else cap
+    if slots == "bound":
+        slots = R.slot_bound(wl.segment_lengths(), cap)
     model = R.ReplicaModel(n_replicas=G, max_running=B, max_queue=Q, local_order=local, stale_view=stale > 0,
-                           leap=leap, router_window=e2_ring if policy == "preble_e2" else 0, admission=admission)
+                           leap=leap, router_window=e2_ring if policy == "preble_e2" else 0, admission=admission,
+                           cache_slots=slots)
     p = R.make_params(policy, rate=rate, kv_capacity=cap, stale_s=stale, theta=theta, **(router or {}))
     st = R.run_single(model, jax.random.key(key), wl, p)
     got = R.records(st)
@@ -44,6 +50,7 @@ def _compare(case, policy, G=3, B=8, Q=64, local="fcfs", stale=0.0, leap=32, key
         np.testing.assert_allclose(got[a], want[b], rtol=1e-6)
     m = model.metrics(st, wl, p)
     assert bool(m["overflow"]) == want["overflow"] == bool(m["queue_overflow"])
+    assert not bool(m["cache_full"])
     assert not bool(m["e2_ring_overflow"])
     assert bool(m["running_full"]) == want["running_full"]
     assert int(m["conservation_error"]) == 0
