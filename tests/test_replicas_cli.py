@@ -131,9 +131,12 @@ def test_capacity_overrides_grow_on_overflow(tmp_path, capsys):
     out = tmp_path / "c.json"
     assert main(["cluster", "--workload", "toolbench", "--requests", "40", "--seeds", "2", "--rate", "10",
                  "--replicas", "2", "--policies", "rr,preble_e2", "--max-queue", "4", "--e2-ring", "8",
-                 "--out", str(out)]) == 0
+                 "--cache-slots", "24", "--out", str(out)]) == 0
     config = json.loads(out.read_text())["config"]
     assert config["max_queue"] > 4 and config["e2_ring"] > 8  # both overflowed and were grown
+    assert config["cache_slots"] > 24  # the cache table too
     assert config["max_queue"] & (config["max_queue"] - 1) == 0  # by doubling
     assert cli(["cluster", "--requests", "5", "--e2-ring", "0"]) == 2
     assert "--e2-ring" in capsys.readouterr().err
+    assert cli(["cluster", "--requests", "5", "--cache-slots", "-1"]) == 2
+    assert "argument --cache-slots: expected an integer >= 0, got '-1'" in capsys.readouterr().err

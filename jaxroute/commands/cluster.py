@@ -17,6 +17,7 @@ from jaxroute.commands._common import (
     csv_list,
     key_values,
     non_negative_float,
+    non_negative_int,
     off_or,
     positive_float,
     positive_int,
@@ -141,6 +142,10 @@ def register(subparsers) -> None:
     p.add_argument("--max-queue", type=positive_int, default=None, metavar="Q",
                    help="local queue capacity per replica (default: 4 x requests / replicas, at least 64, at most "
                    "the requests; doubled and rerun while it overflows, up to 3 times)")
+    p.add_argument("--cache-slots", type=non_negative_int, default=None, metavar="C",
+                   help="segments each replica's cache table holds (default: the most its KV capacity can hold, "
+                   "from the workload's shortest segments, so it never fills; 0 = one slot per segment id of the "
+                   "trace, slower on long traces; a table that fills is doubled and rerun)")
     p.add_argument("--e2-ring", type=positive_int, default=None, metavar="K",
                    help="preble_e2: dispatches remembered per replica for the load window (default: 4 x rate x window "
                    "/ replicas, at least 64, at most the requests; doubled and rerun while it overflows)")
@@ -181,12 +186,13 @@ def run(args) -> int:
     start = time.perf_counter()
     results = run_cluster(rows, workload, replicas_n=G, seeds=seeds, local=local, chunk=args.chunk,
                           max_running=args.max_running, seed=args.seed, progress=show_progress(args),
-                          capacities={"max_queue": args.max_queue, "router_window": args.e2_ring},
+                          capacities={"max_queue": args.max_queue, "router_window": args.e2_ring,
+                                      "cache_slots": args.cache_slots},
                           admission=admission)
     elapsed = time.perf_counter() - start
     records = results.records
     check_conservation(results)
-    check_overflow(records, args, "A replica's local queue was full or a run did not finish")
+    check_overflow(records, args, "A replica's local queue or cache table was full or a run did not finish")
     cap = records[0].params["kv_capacity"]
     rate_txt = "recorded times" if rate <= 0 else f"{rate:g} req/s"
     if stages:
@@ -204,6 +210,7 @@ def run(args) -> int:
               "model": args.model, "tp": args.tp, "kv_capacity": cap, "chunk": args.chunk,
               "max_running": args.max_running,
               "max_queue": results.model.max_queue, "e2_ring": results.model.router_window,
+              "cache_slots": results.model.cache_slots,
               "hot_tool": args.hot_tool, "seed": args.seed, "elapsed_s": elapsed,
               "weights": args.weights, "router_set": args.router_set}
     if stages:

@@ -4,17 +4,23 @@ Event loop (one `step` = one event): if the next arrival is no later than the ea
 clock, route it; otherwise run one iteration (`iteration.py`) on the replica with the earliest clock
 (ties -> lowest index). An idle replica's clock is +inf until a request is routed to it.
 
-Memory: cached segments + private tokens of running requests <= kv_capacity. The cache
-(`clusters/prefix_cache.py`) is `cached[G, M+1]` with `last_use`/`refcnt`. `admission` (static) says
+Memory: cached segments + private tokens of running requests <= kv_capacity. Each replica's cache is a
+slot table of `cache_slots` (C) segments with locks and LRU stamps, found through the cluster-wide
+index `cache_index[G, M+1]` (`cache.py`; the rules are `clusters/prefix_cache.py`'s); its local queue
+is a ring in `queue[G, Q]` (`local_queue.py`). `admission` (static) says
 how private KV is taken (`iteration.py`): "reserve" (default) reserves the uncached prompt + the whole
 output at admission and never preempts; "on-demand" is vLLM V1's rule: KV is allocated step by step
 for the tokens computed, and a running request that cannot get its tokens preempts the last admitted
 one (recompute; it waits at the front of its local queue; `preemptions` counts them).
 
 Speed: one `step` touches one replica's row only (both event kinds are computed on that row and
-the right one kept, so a vmapped step is O(row)), and a replica leaps over iterations in which
-nothing but token counts change; both keep events identical to the plain loop
-(tests/reference_replicas.py is a radix-tree reference that the tests match exactly).
+the right one kept), and the arrays sized by the trace (`cache_index`, `pending`, `copies` [M+1]) and
+by the queue (`queue` [G, Q]) only at points: a step costs O(B + C + touched segments), not O(M) or
+O(Q) (an "lpm" admission scans its queue). Writes that would follow a read of the same array in the
+same event are logged and made at the next event's start, so XLA updates those arrays in place
+instead of copying them each event. A replica leaps over iterations in which nothing but token
+counts change. All of it keeps events identical to the plain loop (tests/reference_replicas.py is a
+radix-tree reference that the tests match exactly).
 
 Router: the model builds a `RouterView` (in-flight requests and tokens per replica, and the record
 of which replica should hold which segment: its cache plus the segments of requests dispatched to it
@@ -26,7 +32,11 @@ Routing is instantaneous, so a request's dispatch time is its arrival time.
 
 Capacities (each one has its own bool metric, OR-ed into `overflow`; grow it and rerun):
 - `max_queue` (Q), the local queue per replica: `queue_overflow` (also when a preempted request finds
-  it full); `default_max_queue` sizes it.
+  it full; with "lpm", holes left inside the ring count until its head passes them); `default_max_queue`
+  sizes it.
+- `cache_slots` (C), the cache table per replica: `cache_full` when a segment found no free slot (0 =
+  one slot per segment id; `cache.slot_bound` gives the most segments the KV capacity can hold, so a
+  table of that size never fills).
 - `router_window`, the dispatch-window ring per replica of routers that keep one (Preble E2): the
   router's own flag (`e2_ring_overflow`); the router module sizes it (`routers.preble.default_window`).
   0 = no window: a router that needs one is refused by `check_params`.
@@ -35,7 +45,7 @@ Capacities (each one has its own bool metric, OR-ed into `overflow`; grow it and
 
 Metrics over the makespan [first arrival, last finish]: `output_tokens_per_s` (output tokens of
 completed requests / makespan), `queue_mean` (requests waiting in a local queue, time average per
-replica) and `kv_usage_mean` (`Replica.kv_in_use` / kv_capacity, time average over replicas; KV is
+replica) and `kv_usage_mean` (KV in use: locked cached segments + private tokens, / kv_capacity, time average over replicas; KV is
 integrated exactly, iteration by iteration, leaped ones included), and `preemptions` (count).
 """
 
