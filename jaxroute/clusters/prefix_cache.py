@@ -1,12 +1,13 @@
 """Prefix-cache rules shared by the replicas and by routers that estimate them: the leading match
 and the LRU eviction order, defined once.
 
-A replica's cache is `cached[M+1]` with `last_use`/`refcnt` per segment id. The matched prefix is the
-cumulative product of the leading segments' present flags (`leading_match`). LRU order: least recently
-used first, deeper first on ties (leaves before their parents, which are touched whenever a child is),
-then lowest id. `evict_lru` takes whole segments in that order until the freed tokens reach the
-deficit: the replicas evict with it, and Preble E2 estimates its eviction cost with it on the router's
-record. This module imports no model or router, so both sides can use it.
+The matched prefix is the cumulative product of the leading segments' present flags (`leading_match`,
+`leading_run`). LRU order (`lru_victim`): least recently used first, deeper first on ties (leaves before
+their parents, which are touched whenever a child is), then lowest id. `evict_lru` takes whole segments
+in that order until the freed tokens reach the deficit (Preble E2 estimates its eviction cost with it on
+the router's record); `evict_cache` does it in place (SGLang's tree pruning); the replicas' slot tables
+(`clusters/replicas/cache.py`) pick their victims with `lru_victim`. This module imports no model or
+router, so both sides can use it.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ def evict_lru(evictable: jax.Array, last_use: jax.Array, depth: jax.Array, seg_l
 
     def body(c):
         ev, out, freed, total = c
-        k = _lru_victim(ev, last_use, depth)
+        k = lru_victim(ev, last_use, depth)
         return ev.at[k].set(False), out.at[k].set(True), freed + seg_len[k], total + value[k]
 
     def cond(c):
@@ -49,12 +50,15 @@ def evict_lru(evictable: jax.Array, last_use: jax.Array, depth: jax.Array, seg_l
     return out, freed, total
 
 
-def _lru_victim(evictable: jax.Array, last_use: jax.Array, depth: jax.Array) -> jax.Array:
-    """Index of the first segment in LRU order among `evictable` (least recent, deepest, lowest id)."""
+def lru_victim(evictable: jax.Array, last_use: jax.Array, depth: jax.Array, ids: jax.Array | None = None) -> jax.Array:
+    """Index of the first entry in LRU order among `evictable` (least recent, deepest, lowest segment id;
+    `ids` gives each entry's segment id when entries are not indexed by it, as in a slot table)."""
     lu = jnp.where(evictable, last_use, jnp.inf)
     cand = evictable & (lu == jnp.min(lu))
     cand &= depth == jnp.max(jnp.where(cand, depth, -1))
-    return jnp.argmax(cand)
+    if ids is None:
+        return jnp.argmax(cand)
+    return jnp.argmin(jnp.where(cand, ids, jnp.iinfo(jnp.int32).max))
 
 
 def evict_cache(cached: jax.Array, evictable: Callable[[jax.Array], jax.Array], last_use: jax.Array,
@@ -67,7 +71,7 @@ def evict_cache(cached: jax.Array, evictable: Callable[[jax.Array], jax.Array], 
 
     def body(c):
         cached, freed = c
-        k = _lru_victim(evictable(cached), last_use, depth)
+        k = lru_victim(evictable(cached), last_use, depth)
         return cached.at[k].set(False), freed + seg_len[k]
 
     def cond(c):

@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-_BIG = jnp.iinfo(jnp.int32).max
+from jaxroute.clusters.prefix_cache import lru_victim
 
 
 @jax.tree_util.register_dataclass
@@ -85,11 +85,7 @@ class SlotTable:
         def body(c):
             tab, freed = c
             ok = (tab.seg >= 0) & (tab.ref == 0)
-            lu = jnp.where(ok, tab.last, jnp.inf)
-            cand = ok & (lu == jnp.min(lu))
-            dep = jnp.where(cand, depth[jnp.maximum(tab.seg, 0)], -1)
-            cand &= dep == jnp.max(dep)
-            k = jnp.argmin(jnp.where(cand, tab.seg, _BIG))
+            k = lru_victim(ok, tab.last, depth[jnp.maximum(tab.seg, 0)], ids=tab.seg)
             n = seg_len[tab.seg[k]]
             tab = dataclasses.replace(tab, seg=tab.seg.at[k].set(-1), free=tab.free.at[tab.n_free].set(k),
                                       n_free=tab.n_free + 1, tokens=tab.tokens - n)
