@@ -4,8 +4,8 @@ and the LRU eviction order, defined once.
 The matched prefix is the cumulative product of the leading segments' present flags (`leading_match`,
 `leading_run`). LRU order (`lru_victim`): least recently used first, deeper first on ties (leaves before
 their parents, which are touched whenever a child is), then lowest id. `evict_lru` takes whole segments
-in that order until the freed tokens reach the deficit (Preble E2 estimates its eviction cost with it on
-the router's record); `evict_cache` does it in place (SGLang's tree pruning); the replicas' slot tables
+in that order until the freed tokens reach the deficit (routers estimate eviction costs with it on their
+own records); `evict_cache` does it in place on a flag array; the replicas' slot tables
 (`clusters/replicas/cache.py`) pick their victims with `lru_victim`. This module imports no model or
 router, so both sides can use it.
 """

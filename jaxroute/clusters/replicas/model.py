@@ -37,8 +37,8 @@ Capacities (each one has its own bool metric, OR-ed into `overflow`; grow it and
 - `cache_slots` (C), the cache table per replica: `cache_full` when a segment found no free slot (0 =
   one slot per segment id; `cache.slot_bound` gives the most segments the KV capacity can hold, so a
   table of that size never fills).
-- `router_window`, the dispatch-window ring per replica of routers that keep one (Preble E2): the
-  router's own flag (`e2_ring_overflow`); the router module sizes it (`routers.preble.default_window`).
+- `router_window`, the dispatch-window ring per replica of routers that keep one: the
+  router module's own flag; the router module sizes it.
   0 = no window: a router that needs one is refused by `check_params`.
 - `max_running` (B) is a modeled engine limit (SGLang's max_running_requests), not a capacity:
   requests wait for a slot and `running_full` reports that it bound.
@@ -90,7 +90,7 @@ _ROUTER_KEY = 0x7E57  # fold_in tag: the router's coin flips never reuse the wor
 def make_params(policy: str = "rr", rate: float = 1.0, stale_s: float = 0.0, kv_capacity: int | None = None,
                 gpu: str = "a6000", model: str = "mistral-7b", cost_model: str = "roofline", tp: int = 1,
                 **router_kw) -> ReplicaParams:
-    """Traced params of one row; router settings (theta, e2_window_s, weights, ...) go to the router.
+    """Traced params of one row; router settings (`router_kw`) go to the router.
 
     Each replica is `tp` GPUs (tensor parallel). The KV capacity follows from GPU memory, tp and 90 %
     utilisation unless `kv_capacity` overrides it; either way the weights must fit on the tp GPUs.
@@ -183,7 +183,7 @@ class ReplicaModel(sim.Model):
         return ReplicaState(
             req=req, rep=rep, router=routers.init(self.router_static(m1)), key=jax.random.fold_in(key, _ROUTER_KEY),
             next_req=jnp.int32(0), now=jnp.float32(0), clock=f((G,), INF), n_admitted=jnp.int32(0),
-            waiting=i((G,), 0), running=i((G,), 0), kv_used=i((G,), 0), queue_area=jnp.float32(0),
+            kv_used=i((G,), 0), queue_area=jnp.float32(0),
             kv_area=jnp.float32(0),
             inflight=f((G,), 0.0), inflight_tok=f((G,), 0.0), view=view,
             cache_index=i((G, m1), -1), pending=i((G, m1), 0), pending_g=jnp.int32(0),
@@ -204,10 +204,10 @@ class ReplicaModel(sim.Model):
 
     def _view(self, s: ReplicaState, pending, params: ReplicaParams, a, is_route, req: Request):
         """(router view, the snapshot to keep) for a request arriving at `a` (`pending`: the counts now)."""
-        cached = cached_mask(s.cache_index, s.rep.slot_seg)  # [G, M+1]: only routers that read it whole (Preble) materialise these
+        cached = cached_mask(s.cache_index, s.rep.slot_seg)  # [G, M+1]: only routers that read it whole materialise these
         record = cached | (pending > 0)
-        fresh = Snapshot(record, s.inflight, s.inflight_tok, a, cached, s.waiting.astype(jnp.float32),
-                         s.running.astype(jnp.float32),
+        fresh = Snapshot(record, s.inflight, s.inflight_tok, a, cached, s.rep.q_count.astype(jnp.float32),
+                         jnp.sum(s.rep.run_req >= 0, axis=1).astype(jnp.float32),
                          s.kv_used.astype(jnp.float32) / params.kv_capacity.astype(jnp.float32))
         snap = s.view
         if self.stale_view:
@@ -246,7 +246,7 @@ class ReplicaModel(sim.Model):
         ratio = jnp.sum(s.cache_tok) / jnp.maximum(s.unique_tok, 1)
         rep_area = s.rep_area + jnp.where(has, ratio * dt_ev, 0.0)
         rep_time = s.rep_time + jnp.where(has, dt_ev, 0.0)
-        queue_area = s.queue_area + jnp.sum(s.waiting).astype(jnp.float32) * dt_ev  # waiting requests over [now, t)
+        queue_area = s.queue_area + jnp.sum(s.rep.q_count).astype(jnp.float32) * dt_ev  # waiting requests over [now, t)
 
         # ---- routing decision for request i (used only if is_route)
         req = Request.of(r, i)
@@ -308,8 +308,6 @@ class ReplicaModel(sim.Model):
                                        inflight=snap.inflight.at[g].add(jnp.where(is_route, 1.0, 0.0)),
                                        tokens=snap.tokens.at[g].add(jnp.where(is_route, size, 0.0)))
         # waiting requests (both kinds of event); KV in use integrated over the iteration(s)
-        waiting = s.waiting.at[g].set(ring.count)
-        running = s.running.at[g].set(jnp.sum(new_row.run_req >= 0))
         kv_used = s.kv_used.at[g].set(table.locked_tokens(r.seg_len) + jnp.sum(new_row.run_res))
         kv_area = s.kv_area + jnp.where(is_iter, side["kv_area"], 0.0)
         # per-request records: point updates (out-of-range index n = no update); a readmission after a
@@ -325,7 +323,7 @@ class ReplicaModel(sim.Model):
             next_req=s.next_req + is_route, n_admitted=jnp.where(is_iter, side["n_admitted"], s.n_admitted),
             inflight=s.inflight.at[g].add(d_inf), inflight_tok=s.inflight_tok.at[g].add(d_tok),
             queue_overflow=s.queue_overflow | (is_route & ~q_ok) | (is_iter & side["q_full"]),
-            waiting=waiting, running=running, kv_used=kv_used, queue_area=queue_area, kv_area=kv_area,
+            kv_used=kv_used, queue_area=queue_area, kv_area=kv_area,
             running_full=s.running_full | (is_iter & side["full"]),
             rec_replica=s.rec_replica.at[jnp.where(is_route, i, nowhere)].set(g, mode="drop"),
             rec_admit=s.rec_admit.at[admitted].set(m, mode="drop"),

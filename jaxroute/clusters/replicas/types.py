@@ -78,8 +78,6 @@ class ReplicaState:
     now: jax.Array  # [] float32 time of the last event
     clock: jax.Array  # [G] float32 when each replica starts its next iteration (+inf = idle)
     n_admitted: jax.Array  # [] int32
-    waiting: jax.Array  # [G] int32 requests in each local queue (kept per event: only row g changes)
-    running: jax.Array  # [G] int32 running requests per replica
     kv_used: jax.Array  # [G] int32 KV tokens in use per replica: locked cached segments + private tokens
     inflight: jax.Array  # [G] float32 requests dispatched and unfinished
     inflight_tok: jax.Array  # [G] float32 their prompt + output tokens
