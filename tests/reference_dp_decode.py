@@ -58,8 +58,10 @@ def _pick_worker(free, took, m0, allowed):
     return min(g for g in cands if m0[g] - took[g] == best)
 
 
-def balance_dispatch_ref(pool_s, loads_h, free, room, alpha, beta, d, window, max_iters):
-    """Two-stage BalanceRoute binding. pool_s: list of prompt sizes (oldest first). Returns assign list."""
+def balance_dispatch_ref(pool_s, loads_h, free, room, alpha, beta, d, window, max_iters, needs=None):
+    """Two-stage BalanceRoute binding. pool_s: list of prompt sizes (oldest first); needs: KV room each
+    takes (default its size). Returns assign list."""
+    needs = list(pool_s) if needs is None else list(needs)
     g_n = len(loads_h)
     hzn = len(d)
     env = [max(loads_h[g][h] for g in range(g_n)) for h in range(hzn)]
@@ -75,7 +77,7 @@ def balance_dispatch_ref(pool_s, loads_h, free, room, alpha, beta, d, window, ma
             g = _pick_worker(free, took, m0, [free[i] > 0 and not blocked[i] for i in range(g_n)])
             best, best_f = None, -np.inf
             for i, s in enumerate(pool_s):
-                if assign[i] < 0 and s <= room[g]:
+                if assign[i] < 0 and needs[i] <= room[g]:
                     f = _score(s, margins[g], took[g], alpha, beta, d)
                     if f > best_f:
                         best, best_f = i, f
@@ -84,7 +86,7 @@ def balance_dispatch_ref(pool_s, loads_h, free, room, alpha, beta, d, window, ma
             else:
                 assign[best] = g
                 free[g] -= 1
-                room[g] -= pool_s[best]
+                room[g] -= needs[best]
                 took[g] += pool_s[best]
             it += 1
         return assign
@@ -100,7 +102,7 @@ def balance_dispatch_ref(pool_s, loads_h, free, room, alpha, beta, d, window, ma
             if any((r >> j) & 1 for j in range(len(waiting), window)):
                 continue
             ds = sum(pool_s[i] for i in members)
-            if len(members) > free[g] or ds > room[g]:
+            if len(members) > free[g] or sum(needs[i] for i in members) > room[g]:
                 continue
             f = _score(ds, margins[g], took[g], alpha, beta, d)
             if f > best_f:
@@ -111,7 +113,7 @@ def balance_dispatch_ref(pool_s, loads_h, free, room, alpha, beta, d, window, ma
         for i in chosen:
             assign[i] = g
             free[g] -= 1
-            room[g] -= pool_s[i]
+            room[g] -= needs[i]
             took[g] += pool_s[i]
         done[g] = True
     return assign
@@ -142,11 +144,30 @@ def predicted_loads_ref(slots, gen, prompt, output, horizon, predictor):
     return out
 
 
+def _blocks(tokens, block_size):
+    return -(-int(tokens) // block_size)
+
+
+def _rank_times(cost, batch, kv, prefill):
+    """Per-rank busy times and the barrier (the shared cost model, one rank at a time)."""
+    from jaxroute.clusters import dp_decode
+
+    barrier, per = dp_decode.rank_times(cost, np.asarray(batch, F32), np.asarray(kv, F32), np.asarray(prefill, F32))
+    return F32(barrier), [F32(x) for x in np.asarray(per)]
+
+
 def simulate(key, prompt, output, trace_arrival, *, n_workers, slots, pool, window, horizon, r_max, kv_capacity,
              max_steps, cost, collective_s, policy, dispatch, predictor=1, alpha=1.0, beta=None, gamma=0.95,
-             arrival=0, rate=1.0):
-    """Run the reference; returns per-request (worker, admit_t, finish_t, done) and metrics."""
+             arrival=0, rate=1.0, block_size=128, preempt=True, cap_immediate=False):
+    """Run the reference; returns per-request (worker, admit_t, finish_t, done) and metrics.
+
+    One step: intake (pooled: fill the pool up to P; immediate: route every arrived request to a
+    local queue), running requests take the blocks for their next token (newest preempted to the
+    queue front when a rank runs out), FCFS head-of-line admission from the local queue (none on a
+    rank that just preempted), pooled binding into what is left, one decode step.
+    """
     n, g_n = len(prompt), n_workers
+    n_blocks = kv_capacity // block_size
     beta = float(n_workers) if beta is None else beta
     key, k_arr, k_perm = jax.random.split(key, 3)
     if arrival != 2:  # saturated / Poisson: this seed's random order of the requests
@@ -162,37 +183,46 @@ def simulate(key, prompt, output, trace_arrival, *, n_workers, slots, pool, wind
     else:
         a, b, d = alpha, beta, [float(F32(gamma) ** F32(h)) for h in range(horizon + 1)]
     t = F32(0.0)
-    next_in, rr = 0, 0
+    next_in, rr, seq = 0, 0, 0
     pool_ids: list[int] = []
     queues: list[list[int]] = [[] for _ in range(g_n)]
-    slot = [[None] * slots for _ in range(g_n)]
-    gen = [[0] * slots for _ in range(g_n)]
+    running: list[list[int]] = [[] for _ in range(g_n)]  # request ids, oldest admission first
+    gen = [0] * n  # tokens generated so far (kept across a preemption)
     admit_t, finish_t = [0.0] * n, [0.0] * n
     done, worker_of = [False] * n, [-1] * n
-    tokens_out = steps = 0
+    tokens_out = steps = preemptions = recomputed = 0
     sum_imb = sum_idle = 0.0
     kv_overflow = False
     pooled = dispatch == balance.POOLED
 
     def loads():
-        return [float(sum(prompt[r] + j for r, j in zip(slot[g], gen[g], strict=True) if r is not None))
-                for g in range(g_n)]
+        return [float(sum(prompt[r] + gen[r] for r in running[g])) for g in range(g_n)]
+
+    def slot_view():
+        """Slots as the model holds them (order does not matter to the predicted loads)."""
+        return [running[g] + [None] * (slots - len(running[g])) for g in range(g_n)], \
+            [[gen[r] for r in running[g]] + [0] * (slots - len(running[g])) for g in range(g_n)]
 
     def place(ids, workers):
         for rid, w in zip(ids, workers, strict=True):
-            s = slot[w].index(None)
-            slot[w][s], gen[w][s] = rid, 0
-            admit_t[rid], worker_of[rid] = float(t), w
+            running[w].append(rid)
+            if worker_of[rid] < 0:
+                admit_t[rid], worker_of[rid] = float(t), w
 
     for _ in range(max_steps):
         if all(done):
             break
         key, k_in, k_out = jax.random.split(key, 3)
         n_arrived = sum(1 for x in arr if x <= t)
-        n_act = [sum(r is not None for r in slot[g]) for g in range(g_n)]
+        n_act = [len(running[g]) for g in range(g_n)]
         load = loads()
-        lh = predicted_loads_ref(slot, gen, prompt, output, horizon, predictor)
-        take = max(0, min(n_arrived - next_in, pool - len(pool_ids) - sum(map(len, queues))))
+        sv, gv = slot_view()
+        lh = predicted_loads_ref(sv, gv, prompt, output, horizon, predictor)
+        backlog = max(0, n_arrived - next_in)
+        if pooled or cap_immediate:
+            take = max(0, min(backlog, pool - len(pool_ids) - (sum(map(len, queues)) if cap_immediate else 0)))
+        else:
+            take = backlog
         if pooled:
             pool_ids += list(range(next_in, next_in + take))
         else:
@@ -216,19 +246,62 @@ def simulate(key, prompt, output, trace_arrival, *, n_workers, slots, pool, wind
                 took[gi] += s
                 rr = (gi + 1) % g_n
         next_in += take
-        free = [min(slots - n_act[g], r_max) for g in range(g_n)]
-        room = [kv_capacity - load[g] for g in range(g_n)]
+        # running requests first: blocks for the next token, newest preempted when they run out
+        preempted = [False] * g_n
+        if preempt:
+            for g in range(g_n):
+                total, keep = 0, []
+                for r in running[g]:
+                    total += _blocks(prompt[r] + gen[r] + 1, block_size)
+                    if total > n_blocks:
+                        break
+                    keep.append(r)
+                evicted = running[g][len(keep):]
+                if evicted:
+                    preempted[g] = True
+                    preemptions += len(evicted)
+                    queues[g] = evicted + queues[g]
+                    running[g] = keep
+        # FCFS admission from the local queue (head-of-line blocking)
+        recompute = [0] * g_n
+        free = []
+        free_blocks = []
+        for g in range(g_n):
+            fb = n_blocks - sum(_blocks(prompt[r] + gen[r] + 1, block_size) for r in running[g])
+            fr = 0 if preempted[g] else min(slots - len(running[g]), r_max)
+            admitted = []
+            for rid in queues[g][:r_max]:
+                need = _blocks(prompt[rid] + gen[rid] + 1, block_size)
+                if len(admitted) >= fr or need > fb:
+                    break
+                fb -= need
+                admitted.append(rid)
+                if gen[rid] > 0:
+                    recompute[g] += prompt[rid] + gen[rid]
+            if queues[g] and _blocks(prompt[queues[g][0]] + gen[queues[g][0]] + 1, block_size) > n_blocks:
+                kv_overflow = True
+            recomputed += recompute[g]
+            place(admitted, [g] * len(admitted))
+            queues[g] = queues[g][len(admitted):]
+            free.append(fr - len(admitted))
+            free_blocks.append(fb)
+        if any(_blocks(prompt[r] + 1, block_size) > n_blocks for r in pool_ids):
+            kv_overflow = True
         if pooled:
+            free = [free[g] if (not queues[g] and not preempted[g]) else 0 for g in range(g_n)]
+            room = [float(fb * block_size) for fb in free_blocks]
             sizes = [float(prompt[r]) for r in pool_ids]
+            needs = [float(_blocks(prompt[r] + 1, block_size) * block_size) for r in pool_ids]
             if policy in (balance.BR0, balance.BRH):
-                assign = balance_dispatch_ref(sizes, lh, free, room, a, b, d, window, g_n * r_max)
+                assign = balance_dispatch_ref(sizes, lh, free, room, a, b, d, window, g_n * r_max, needs)
             else:
                 assign = [-1] * len(pool_ids)
-                counts, kv = [float(c) for c in n_act], list(load)
+                counts = [float(len(running[g])) for g in range(g_n)]
+                kv = loads()
                 k, it = k_out, 0
                 while it < g_n * r_max and any(x < 0 for x in assign):
                     head = assign.index(-1)
-                    elig = [free[g] > 0 and sizes[head] <= room[g] for g in range(g_n)]
+                    elig = [free[g] > 0 and needs[head] <= room[g] for g in range(g_n)]
                     if not any(elig):
                         break
                     k, sub = jax.random.split(k)
@@ -237,47 +310,37 @@ def simulate(key, prompt, output, trace_arrival, *, n_workers, slots, pool, wind
                     counts[gi] += 1
                     kv[gi] += sizes[head]
                     free[gi] -= 1
-                    room[gi] -= sizes[head]
+                    room[gi] -= needs[head]
                     rr = (gi + 1) % g_n
                     it += 1
             chosen = [(r, w) for r, w in zip(pool_ids, assign, strict=True) if w >= 0]
             place([r for r, _ in chosen], [w for _, w in chosen])
             pool_ids = [r for r, w in zip(pool_ids, assign, strict=True) if w < 0]
-        else:
-            for g in range(g_n):
-                took_kv, admitted = 0, []
-                for j, rid in enumerate(queues[g][:r_max]):
-                    if j >= free[g] or took_kv + prompt[rid] > room[g]:
-                        break
-                    took_kv += prompt[rid]
-                    admitted.append(rid)
-                place(admitted, [g] * len(admitted))
-                queues[g] = queues[g][len(admitted):]
         # decode
-        n_act = [sum(r is not None for r in slot[g]) for g in range(g_n)]
+        n_act = [len(running[g]) for g in range(g_n)]
         load = loads()
         any_active = sum(n_act) > 0
         waiting = len(pool_ids) + sum(map(len, queues))
         if any_active:
-            per = [F32(cost_models.decode_step_time(cost, F32(n_act[g]), F32(load[g]) / F32(max(n_act[g], 1))))
-                   for g in range(g_n)]
-            dt = F32(max(per) + F32(collective_s))
+            barrier, _ = _rank_times(cost, n_act, load, recompute)
+            dt = F32(barrier + F32(collective_s))
             t_end = F32(t + dt)
             m = max(load)
             sum_imb += m - min(load)
             sum_idle += g_n * m - sum(load)
             steps += 1
             for g in range(g_n):
-                for s_i in range(slots):
-                    r = slot[g][s_i]
-                    if r is None:
-                        continue
-                    gen[g][s_i] += 1
+                keep = []
+                for r in running[g]:
+                    gen[r] += 1
                     tokens_out += 1
-                    if gen[g][s_i] >= output[r]:
+                    if gen[r] >= output[r]:
                         finish_t[r], done[r] = float(t_end), True
-                        slot[g][s_i], gen[g][s_i] = None, 0
-            kv_overflow |= any(x > kv_capacity for x in loads())
+                    else:
+                        keep.append(r)
+                held = sum(_blocks(prompt[r] + gen[r], block_size) for r in running[g])
+                kv_overflow |= held > n_blocks
+                running[g] = keep
             t = t_end
         elif waiting == 0 and next_in < n:
             t = max(t, arr[next_in])
@@ -289,6 +352,7 @@ def simulate(key, prompt, output, trace_arrival, *, n_workers, slots, pool, wind
         "barrier_idle_tokens": sum_idle / max(steps, 1), "steps": steps, "tokens_out": tokens_out,
         "tpot_p95_s": float(np.percentile(tp, 95)) if len(tp) else 0.0,
         "throughput_tok_s": tokens_out / max(makespan, 1e-9), "kv_overflow": kv_overflow,
+        "preemptions": preemptions, "recomputed_tokens": recomputed,
     }
 
 

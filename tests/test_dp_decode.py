@@ -106,14 +106,89 @@ def test_conservation_midway_and_sticky():
     assert np.all(res.metrics["overflow_steps"]) and np.all(res.overflow)
 
 
-def test_kv_overflow_flag():
+def test_kv_overflow_flag_without_preemption():
+    """With preemption off (the old model), KV growth past a rank's blocks is only flagged."""
     req = _requests(2)
     wl = dd.make_workload(req, COST)
     big = int(req.prompt_tokens.max()) + 1  # every prompt fits alone, but growth and sharing overflow
     rows = sim.stack_params([dd.make_params(p, n_workers=G) for p in ("rr", "br0")])
-    res = sim.run_grid(_model(kv_capacity=big), jax.random.PRNGKey(0), wl, rows, 1)
+    res = sim.run_grid(_model(kv_capacity=big, block_size=1, preempt=False), jax.random.PRNGKey(0), wl, rows, 1)
     assert np.all(res.metrics["overflow_kv"]) and np.all(res.overflow)
     assert np.all(res.metrics["conservation_error"] == 0)
+    assert np.all(res.metrics["preemptions"] == 0)
+
+
+# A block pool small enough that growth forces preemptions: (policy, dispatch override, arrival)
+PREEMPT_CASES = [("rr", None, "saturated"), ("jsq", None, "saturated"), ("least_kv", None, "poisson"),
+                 ("br0", None, "saturated"), ("brh", None, "saturated"), ("p2c", "pooled", "saturated"),
+                 ("br0", "immediate", "trace")]
+BLOCK, TIGHT = 8, 160  # 20 blocks of 8 tokens per rank
+
+
+def _growing_requests(seed=8, n=N):
+    """Short prompts, long outputs: admissions fit, but growth runs ranks out of blocks."""
+    rng = np.random.default_rng(seed)
+    arrival = np.round(np.cumsum(rng.exponential(0.02, n)), 3)
+    return DecodeRequests("growing", arrival - arrival[0], rng.integers(10, 100, n), rng.integers(10, 60, n),
+                          np.full(n, -1))
+
+
+@pytest.fixture(scope="module")
+def tight_grid():
+    req = _growing_requests()
+    wl = dd.make_workload(req, COST)
+    rows = [dd.make_params(p, n_workers=G, dispatch=disp, arrival=arr, rate=30.0) for p, disp, arr in PREEMPT_CASES]
+    model = _model(max_steps=600, kv_capacity=TIGHT, block_size=BLOCK)
+    return req, sim.run_grid(model, jax.random.PRNGKey(3), wl, sim.stack_params(rows), 2)
+
+
+@pytest.mark.parametrize("case", range(len(PREEMPT_CASES)))
+def test_preemption_equals_reference(tight_grid, case):
+    """vLLM-style paged admission: blocks on demand, newest preempted and recomputed, FCFS head of line."""
+    req, res = tight_grid
+    policy, disp, arr = PREEMPT_CASES[case]
+    keys = jax.random.split(jax.random.PRNGKey(3), 2)
+    for s in range(2):
+        out = ref.simulate(keys[s], req.prompt_tokens.tolist(), req.output_tokens.tolist(), req.arrival_s.tolist(),
+                           n_workers=G, slots=S, pool=P, window=W, horizon=H, r_max=R, kv_capacity=TIGHT,
+                           max_steps=600, cost=COST, collective_s=dd.DEFAULT_COLLECTIVE_S,
+                           policy=balance.policy_id(policy),
+                           dispatch=(balance.default_dispatch(policy) if disp is None
+                                     else balance.DISPATCH_MODES.index(disp)),
+                           arrival=dd.ARRIVALS.index(arr), rate=30.0, block_size=BLOCK)
+        m = {k: np.asarray(v[case, s]) for k, v in res.metrics.items()}
+        assert out["done"].all() and int(m["completed"]) == N
+        np.testing.assert_array_equal(m["request_worker"], out["worker"])
+        np.testing.assert_allclose(m["request_finish_s"], out["finish_t"], rtol=1e-5, atol=1e-7)
+        assert int(m["steps"]) == out["steps"]
+        assert int(m["preemptions"]) == out["preemptions"]
+        assert int(m["recomputed_tokens"]) == out["recomputed_tokens"]
+        assert int(m["conservation_error"]) == 0 and not bool(m["overflow"])
+    assert np.sum(res.metrics["preemptions"][case]) > 0  # the case really preempts
+    assert np.sum(res.metrics["recomputed_tokens"][case]) > 0
+
+
+def test_request_that_never_fits_is_flagged():
+    req = _requests(9)
+    wl = dd.make_workload(req, COST)
+    small = 128  # one block of 128: most prompts plus their first token cannot fit at all
+    rows = sim.stack_params([dd.make_params(p, n_workers=G) for p in ("rr", "br0")])
+    res = sim.run_grid(_model(max_steps=200, kv_capacity=small), jax.random.PRNGKey(0), wl, rows, 1)
+    assert np.all(res.metrics["overflow_kv"]) and np.all(res.overflow)
+    assert np.all(res.metrics["conservation_error"] == 0)
+
+
+def test_immediate_dispatch_is_not_capped():
+    """Baselines route every prefill-completed request on arrival (the legacy cap held P in total)."""
+    req = _requests(10)
+    wl = dd.make_workload(req, COST)
+    params = dd.make_params("rr", n_workers=G)
+    for cap, expect in ((False, N), (True, P)):
+        model = _model(cap_immediate=cap)
+        st = jax.jit(lambda k, m=model: m.step(m.init(k, wl, params), wl, params))(jax.random.PRNGKey(0))
+        assert int(st.next_in) == expect
+        assert int(jnp.sum(st.q_len) + jnp.sum(st.slot_req >= 0)) == expect
+        assert int(jnp.max(st.q_len)) <= expect // G + 1  # round robin spreads them evenly
 
 
 def test_compile_once_for_policies_and_predictors():

@@ -1,25 +1,35 @@
 """Decode data-parallel workers behind a barrier (BalanceRoute's setting), one barrier step per event.
 
-G decode workers advance in lockstep. Worker g has S slots and a KV capacity; its load is
-L_g(k) = Σ_{i active on g} (s_i + j_i) (prompt plus tokens generated so far). One step:
+G decode workers (DP ranks) advance in lockstep. Worker g has S slots and a paged KV pool of
+kv_capacity // block_size blocks; its load is L_g(k) = Σ_{i running on g} (s_i + j_i) (prompt
+plus tokens generated so far). One step, in the order of vLLM's scheduler:
 
-1. Intake. Requests whose prefill has completed (arrival time <= now) enter the proxy, oldest
-   first, while fewer than P requests wait (back-pressure: the rest wait upstream, so nothing
-   is dropped). *Immediate* dispatch routes each one on entry to a worker's local FCFS queue
-   (`choose_worker`); *pooled* dispatch keeps it in the prompt pool (capacity P).
-2. Admission (at most R_max new requests per worker per step, only into free slots, only if
-   the prompt fits the worker's KV room). Immediate: each worker admits FCFS from its queue.
-   Pooled: BalanceRoute's two-stage binding (br0/brh) or, for a baseline forced to pooled,
-   oldest-first with the baseline's worker choice.
-3. Decode. Every active request emits one token; its KV grows by one; it finishes when it has
-   emitted its output length. Step time = max_g decode_step_time(batch_g, L_g) + collective
-   overhead. When nothing is active the clock jumps to the next arrival (no barrier step).
+1. Intake. *Immediate* dispatch (the baselines, as a vLLM-router deployment does) routes every
+   prefill-completed request (arrival time <= now) on arrival to a worker's local FCFS queue
+   (`choose_worker`); nothing caps it (`cap_immediate` restores the old cap of P requests
+   waiting in total). *Pooled* dispatch (BR-0/BR-H) moves them, oldest first, into the prompt
+   pool of capacity P; the rest wait in the prefill tier, which holds their KV.
+2. Running requests first. Each needs the blocks for its next token, ceil((s + j + 1) / block);
+   a rank that runs out preempts its newest requests (vLLM's recompute preemption): their
+   blocks are freed and they go back to the front of that rank's queue, oldest first, keeping
+   their generated count (assignment stays sticky). With `preempt=False` growth is only flagged.
+3. Admission from the local queue: FCFS with head-of-line blocking, at most R_max per worker
+   per step, into free slots, while the blocks for the prompt plus tokens already generated
+   (recomputed now, a prefill of s + j tokens in this step) plus the next token fit. A rank
+   that preempted this step admits nothing.
+4. Pooled binding: BalanceRoute's two-stage binding (br0/brh) or, for a baseline forced to
+   pooled, oldest-first with the baseline's worker choice, into the free slots and blocks the
+   local queues left (only ranks whose queue is empty).
+5. Decode. Every running request emits one token; it finishes when it has emitted its output
+   length. Step time = the barrier of `cost_models.dp_step_times` (per-rank decode batch, KV
+   read and recompute prefill; independent replicas or DP-attention + EP MoE) + collective
+   overhead. When nothing runs the clock jumps to the next arrival (no barrier step).
 
 Seeds: saturated and Poisson runs take the workload's requests in a per-seed random order
 (trace replays keep the trace order), so every seed is a different replay.
-Assignment is sticky (no migration). Metrics average over barrier steps: imbalance_tokens
-(max - min load), barrier_idle_tokens (I = G*M - Σ L), and per request TPOT = (finish - admit) /
-output tokens, i.e. the mean barrier-step time over the request's life.
+Metrics average over barrier steps: imbalance_tokens (max - min load), barrier_idle_tokens
+(I = G*M - Σ L); per request TPOT = (finish - first admission) / output tokens; preemptions and
+recomputed tokens; output tokens per step. The loaded phase ends when the last request is admitted.
 """
 
 from __future__ import annotations
@@ -54,6 +64,7 @@ DEFAULT_WINDOW = 8
 DEFAULT_HORIZON = 80
 DEFAULT_R_MAX = 4
 DEFAULT_COLLECTIVE_S = 1.0e-3  # per-step DP synchronisation / collective overhead
+DEFAULT_BLOCK_SIZE = 128  # tokens per KV block (issue 12: vLLM-style paged KV, block size 128)
 # BR-H weights. α = 1 keeps the gain in tokens; β = G makes the h = 0 term exactly BR-0's
 # penalty; γ = 0.95 halves the weight of a step ~14 steps ahead (predictions far ahead count less).
 DEFAULT_ALPHA = 1.0
@@ -140,10 +151,18 @@ class DecodeState:
     key_id: jax.Array  # [N] int32 prompt keys, same order
     next_in: jax.Array  # [] int32 requests taken in by the proxy (a prefix of arrival order)
     pool: jax.Array  # [P] int32 request ids waiting in the prompt pool, oldest first, -1 empty
-    queue: jax.Array  # [G, P] int32 local FCFS queues (immediate), oldest first, -1 empty
+    queue: jax.Array  # [G, Q] int32 local FCFS queues, rings: entry k of rank g at (q_head[g] + k) % Q
+    q_head: jax.Array  # [G] int32 ring position of each queue's oldest entry
+    q_len: jax.Array  # [G] int32 entries in each queue
+    q_tokens: jax.Array  # [G] int32 prompt tokens of the queued requests
     rr_next: jax.Array  # [] int32 round-robin pointer
     slot_req: jax.Array  # [G, S] int32 request in each slot, -1 free
     slot_gen: jax.Array  # [G, S] int32 tokens generated so far by that request
+    slot_seq: jax.Array  # [G, S] int32 admission order of that request (larger = newer)
+    seq: jax.Array  # [] int32 admissions so far (next admission order)
+    req_gen: jax.Array  # [N] int32 tokens a preempted request had generated (kept while it waits)
+    preemptions: jax.Array  # [] int32 requests preempted (KV freed, to be recomputed)
+    recomputed_tokens: jax.Array  # [] int32 tokens prefilled again on readmission after a preemption
     admit_t: jax.Array  # [N] float32 start of the request's first decode step
     finish_t: jax.Array  # [N] float32 end of its last decode step
     done: jax.Array  # [N] bool
@@ -156,7 +175,8 @@ class DecodeState:
     steps_loaded: jax.Array  # [] int32 barrier steps in the loaded phase
     busy_s: jax.Array  # [G] float32 Σ of each worker's own compute time
     barrier_s: jax.Array  # [] float32 Σ of barrier step times
-    kv_overflow: jax.Array  # [] bool a worker's KV grew beyond its capacity
+    kv_overflow: jax.Array  # [] bool KV blocks exceeded (no preemption) or a request that can never fit
+    queue_overflow: jax.Array  # [] bool a local queue held more than its capacity Q
     all_admitted_t: jax.Array  # [] float32 time the last request was admitted (end of the loaded phase)
     tokens_loaded: jax.Array  # [] int32 tokens emitted up to then
     trace_kv: jax.Array  # [T, G] float32 sampled per-worker loads
@@ -175,8 +195,12 @@ class DecodeModel(sim.Model):
     window: int = DEFAULT_WINDOW
     horizon: int = DEFAULT_HORIZON
     r_max: int = DEFAULT_R_MAX
-    kv_capacity: int = 10**9  # KV tokens per worker
+    kv_capacity: int = 10**9  # KV tokens per worker (its block pool holds kv_capacity // block_size blocks)
     trace_points: int = 128
+    block_size: int = DEFAULT_BLOCK_SIZE  # tokens per KV block (vLLM paged attention)
+    preempt: bool = True  # preempt the newest requests (recompute) when a rank runs out of blocks
+    queue_capacity: int = 0  # entries per local queue; 0 = n_requests (can never overflow)
+    cap_immediate: bool = False  # legacy: immediate dispatch also held to P waiting requests in total
 
     def __post_init__(self):
         for name in ("n_workers", "n_requests", "max_steps", "slots", "pool", "window", "r_max", "trace_points"):
@@ -189,8 +213,22 @@ class DecodeModel(sim.Model):
             raise JaxrouteError(f"candidate window W={self.window} enumerates 2^W subsets; use W <= 12")
         if self.window > self.pool:
             raise JaxrouteError(f"candidate window W={self.window} exceeds the pool capacity P={self.pool}")
-        if self.kv_capacity < 1:
-            raise JaxrouteError(f"KV capacity must be positive, got {self.kv_capacity}")
+        if not isinstance(self.block_size, int) or self.block_size < 1:
+            raise JaxrouteError(f"KV block size must be a positive integer, got {self.block_size!r}")
+        if self.kv_capacity < self.block_size:
+            raise JaxrouteError(f"KV capacity {self.kv_capacity} tokens holds no block of {self.block_size} tokens")
+        if not isinstance(self.queue_capacity, int) or self.queue_capacity < 0:
+            raise JaxrouteError(f"queue capacity must be a non-negative integer, got {self.queue_capacity!r}")
+
+    @property
+    def n_blocks(self) -> int:
+        """KV blocks per rank."""
+        return self.kv_capacity // self.block_size
+
+    @property
+    def q_cap(self) -> int:
+        """Entries per local queue."""
+        return self.queue_capacity or self.n_requests
 
     @property
     def trace_stride(self) -> int:
@@ -231,13 +269,17 @@ class DecodeModel(sim.Model):
         return DecodeState(
             key=key, t=f0, event=i0, steps=i0, arrival_t=arrival_t, next_in=i0,
             prompt=wl.prompt[perm], output=wl.output[perm], key_id=wl.key_id[perm],
-            pool=jnp.full((p,), -1, jnp.int32), queue=jnp.full((g, p), -1, jnp.int32), rr_next=i0,
+            pool=jnp.full((p,), -1, jnp.int32), queue=jnp.full((g, self.q_cap), -1, jnp.int32),
+            q_head=jnp.zeros((g,), jnp.int32), q_len=jnp.zeros((g,), jnp.int32),
+            q_tokens=jnp.zeros((g,), jnp.int32), rr_next=i0,
             slot_req=jnp.full((g, s), -1, jnp.int32), slot_gen=jnp.zeros((g, s), jnp.int32),
+            slot_seq=jnp.zeros((g, s), jnp.int32), seq=i0, req_gen=jnp.zeros((n,), jnp.int32),
+            preemptions=i0, recomputed_tokens=i0,
             admit_t=jnp.zeros((n,), jnp.float32), finish_t=jnp.zeros((n,), jnp.float32),
             done=jnp.zeros((n,), bool), worker_of=jnp.full((n,), -1, jnp.int32), tokens_out=i0,
             sum_imb=f0, sum_idle=f0, sum_load=f0, sum_imb_loaded=f0, steps_loaded=i0,
             busy_s=jnp.zeros((g,), jnp.float32), barrier_s=f0,
-            kv_overflow=jnp.bool_(False), all_admitted_t=f0, tokens_loaded=i0,
+            kv_overflow=jnp.bool_(False), queue_overflow=jnp.bool_(False), all_admitted_t=f0, tokens_loaded=i0,
             trace_kv=jnp.zeros((self.trace_points, g), jnp.float32),
             trace_t=jnp.zeros((self.trace_points,), jnp.float32),
         )
@@ -287,7 +329,11 @@ class DecodeModel(sim.Model):
         return jnp.where(h[None, :] == 0, now[:, None], future)
 
     def place(self, st: DecodeState, ids: jax.Array, workers: jax.Array) -> DecodeState:
-        """Put requests ids [K] into free slots of workers [K] (-1 = skip), in the given order."""
+        """Put requests ids [K] into free slots of workers [K] (-1 = skip), in the given order.
+
+        A readmitted (preempted) request resumes its generated count; admit_t and the worker are
+        those of the first admission (assignment is sticky: a preempted request waits on its rank).
+        """
         g = self.n_workers
         onehot = (workers[:, None] == jnp.arange(g)[None, :]) & (ids[:, None] >= 0)  # [K, G]
         rank = jnp.sum(jnp.cumsum(onehot, axis=0) * onehot, axis=1) - 1  # k-th request for its worker
@@ -297,11 +343,16 @@ class DecodeModel(sim.Model):
         hit = free & (jnp.cumsum(free, axis=1) - 1 == rank[:, None])
         slot = jnp.argmax(hit, axis=1)  # the rank-th free slot
         w_drop = jnp.where(ok, workers, g)  # out of range -> dropped by the scatter
-        rid = jnp.where(ok, ids, self.n_requests)
+        safe = jnp.maximum(ids, 0)
+        first = ok & (st.worker_of[safe] < 0)
+        rid = jnp.where(first, ids, self.n_requests)
+        order = st.seq + jnp.cumsum(ok) - 1
         return dataclasses.replace(
             st,
             slot_req=st.slot_req.at[w_drop, slot].set(ids, mode="drop"),
-            slot_gen=st.slot_gen.at[w_drop, slot].set(0, mode="drop"),
+            slot_gen=st.slot_gen.at[w_drop, slot].set(st.req_gen[safe], mode="drop"),
+            slot_seq=st.slot_seq.at[w_drop, slot].set(order, mode="drop"),
+            seq=st.seq + jnp.sum(ok).astype(jnp.int32),
             admit_t=st.admit_t.at[rid].set(st.t, mode="drop"),
             worker_of=st.worker_of.at[rid].set(workers, mode="drop"),
         )
@@ -313,8 +364,20 @@ class DecodeModel(sim.Model):
         new = self._step(st, wl, params)
         return jax.tree.map(lambda a, b: jnp.where(finished, a, b), st, new)
 
+    def blocks(self, tokens: jax.Array) -> jax.Array:
+        """KV blocks that hold `tokens` tokens (ceil division by the block size)."""
+        return (tokens + self.block_size - 1) // self.block_size
+
+    def queue_entries(self, st: DecodeState, n: int) -> tuple[jax.Array, jax.Array]:
+        """The first n entries of every local queue [G, n] (request ids) and whether each exists."""
+        j = jnp.arange(n)[None, :]
+        pos = (st.q_head[:, None] + j) % self.q_cap
+        ids = jnp.take_along_axis(st.queue, pos, axis=1)
+        ok = j < st.q_len[:, None]
+        return jnp.where(ok, ids, -1), ok
+
     def _step(self, st: DecodeState, wl: DecodeWorkload, params: DecodeParams) -> DecodeState:
-        g, p, n = self.n_workers, self.pool, self.n_requests
+        g, p, n, s_n, qc = self.n_workers, self.pool, self.n_requests, self.slots, self.q_cap
         key, k_in, k_out = jax.random.split(st.key, 3)
         st = dataclasses.replace(st, key=key)
         pooled = params.dispatch == balance.POOLED
@@ -325,24 +388,25 @@ class DecodeModel(sim.Model):
         n_active = jnp.sum(active, axis=1)
         load = self.loads(st, wl)
         loads_h = self.predicted_loads(st, wl, params)
+        rows = jnp.arange(g)[:, None]
 
-        # ---- 1. intake
-        n_waiting = jnp.sum(st.pool >= 0) + jnp.sum(st.queue >= 0)
-        take = jnp.clip(jnp.minimum(n_arrived - st.next_in, p - n_waiting), 0, p)
+        # ---- 1. intake: pooled mode fills the prompt pool (capacity P; the rest wait in the prefill
+        # tier, which holds their KV); immediate mode routes every prefill-completed request on arrival.
+        n_pool = jnp.sum(st.pool >= 0)
+        backlog = jnp.maximum(n_arrived - st.next_in, 0)
+        cap_left = p - n_pool - jnp.where(self.cap_immediate, jnp.sum(st.q_len), 0)
+        take = jnp.where(pooled | self.cap_immediate, jnp.clip(jnp.minimum(backlog, cap_left), 0, p), backlog)
 
         def intake_pooled(st):
-            n_pool = jnp.sum(st.pool >= 0)
             j = jnp.arange(p)
             new_ids = st.next_in + j - n_pool
             pool = jnp.where((j >= n_pool) & (j < n_pool + take), new_ids, st.pool)
             return dataclasses.replace(st, pool=pool, next_in=st.next_in + take)
 
         def intake_immediate(st):
-            q_prompt = jnp.where(st.queue >= 0, st.prompt[jnp.maximum(st.queue, 0)], 0)
-            q_load = jnp.sum(q_prompt, axis=1).astype(jnp.float32)
-            counts0 = (n_active + jnp.sum(st.queue >= 0, axis=1)).astype(jnp.float32)
+            q_load = st.q_tokens.astype(jnp.float32)
+            counts0 = (n_active + st.q_len).astype(jnp.float32)
             table = balance.penalty_tables(balance.margins_of(loads_h + q_load[:, None]), d)
-            qlen0 = jnp.sum(st.queue >= 0, axis=1)
             everyone = jnp.ones((g,), bool)
 
             def body(c):
@@ -352,63 +416,108 @@ class DecodeModel(sim.Model):
                 s_i = st.prompt[rid].astype(jnp.float32)
                 single = jax.vmap(lambda gg: balance.score(s_i, table, gg, took[gg], a, b, sum_d))(jnp.arange(g))
                 gi = balance.choose_worker(params.policy, sub, counts, kv, rr, everyone, single)
-                queue = queue.at[gi, qlen[gi]].set(rid)
+                queue = queue.at[gi, (st.q_head[gi] + qlen[gi]) % qc].set(rid)
                 return (i + 1, queue, qlen.at[gi].add(1), counts.at[gi].add(1.0), kv.at[gi].add(s_i),
                         took.at[gi].add(s_i), (gi + 1) % g, k)
 
-            init = (jnp.int32(0), st.queue, qlen0, counts0, load + q_load, jnp.zeros((g,), jnp.float32),
+            init = (jnp.int32(0), st.queue, st.q_len, counts0, load + q_load, jnp.zeros((g,), jnp.float32),
                     st.rr_next, k_in)
             out = jax.lax.while_loop(lambda c: c[0] < take, body, init)
-            return dataclasses.replace(st, queue=out[1], rr_next=out[6], next_in=st.next_in + take)
+            return dataclasses.replace(st, queue=out[1], q_len=out[2], rr_next=out[6], next_in=st.next_in + take,
+                                       q_tokens=st.q_tokens + jnp.round(out[5]).astype(jnp.int32))
 
         st = jax.lax.cond(pooled, intake_pooled, intake_immediate, st)
+        queue_overflow = st.queue_overflow | jnp.any(st.q_len > qc)
 
-        # ---- 2. admission
-        free = jnp.minimum(self.slots - n_active, self.r_max)
-        room = self.kv_capacity - load
+        # ---- 2. running requests first (vLLM's scheduler): each needs the blocks for its next token;
+        # when a rank runs out, its newest requests are preempted (KV freed, recomputed on readmission)
+        # and go back to the front of its local queue, oldest first.
+        ctx = st.prompt[jnp.maximum(st.slot_req, 0)] + st.slot_gen
+        need = jnp.where(active, self.blocks(ctx + 1), 0)
+        order = jnp.argsort(jnp.where(active, st.slot_seq, jnp.iinfo(jnp.int32).max), axis=1)  # oldest first
+        cum = jnp.cumsum(jnp.take_along_axis(need, order, axis=1), axis=1)
+        keep_sorted = cum <= self.n_blocks
+        keep = jnp.zeros((g, s_n), bool).at[rows, order].set(keep_sorted)
+        evict = active & ~keep & self.preempt
+        n_evict = jnp.sum(evict, axis=1)
+        n_keep = n_active - n_evict
+        rank_sorted = jnp.zeros((g, s_n), jnp.int32).at[rows, order].set(jnp.arange(s_n)[None, :])
+        q_head = (st.q_head - n_evict) % qc
+        dest = jnp.where(evict, (q_head[:, None] + rank_sorted - n_keep[:, None]) % qc, qc)
+        evicted_ids = jnp.where(evict, st.slot_req, n)
+        st = dataclasses.replace(
+            st,
+            queue=st.queue.at[rows, dest].set(st.slot_req, mode="drop"),
+            q_head=q_head, q_len=st.q_len + n_evict,
+            q_tokens=st.q_tokens + jnp.sum(jnp.where(evict, st.prompt[jnp.maximum(st.slot_req, 0)], 0), axis=1),
+            req_gen=st.req_gen.at[evicted_ids].set(st.slot_gen, mode="drop"),
+            slot_req=jnp.where(evict, -1, st.slot_req), slot_gen=jnp.where(evict, 0, st.slot_gen),
+            preemptions=st.preemptions + jnp.sum(n_evict),
+        )
+        preempted_now = n_evict > 0
+        active = st.slot_req >= 0
+        n_active = jnp.sum(active, axis=1)
+        used = jnp.sum(jnp.where(active, self.blocks(st.prompt[jnp.maximum(st.slot_req, 0)] + st.slot_gen + 1), 0),
+                       axis=1)
+        free_blocks = self.n_blocks - used
 
+        # ---- 3. admission from the local queue: FCFS with head-of-line blocking, at most R_max per
+        # step, into free slots, if the blocks for the prompt (plus tokens already generated before a
+        # preemption, recomputed now) and the next token fit; none on a rank that just preempted.
+        free = jnp.where(preempted_now, 0, jnp.minimum(s_n - n_active, self.r_max))
+        head, ok = self.queue_entries(st, self.r_max)
+        hid = jnp.maximum(head, 0)
+        h_gen = st.req_gen[hid]
+        h_need = self.blocks(st.prompt[hid] + h_gen + 1)
+        j = jnp.arange(self.r_max)[None, :]
+        fits = jnp.cumsum(jnp.where(ok, h_need, 0), axis=1) <= free_blocks[:, None]
+        admit = ok & (j < free[:, None]) & jnp.cumprod(fits, axis=1).astype(bool)
+        n_adm = jnp.sum(admit, axis=1)
+        pool_need = self.blocks(st.prompt[jnp.maximum(st.pool, 0)] + 1)
+        too_big = (jnp.any(ok[:, :1] & (h_need[:, :1] > self.n_blocks))  # a request that can never fit
+                   | jnp.any((st.pool >= 0) & (pool_need > self.n_blocks)))
+        recompute = jnp.sum(jnp.where(admit & (h_gen > 0), st.prompt[hid] + h_gen, 0), axis=1)
+        st = self.place(st, jnp.where(admit, head, -1).reshape(-1), jnp.where(admit, rows, -1).reshape(-1))
+        st = dataclasses.replace(st, q_head=(st.q_head + n_adm) % qc, q_len=st.q_len - n_adm,
+                                 q_tokens=st.q_tokens - jnp.sum(jnp.where(admit, st.prompt[hid], 0), axis=1),
+                                 recomputed_tokens=st.recomputed_tokens + jnp.sum(recompute))
+        free = free - n_adm
+        free_blocks = free_blocks - jnp.sum(jnp.where(admit, h_need, 0), axis=1)
+
+        # ---- 4. pooled binding (BalanceRoute's two stages, or a baseline's worker choice, oldest first)
+        # into what the local queues left: only ranks whose local queue is empty may take new requests.
         def admit_pooled(st):
+            free_p = jnp.where((st.q_len == 0) & ~preempted_now, free, 0)
             valid = st.pool >= 0
-            pool_s = jnp.where(valid, st.prompt[jnp.maximum(st.pool, 0)], 0).astype(jnp.float32)
+            pid = jnp.maximum(st.pool, 0)
+            pool_s = jnp.where(valid, st.prompt[pid], 0).astype(jnp.float32)
+            pool_need = jnp.where(valid, self.blocks(st.prompt[pid] + 1) * self.block_size, 0).astype(jnp.float32)
+            room = (free_blocks * self.block_size).astype(jnp.float32)
             is_br = (params.policy == balance.BR0) | (params.policy == balance.BRH)
-            counts = n_active.astype(jnp.float32)
+            counts = n_active.astype(jnp.float32) + n_adm
 
             def br(_):
-                return balance.balance_dispatch(pool_s, valid, loads_h, free, room, a, b, d, self.window,
-                                                g * self.r_max), st.rr_next
+                return balance.balance_dispatch(pool_s, valid, loads_h, free_p, room, a, b, d, self.window,
+                                                g * self.r_max, pool_need=pool_need), st.rr_next
 
             def fifo(_):
-                return balance.fifo_dispatch(params.policy, k_out, pool_s, valid, counts, load, st.rr_next, free,
-                                             room, g * self.r_max)
+                return balance.fifo_dispatch(params.policy, k_out, pool_s, valid, counts, self.loads(st, wl),
+                                             st.rr_next, free_p, room, g * self.r_max, pool_need=pool_need)
 
             assign, rr = jax.lax.cond(is_br, br, fifo, None)
             st = self.place(st, jnp.where(assign >= 0, st.pool, -1), assign)
             left = jnp.where(assign >= 0, -1, st.pool)
             return dataclasses.replace(st, pool=compact(left), rr_next=rr)
 
-        def admit_immediate(st):
-            head = st.queue[:, : self.r_max]  # [G, R]
-            h_s = jnp.where(head >= 0, st.prompt[jnp.maximum(head, 0)], 0)
-            j = jnp.arange(self.r_max)[None, :]
-            fits = jnp.cumsum(h_s, axis=1) <= room[:, None]
-            ok = (head >= 0) & (j < free[:, None]) & jnp.cumprod(fits, axis=1).astype(bool)  # FCFS prefix
-            workers = jnp.where(ok, jnp.arange(g)[:, None], -1)
-            st = self.place(st, jnp.where(ok, head, -1).reshape(-1), workers.reshape(-1))
-            n_ok = jnp.sum(ok, axis=1)
-            col = jnp.arange(p)[None, :] + n_ok[:, None]
-            queue = jnp.where(col < p, jnp.take_along_axis(st.queue, jnp.minimum(col, p - 1), axis=1), -1)
-            return dataclasses.replace(st, queue=queue)
+        st = jax.lax.cond(pooled, admit_pooled, lambda st: st, st)
 
-        st = jax.lax.cond(pooled, admit_pooled, admit_immediate, st)
-
-        # ---- 3. one decode step (or a jump to the next arrival when idle)
+        # ---- 5. one decode step (or a jump to the next arrival when idle)
         active = st.slot_req >= 0
         n_act = jnp.sum(active, axis=1)
         load = self.loads(st, wl)
         any_active = jnp.any(active)
-        per_worker = jax.vmap(lambda nb, ld: cost_models.decode_step_time(wl.cost, nb, ld / jnp.maximum(nb, 1)))(
-            n_act.astype(jnp.float32), load)
-        dt = jnp.where(any_active, jnp.max(per_worker) + wl.collective_s, 0.0)
+        barrier, per_worker = rank_times(wl.cost, n_act.astype(jnp.float32), load, recompute.astype(jnp.float32))
+        dt = jnp.where(any_active, barrier + wl.collective_s, 0.0)
         t_end = st.t + dt
         gen = st.slot_gen + active
         out_len = st.output[jnp.maximum(st.slot_req, 0)]
@@ -417,12 +526,12 @@ class DecodeModel(sim.Model):
         m_load = jnp.max(load)
         imb = m_load - jnp.min(load)
         idle = g * m_load - jnp.sum(load)
-        kv_after = self.loads(dataclasses.replace(st, slot_gen=gen), wl)
+        blocks_after = jnp.sum(jnp.where(active, self.blocks(st.prompt[jnp.maximum(st.slot_req, 0)] + gen), 0), axis=1)
         emitted = jnp.sum(active).astype(jnp.int32)
 
         # idle jump: the next request not yet in the proxy
         next_t = st.arrival_t[jnp.minimum(st.next_in, n - 1)]
-        nothing_waiting = (jnp.sum(st.pool >= 0) + jnp.sum(st.queue >= 0)) == 0
+        nothing_waiting = (jnp.sum(st.pool >= 0) + jnp.sum(st.q_len)) == 0
         jump = ~any_active & nothing_waiting & (st.next_in < n)
         t_new = jnp.where(any_active, t_end, jnp.where(jump, jnp.maximum(st.t, next_t), st.t))
 
@@ -449,7 +558,8 @@ class DecodeModel(sim.Model):
             steps_loaded=st.steps_loaded + (any_active & ~all_in).astype(jnp.int32),
             busy_s=st.busy_s + jnp.where(any_active, per_worker, 0.0),
             barrier_s=st.barrier_s + dt,
-            kv_overflow=st.kv_overflow | jnp.any(kv_after > self.kv_capacity),
+            kv_overflow=st.kv_overflow | too_big | jnp.any(blocks_after > self.n_blocks),
+            queue_overflow=queue_overflow,
             all_admitted_t=jnp.where(first_all_in, st.t, st.all_admitted_t),
             tokens_loaded=jnp.where(first_all_in, st.tokens_out, st.tokens_loaded),
             trace_kv=st.trace_kv.at[ti].set(load, mode="drop"),
@@ -463,14 +573,20 @@ class DecodeModel(sim.Model):
         done = st.done
         tpot = (st.finish_t - st.admit_t) / st.output.astype(jnp.float32)
         makespan = jnp.max(jnp.where(done, st.finish_t, 0.0))
-        in_flight = (jnp.sum(st.pool >= 0) + jnp.sum(st.queue >= 0) + jnp.sum(st.slot_req >= 0)).astype(jnp.int32)
+        running = st.slot_req >= 0
+        in_flight = (jnp.sum(st.pool >= 0) + jnp.sum(st.q_len) + jnp.sum(running)).astype(jnp.int32)
         req_err = jnp.abs(st.next_in - (jnp.sum(done).astype(jnp.int32) + in_flight))
         out_done = jnp.sum(jnp.where(done, st.output, 0))
-        tok_err = jnp.abs(st.tokens_out - (out_done + jnp.sum(st.slot_gen)))
+        is_running = jnp.zeros((self.n_requests,), bool).at[jnp.where(running, st.slot_req, self.n_requests)].set(
+            True, mode="drop")
+        waiting_gen = jnp.sum(jnp.where(~done & ~is_running, st.req_gen, 0))  # preempted, waiting to resume
+        tok_err = jnp.abs(st.tokens_out - (out_done + jnp.sum(st.slot_gen) + waiting_gen))
         incomplete = ~jnp.all(done)
         util = st.busy_s / jnp.maximum(st.barrier_s, 1e-12)
         loaded_t = jnp.where(st.all_admitted_t > 0, st.all_admitted_t, makespan)
         loaded_tok = jnp.where(st.all_admitted_t > 0, st.tokens_loaded, st.tokens_out)
+        loaded_steps = jnp.where(st.all_admitted_t > 0, st.steps_loaded, st.steps)
+        done_loaded = done & (st.finish_t <= loaded_t)
         out = {
             "imbalance_tokens": st.sum_imb / steps,
             "barrier_idle_tokens": st.sum_idle / steps,
@@ -478,6 +594,11 @@ class DecodeModel(sim.Model):
             "mean_load_tokens": st.sum_load / steps,
             "tpot_p95_s": metrics.masked_quantile(tpot, done, 0.95),
             "tpot_mean_s": metrics.masked_mean(tpot, done),
+            "tpot_p95_loaded_s": metrics.masked_quantile(tpot, done_loaded, 0.95),
+            "tokens_per_step": st.tokens_out.astype(jnp.float32) / steps,
+            "tokens_per_step_loaded": loaded_tok.astype(jnp.float32) / jnp.maximum(loaded_steps, 1).astype(jnp.float32),
+            "preemptions": st.preemptions,
+            "recomputed_tokens": st.recomputed_tokens,
             "throughput_tok_s": st.tokens_out.astype(jnp.float32) / jnp.maximum(makespan, 1e-9),
             "throughput_loaded_tok_s": loaded_tok.astype(jnp.float32) / jnp.maximum(loaded_t, 1e-9),
             "makespan_s": makespan,
@@ -488,8 +609,9 @@ class DecodeModel(sim.Model):
             "worker_util": util,
             "completed": jnp.sum(done).astype(jnp.int32),
             "overflow_kv": st.kv_overflow,
+            "overflow_queue": st.queue_overflow,
             "overflow_steps": incomplete,
-            "overflow": st.kv_overflow | incomplete,
+            "overflow": st.kv_overflow | st.queue_overflow | incomplete,
             "conservation_error": (req_err + tok_err).astype(jnp.int32),
             "request_worker": st.worker_of,
             "request_admit_s": st.admit_t,
@@ -500,7 +622,15 @@ class DecodeModel(sim.Model):
         return out
 
 
-# Old name, kept while the commands and scripts move to the new one (removed at the end of issue 9).
+def rank_times(cost: cost_models.CostParams, batch, kv_tokens, prefill_tokens) -> tuple[jax.Array, jax.Array]:
+    """(barrier step s, per-rank busy s [G]) of one barrier step; see `cost_models.dp_step_times`."""
+    if hasattr(cost_models, "dp_step_times"):
+        return cost_models.dp_step_times(cost, batch, kv_tokens, prefill_tokens)
+    dec = jax.vmap(lambda nb, ld: cost_models.decode_stats(nb, ld / jnp.maximum(nb, 1)))(batch, kv_tokens)
+    pre = jax.vmap(cost_models.prefill_stats)(prefill_tokens)
+    per = jax.vmap(lambda a, b: cost_models.time_from_stats(cost, cost_models.IterationStats(
+        *[x + y for x, y in zip(a, b, strict=True)])))(dec, pre)
+    return jnp.max(per), per
 
 
 def compact(ids: jax.Array) -> jax.Array:

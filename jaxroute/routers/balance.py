@@ -156,18 +156,21 @@ def choose_worker(policy, key, counts, kv, rr_next, eligible, single_scores) -> 
 # --------------------------------------------------------------------------- pooled dispatch
 
 
-def balance_dispatch(pool_s, pool_valid, loads_h, free, kv_room, alpha, beta, d, window: int, max_iters: int):
+def balance_dispatch(pool_s, pool_valid, loads_h, free, kv_room, alpha, beta, d, window: int, max_iters: int,
+                     pool_need=None):
     """BalanceRoute's two-stage binding of pool entries to workers for one barrier step.
 
     pool_s [P] float: prompt tokens of pool entries (oldest first); pool_valid [P] bool;
     loads_h [G, H+1]: predicted loads (h = 0 is the current load); free [G] int: slots this
-    worker may still take this step (min(S - active, R_max)); kv_room [G]: KV tokens left.
+    worker may still take this step (min(S - active, R_max)); kv_room [G]: KV tokens left;
+    pool_need [P]: KV room each entry takes (default its prompt; whole blocks in the paged model).
     Margins are measured against the envelope M_h at the start of the step; a worker's own
     bindings in this step lower its margins by what it took.
     Returns assign [P] int32 (worker, or -1 when the entry stays in the pool).
     """
     n_pool = pool_s.shape[0]
     n_workers = loads_h.shape[0]
+    need = pool_s if pool_need is None else pool_need
     sum_d = jnp.sum(d)
     margins = margins_of(loads_h)
     m0 = margins[:, 0]
@@ -193,15 +196,15 @@ def balance_dispatch(pool_s, pool_valid, loads_h, free, kv_room, alpha, beta, d,
     def s1_body(c):
         it, assign, free_, room, took, blocked = c
         g, _ = pick_worker(free_, took, (free_ > 0) & ~blocked)
-        ok = pool_valid & (assign < 0) & (pool_s <= room[g])
+        ok = pool_valid & (assign < 0) & (need <= room[g])
         f = jnp.where(ok, score(pool_s, table, g, took[g], alpha, beta, sum_d), ninf)
         best = jnp.argmax(f)
         found = ok[best]
         s = jnp.where(found, pool_s[best], 0.0)
         assign = jnp.where((jnp.arange(n_pool) == best) & found, g, assign)
         blocked = blocked.at[g].set(blocked[g] | ~found)  # nothing fits this worker
-        return (it + 1, assign, free_.at[g].add(-found.astype(free_.dtype)), room.at[g].add(-s),
-                took.at[g].add(s), blocked)
+        return (it + 1, assign, free_.at[g].add(-found.astype(free_.dtype)),
+                room.at[g].add(-jnp.where(found, need[best], 0.0)), took.at[g].add(s), blocked)
 
     # ---- stage 2: subset choice per worker in priority order
     def s2_body(_, c):
@@ -211,8 +214,9 @@ def balance_dispatch(pool_s, pool_valid, loads_h, free, kv_room, alpha, beta, d,
         pos, w_ok = first_positions(waiting, window)  # the W oldest waiting entries
         w_s = jnp.where(w_ok, pool_s[pos], 0.0)
         ds = subsets.astype(jnp.float32) @ w_s
+        dn = subsets.astype(jnp.float32) @ jnp.where(w_ok, need[pos], 0.0)
         uses_missing = jnp.any(subsets & ~w_ok[None, :], axis=1)
-        feasible = ~uses_missing & (sizes <= free_[g]) & (ds <= room[g])
+        feasible = ~uses_missing & (sizes <= free_[g]) & (dn <= room[g])
         f = jnp.where(feasible, score(ds, table, g, took[g], alpha, beta, sum_d), ninf)
         best = jnp.argmax(f)
         single = jnp.argmax(jnp.where(feasible & (sizes == 1), f, ninf))
@@ -221,8 +225,9 @@ def balance_dispatch(pool_s, pool_valid, loads_h, free, kv_room, alpha, beta, d,
         members = subsets[use] & use_ok & w_ok  # [W]
         chosen = jnp.zeros((n_pool,), bool).at[pos].max(members)
         s = jnp.sum(jnp.where(members, w_s, 0.0))
+        used = jnp.sum(jnp.where(members, need[pos], 0.0))
         assign = jnp.where(chosen, g, assign)
-        return (assign, free_.at[g].add(-jnp.sum(members).astype(free_.dtype)), room.at[g].add(-s),
+        return (assign, free_.at[g].add(-jnp.sum(members).astype(free_.dtype)), room.at[g].add(-used),
                 took.at[g].add(s), done.at[g].set(True))
 
     none_blocked = jnp.zeros((n_workers,), bool)
@@ -237,20 +242,23 @@ def balance_dispatch(pool_s, pool_valid, loads_h, free, kv_room, alpha, beta, d,
     return jax.lax.cond(stage1, run_stage1, run_stage2, None)
 
 
-def fifo_dispatch(policy, key, pool_s, pool_valid, counts, kv, rr_next, free, kv_room, max_iters: int):
+def fifo_dispatch(policy, key, pool_s, pool_valid, counts, kv, rr_next, free, kv_room, max_iters: int,
+                  pool_need=None):
     """A baseline in pooled mode: the oldest waiting request goes to the worker the baseline picks
-    among those with a free slot this step (and KV room), repeated while possible.
+    among those with a free slot this step (and KV room for pool_need, default its prompt), repeated
+    while possible.
 
     Returns (assign [P] int32, rr_next).
     """
     n_pool = pool_s.shape[0]
     zeros = jnp.zeros(counts.shape, jnp.float32)
+    need = pool_s if pool_need is None else pool_need
 
     def cond(c):
         it, assign, counts_, kv_, free_, room, rr, k = c
         waiting = pool_valid & (assign < 0)
         head = jnp.argmax(waiting)
-        elig = (free_ > 0) & (pool_s[head] <= room)
+        elig = (free_ > 0) & (need[head] <= room)
         return (it < max_iters) & jnp.any(waiting) & jnp.any(elig)
 
     def body(c):
@@ -259,10 +267,11 @@ def fifo_dispatch(policy, key, pool_s, pool_valid, counts, kv, rr_next, free, kv
         waiting = pool_valid & (assign < 0)
         head = jnp.argmax(waiting)
         s = pool_s[head]
-        elig = (free_ > 0) & (s <= room)
+        elig = (free_ > 0) & (need[head] <= room)
         g = choose_worker(policy, sub, counts_, kv_, rr, elig, zeros)
         assign = assign.at[head].set(g)
-        return (it + 1, assign, counts_.at[g].add(1), kv_.at[g].add(s), free_.at[g].add(-1), room.at[g].add(-s),
+        return (it + 1, assign, counts_.at[g].add(1), kv_.at[g].add(s), free_.at[g].add(-1),
+                room.at[g].add(-need[head]),
                 (g + 1) % counts.shape[0], k)
 
     init = (jnp.int32(0), jnp.full((n_pool,), -1, jnp.int32), counts, kv, free, kv_room, rr_next, key)
