@@ -12,7 +12,6 @@ from __future__ import annotations
 import jax
 import numpy as np
 
-from jaxroute import cost_models
 from jaxroute.routers import balance
 
 F32 = np.float32
