@@ -182,7 +182,7 @@ def simulate(key, prompt, output, trace_arrival, *, n_workers, slots, pool, wind
     else:
         a, b, d = alpha, beta, [float(F32(gamma) ** F32(h)) for h in range(horizon + 1)]
     t = F32(0.0)
-    next_in, rr, seq = 0, 0, 0
+    next_in, rr = 0, 0
     pool_ids: list[int] = []
     queues: list[list[int]] = [[] for _ in range(g_n)]
     running: list[list[int]] = [[] for _ in range(g_n)]  # request ids, oldest admission first
