@@ -20,6 +20,16 @@ Roofline (T = new tokens, R = requests needing logits, n/c = a chunk's new/cache
               1 - (1 - k/E)^T of them) / tp + KV bytes per rank x (cached tokens read + T written)
     time    = OVERHEAD_S + max(FLOPs / (tp ETA_COMPUTE peak), bytes / (ETA_MEMORY bandwidth)) + all-reduces
     (KV bytes per rank: KV heads split over min(tp, KV heads) ranks, replicated beyond that.)
+
+Decode data parallelism (`dp_step_times`, traced field `parallel`): G DP ranks, each of `tp` devices.
+- `parallel=0` "independent" (default): every rank is a replica running the roofline above on its own tokens
+  (experts hit counted from its own tokens only); the barrier is the slowest rank.
+- `parallel=1` "dp_ep" (MoE only; DP attention + expert parallelism, as vllm-ascend and SGLang serve DeepSeek-V3):
+  per layer, each rank runs attention on its own requests (non-expert weights / tp, its KV reads, its FLOPs), then
+  the routed experts, spread over all G*tp devices, serve the tokens of every rank (experts hit from the *global*
+  token count), with an all-to-all dispatch + combine per MoE layer. Every rank waits at every layer:
+      barrier = OVERHEAD_S + max_g attention_g + experts + all-to-all
+  (the layers are treated as identical, so summing the per-layer max over layers equals the max of the sums).
 """
 
 from __future__ import annotations
@@ -38,38 +48,58 @@ from jaxroute.errors import JaxrouteError
 ROOFLINE, PREBLE = 0, 1
 PREBLE_QUAD_PEAK = 1.25 / (2 * 2.56e-3)  # 244.14 tokens: the vertex of Preble's middle linear-time branch
 KINDS = {"roofline": ROOFLINE, "preble": PREBLE}
+INDEPENDENT, DP_EP = 0, 1
+PARALLEL = {"independent": INDEPENDENT, "dp_ep": DP_EP}
 
 # --------------------------------------------------------------------------- catalogs
 
 
 @dataclasses.dataclass(frozen=True)
 class GPUSpec:
-    """One GPU: dense bf16 tensor FLOP/s, HBM/GDDR bandwidth, memory, and per-direction link bandwidth."""
+    """One accelerator device: dense bf16 and INT8 tensor rates, HBM/GDDR bandwidth, memory, per-direction link."""
 
     name: str
     flops: float  # dense bf16 FLOP/s (no sparsity)
     mem_bw: float  # bytes/s
     mem_bytes: float  # bytes (decimal GB, as on the spec sheet)
     link_bw: float  # bytes/s per direction to peers (NVLink, or PCIe when no NVLink switch)
+    int8_ops: float = 0.0  # dense INT8 tensor OP/s (no sparsity); the rate of W8A8 linear layers
 
 
 # Sources (spec sheets; dense = half the "with sparsity" figure):
 # - RTX A6000: NVIDIA RTX A6000 datasheet + Ampere GA102 whitepaper (Appendix A): 48 GB GDDR6, 768 GB/s,
-#   BF16 tensor (FP32 accumulate) 154.8 TFLOPS dense / 309.7 sparse. Multi-GPU A6000 servers talk over
-#   PCIe Gen4 x16 (32 GB/s per direction); the NVLink bridge joins pairs only.
-# - A100 80GB SXM: NVIDIA A100 datasheet: BF16 tensor 312 TFLOPS dense (624 sparse), 2,039 GB/s HBM2e,
-#   80 GB, NVLink 600 GB/s (bidirectional) -> 300 GB/s per direction.
-# - H100 SXM: NVIDIA H100 datasheet: BF16 tensor 1,979 TFLOPS with sparsity -> 989.4 dense, 3.35 TB/s HBM3,
-#   80 GB, NVLink 900 GB/s (bidirectional) -> 450 GB/s per direction.
-# - H200 SXM: NVIDIA H200 datasheet: BF16 tensor 1,979 TFLOPS with sparsity -> 989.4 dense, 4.8 TB/s HBM3e,
-#   141 GB, NVLink 900 GB/s -> 450 GB/s per direction.
+#   BF16 tensor (FP32 accumulate) 154.8 TFLOPS dense / 309.7 sparse, INT8 tensor 309.7 TOPS dense / 619.4 sparse.
+#   Multi-GPU A6000 servers talk over PCIe Gen4 x16 (32 GB/s per direction); the NVLink bridge joins pairs only.
+# - A100 80GB SXM: NVIDIA A100 datasheet: BF16 tensor 312 TFLOPS dense (624 sparse), INT8 624 TOPS dense
+#   (1,248 sparse), 2,039 GB/s HBM2e, 80 GB, NVLink 600 GB/s (bidirectional) -> 300 GB/s per direction.
+# - H100 SXM: NVIDIA H100 datasheet: BF16 tensor 1,979 TFLOPS with sparsity -> 989.4 dense, INT8 3,958 TOPS with
+#   sparsity -> 1,979 dense, 3.35 TB/s HBM3, 80 GB, NVLink 900 GB/s (bidirectional) -> 450 GB/s per direction.
+# - H200 SXM: NVIDIA H200 datasheet: BF16 tensor 1,979 TFLOPS with sparsity -> 989.4 dense, INT8 3,958 TOPS with
+#   sparsity -> 1,979 dense, 4.8 TB/s HBM3e, 141 GB, NVLink 900 GB/s -> 450 GB/s per direction.
+# - Ascend-910C: ONE DIE of Huawei's dual-die Ascend 910C package, i.e. one NPU device as the software counts
+#   them. Huawei's CloudMatrix384 paper (Zuo et al., "Serving Large Language Models on Huawei CloudMatrix384",
+#   arXiv 2506.12708, Sec. 3 "CloudMatrix384 architecture", Ascend 910C chip) gives the package: two dies,
+#   752 TFLOPS dense BF16/FP16 (376 per die), 128 GB of on-package HBM at 3.2 TB/s (64 GB and 1.6 TB/s per die),
+#   and over 392 GB/s of unidirectional UB-plane bandwidth per 910C (196 GB/s per die). Cross-checks: the
+#   supernode totals 384 x 752 TFLOPS = 289 PFLOPS BF16 and ~48 TB HBM (Huawei Cloud's CloudMatrix 384 project
+#   write-up); SemiAnalysis (2025-04-16, "Huawei AI CloudMatrix 384") gives 1,229 TB/s and 49.2 TB for 384 chips
+#   (3.2 TB/s, 128 GB each; it quotes 780 TFLOPS BF16, we keep Huawei's 752); vLLM-Ascend's DeepSeek tutorials
+#   list an Atlas 800T A3 server (8 x 910C) as "64G x 16", i.e. 16 devices of 64 GB (one per die; the Chinese
+#   long-sequence tutorial: "8 个 NPU(16 个芯片)"). Why one die: the BalanceRoute paper's counts are device
+#   counts in that sense ("TP=4" per decode DP worker, "最大 144 NPU"): G=8 x TP=4 = 32 devices = two A3 servers.
+#   INT8: 2 x BF16 = 752 TOPS per die is derived, not a spec-sheet figure: the Da Vinci cube does a 16x32x16 INT8
+#   tile where it does 16x16x16 in FP16 (CANN platform_config DtypeMKN: Default=16,16,16, DT_INT8=16,32,16), as
+#   in Huawei's Ascend 910 launch figures (256 TFLOPS FP16 / 512 TOPS INT8). The BF16 figure counts cube + vector
+#   (cube alone: 24 cores x 4096 MACs x 2 x 1.8 GHz = 353.9 TFLOPS; CANN Ascend910B2C.ini: 24 cube cores at
+#   1800 MHz). link_bw is the UB plane per die, used for TP all-reduces and EP all-to-alls.
 GPUS: dict[str, GPUSpec] = {
     g.name: g
     for g in [
-        GPUSpec("A6000", flops=154.8e12, mem_bw=768e9, mem_bytes=48e9, link_bw=32e9),
-        GPUSpec("A100-80GB", flops=312e12, mem_bw=2039e9, mem_bytes=80e9, link_bw=300e9),
-        GPUSpec("H100-SXM", flops=989.4e12, mem_bw=3350e9, mem_bytes=80e9, link_bw=450e9),
-        GPUSpec("H200", flops=989.4e12, mem_bw=4800e9, mem_bytes=141e9, link_bw=450e9),
+        GPUSpec("A6000", flops=154.8e12, mem_bw=768e9, mem_bytes=48e9, link_bw=32e9, int8_ops=309.7e12),
+        GPUSpec("A100-80GB", flops=312e12, mem_bw=2039e9, mem_bytes=80e9, link_bw=300e9, int8_ops=624e12),
+        GPUSpec("H100-SXM", flops=989.4e12, mem_bw=3350e9, mem_bytes=80e9, link_bw=450e9, int8_ops=1979e12),
+        GPUSpec("H200", flops=989.4e12, mem_bw=4800e9, mem_bytes=141e9, link_bw=450e9, int8_ops=1979e12),
+        GPUSpec("Ascend-910C", flops=376e12, mem_bw=1600e9, mem_bytes=64e9, link_bw=196e9, int8_ops=752e12),
     ]
 }
 
@@ -92,6 +122,16 @@ class ModelSpec:
     n_experts: int = 1  # routed experts per MoE layer (1 = dense)
     experts_per_token: int = 1
     weight_bytes_per_param: int = 2  # bf16; DeepSeek-V3 ships FP8 weights
+    dense_layers: int = 0  # MoE models: leading layers with a dense MLP instead of routed experts
+    mla_latent: int = 0  # MLA: width of the cached compressed KV (kv_lora_rank); 0 = not MLA
+    mla_rope: int = 0  # MLA: width of the decoupled rope key cached beside the latent
+    tp_replicated_params: float = 0.0  # non-expert weights every TP rank holds and reads whole (dp_ep mode)
+    w8a8: bool = False  # INT8 weights and activations: linear layers run at the device's INT8 rate
+
+    @property
+    def moe_layers(self) -> int:
+        """Layers with routed experts (each has one dispatch and one combine all-to-all under EP)."""
+        return self.n_layers - self.dense_layers if self.n_experts > 1 else 0
 
     @property
     def weight_bytes(self) -> float:
@@ -143,6 +183,19 @@ def _dense_model(name: str, *, layers: int, hidden: int, heads: int, kv_heads: i
 #   128 (nope) + 64 (rope) = 192, v head dim 128, 256 routed experts with 8 per token, vocab 129280,
 #   FP8 weights. MLA caches one compressed latent per token and layer: kv_lora_rank 512 + rope key 64,
 #   bf16 -> 61 * 576 * 2 = 70,272 B/token, shared by all heads (so TP replicates it on every rank).
+#   config.json "first_k_dense_replace": 3 (layers 0-2 have a dense MLP, 58 layers have experts), q_lora_rank 1536.
+#   vLLM keeps MLA's down-projections whole on every TP rank: DeepseekV2MLAAttention.fused_qkv_a_proj is a
+#   MergedColumnParallelLinear with disable_tp=True of shape 2112 x 7168 = [q_lora_rank 1536, kv_lora_rank 512 +
+#   rope 64] (vllm-project/vllm vllm/model_executor/models/deepseek_v2.py @002d607, DeepSeekV2FusedQkvAProjLinear),
+#   so 61 * 7168 * 2112 = 923.5M params are replicated across TP; the rest of the attention (q_b, kv_b, o) and the
+#   MLPs split by heads / columns.
+# - DeepSeek-V3-W8A8: the same weights quantized to INT8 weights and INT8 activations, as the BalanceRoute paper
+#   serves it on Ascend ("DeepSeek-V3 671B W8A8", vllm-ascend) and as vLLM-Ascend's tutorials ship it
+#   ("DeepSeek-V3.1-w8a8"); still 1 byte per weight. The embedding, LM head and norms are counted at 1 B too
+#   (in the released W8A8 checkpoints they may stay bf16: an approximation of < 0.3 % of the bytes).
+_DEEPSEEK_V3 = ModelSpec("DeepSeek-V3", 671e9, 37e9, 61, 7168, 129280, 128, 192, 128, 1,
+                         61 * (512 + 64) * 2, n_experts=256, experts_per_token=8, weight_bytes_per_param=1,
+                         dense_layers=3, mla_latent=512, mla_rope=64, tp_replicated_params=61 * 7168 * (1536 + 576))
 MODELS: dict[str, ModelSpec] = {
     m.name: m
     for m in [
@@ -154,8 +207,7 @@ MODELS: dict[str, ModelSpec] = {
                   _gqa_kv_bytes(80, 8, 128)),
         ModelSpec("Qwen3-30B-A3B", 30.5e9, 3.3e9, 48, 2048, 151936, 32, 128, 128, 4,
                   _gqa_kv_bytes(48, 4, 128), n_experts=128, experts_per_token=8),
-        ModelSpec("DeepSeek-V3", 671e9, 37e9, 61, 7168, 129280, 128, 192, 128, 1,
-                  61 * (512 + 64) * 2, n_experts=256, experts_per_token=8, weight_bytes_per_param=1),
+        _DEEPSEEK_V3,
         # Hugging Face config.json values (all four: "tie_word_embeddings": false, bf16). Qwen3 configs
         # copied in citsjtu2020/LLM-Prof sglang/Model_Config.md @8434c8d: Qwen3-32B lines 264-293
         # (head_dim 273, hidden_size 275, intermediate_size 277, num_attention_heads 281, num_hidden_layers
@@ -174,10 +226,11 @@ MODELS: dict[str, ModelSpec] = {
                      vocab=128256),
         _dense_model("Llama-3.1-70B", layers=80, hidden=8192, heads=64, kv_heads=8, head_dim=128, ffn=28672,
                      vocab=128256),
+        dataclasses.replace(_DEEPSEEK_V3, name="DeepSeek-V3-W8A8", w8a8=True),
     ]
 }
 # Short names the CLI accepts for the only catalog entry of that kind (lower-case, '-'/'_'/'.' ignored).
-GPU_ALIASES = {"h100": "H100-SXM", "a100": "A100-80GB"}
+GPU_ALIASES = {"h100": "H100-SXM", "a100": "A100-80GB", "910c": "Ascend-910C", "ascend": "Ascend-910C"}
 
 
 def _key(name: str) -> str:
@@ -197,7 +250,7 @@ def _lookup(name, table: dict, what: str, aliases: dict | None = None):
 
 
 def get_gpu(name: str | GPUSpec) -> GPUSpec:
-    """Catalog GPU by name (case-insensitive, '-'/'_'/'.' ignored; 'h100' and 'a100' name the only one)."""
+    """Catalog GPU by name (case-insensitive, '-'/'_'/'.' ignored; 'h100', 'a100', '910c', 'ascend' name one)."""
     return _lookup(name, GPUS, "GPU", GPU_ALIASES)
 
 
@@ -229,6 +282,14 @@ OVERHEAD_S = 0.7e-3
 # algorithm (2 (tp-1)/tp of the bytes cross each link), plus a fixed latency per all-reduce. Not
 # overlapped with compute. ALLREDUCE_LATENCY_S is an assumption (NCCL small-message latency is ~5-20 us).
 ALLREDUCE_LATENCY_S = 10e-6
+# Expert parallelism (dp_ep mode): each MoE layer runs one dispatch and one combine all-to-all. Each token goes to
+# its k experts: dispatch carries its hidden vector at the activation width (1 B for FP8 / W8A8 models, whose
+# experts take 8-bit activations; 2 B for bf16), combine brings k bf16 results back. The bytes cross the sending
+# device's link (a share 1/devices stays local); the busiest sender sets the time. A2A_LATENCY_S, the fixed cost
+# of one all-to-all, is an assumption (the same small-message latency as ALLREDUCE_LATENCY_S; not measured on
+# either NVIDIA or Ascend hardware).
+A2A_LATENCY_S = 10e-6
+COMBINE_BYTES = 2  # bf16 expert outputs
 
 
 # --------------------------------------------------------------------------- traced parameters
@@ -255,6 +316,18 @@ class CostParams:
     dense_weight_bytes: jax.Array  # [] float32 weights read every iteration (no embedding table)
     expert_weight_bytes: jax.Array  # [] float32 routed-expert weights (read as far as tokens hit them)
     expert_hit_prob: jax.Array  # [] float32 k / E (chance that one token routes to a given expert)
+    # decode data parallelism (dp_step_times); the number of DP ranks G is the length of its arrays
+    parallel: jax.Array  # [] int32: 0 independent replicas, 1 DP attention + expert-parallel MoE (dp_ep)
+    linear_flops: jax.Array  # [] float32 effective OP/s of the linear layers per GPU (INT8 rate for W8A8, else flops)
+    ep_devices: jax.Array  # [] float32 devices the routed experts are spread over (dp_ranks * tp in dp_ep, else tp)
+    expert_share: jax.Array  # [] float32 routed experts on the busiest EP device / E (ceil(E / devices) / E)
+    moe_layers: jax.Array  # [] float32 layers with routed experts (one dispatch + one combine each)
+    expert_flops_per_token: jax.Array  # [] float32 2 * routed-expert params one token activates (k of E)
+    a2a_bytes_per_token: jax.Array  # [] float32 bytes one token sends per MoE layer, dispatch + combine
+    a2a_latency_s: jax.Array  # [] float32 fixed cost of one all-to-all
+    tp_replicated_bytes: jax.Array  # [] float32 non-expert weights each TP rank reads whole (dp_ep)
+    tp_replicated_flops_per_token: jax.Array  # [] float32 2 * those params (not split by TP)
+    decode_attn_flops_per_pair: jax.Array  # [] float32 dp_ep: FLOPs per (decode query, cached token), all layers
 
 
 def _tp(tp) -> int:
@@ -295,16 +368,67 @@ def check_tp(model: str | ModelSpec, tp: int) -> int:
     return tp
 
 
-def cost_params(gpu: str | GPUSpec, model: str | ModelSpec, tp: int = 1, kind: str = "roofline") -> CostParams:
-    """Build the traced CostParams for a GPU, a model, a TP degree and a cost model kind."""
+def _dp_ranks(dp_ranks) -> int:
+    try:
+        value = operator.index(dp_ranks)
+    except TypeError:
+        value = 0
+    if value < 1:
+        raise JaxrouteError(f"the number of DP ranks must be a positive integer, got {dp_ranks!r}")
+    return value
+
+
+def _check_parallel(m: ModelSpec, parallel: str, dp_ranks) -> int:
+    """Validate a decode parallel mode for a model; returns the DP rank count."""
+    if parallel not in PARALLEL:
+        raise JaxrouteError(f"unknown parallel mode '{parallel}'; choose from: {', '.join(PARALLEL)}")
+    dp_ranks = _dp_ranks(dp_ranks)
+    if parallel == "dp_ep" and m.n_experts <= 1:
+        raise JaxrouteError(f"parallel mode dp_ep (DP attention + expert-parallel MoE) needs a MoE model; "
+                            f"{m.name} is dense (use parallel 'independent')")
+    return dp_ranks
+
+
+def _expert_share(m: ModelSpec, devices: int) -> float:
+    """Fraction of the routed experts on the busiest of `devices` EP devices (vLLM gives the first E mod D one more)."""
+    return math.ceil(m.n_experts / devices) / m.n_experts
+
+
+def _mla_decode_pair_flops(m: ModelSpec) -> float:
+    """FLOPs per (decode query, cached token) pair, all layers.
+
+    MLA decodes in latent space (the "absorbed" path of vLLM's MLACommonImpl, vllm/v1/attention/backends/mla/
+    common.py, and FlashMLA): W_UK is folded into the query and W_UV into the output, so each head scores against
+    the (latent + rope)-wide cached vector and sums the latent-wide values: 2 H (r + rope) + 2 H r per layer.
+    Other models: the prefill formula's 2 L H (d_qk + d_v)."""
+    if m.mla_latent:
+        return 2.0 * m.n_layers * m.n_heads * (2 * m.mla_latent + m.mla_rope)
+    return 2.0 * m.n_layers * m.n_heads * (m.head_dim_qk + m.head_dim_v)
+
+
+def cost_params(gpu: str | GPUSpec, model: str | ModelSpec, tp: int = 1, kind: str = "roofline",
+                parallel: str = "independent", dp_ranks: int = 1) -> CostParams:
+    """Build the traced CostParams for a GPU, a model, a TP degree and a cost model kind.
+
+    parallel / dp_ranks select the decode data-parallel mode of `dp_step_times`: "independent" (default; each DP
+    rank a replica, dp_ranks unused) or "dp_ep" (DP attention over dp_ranks ranks of tp devices each, routed
+    experts spread over all dp_ranks * tp devices; MoE models and the roofline only).
+    """
     g, m = get_gpu(gpu), get_model(model)
     tp = check_tp(m, tp)
     if kind not in KINDS:
         raise JaxrouteError(f"unknown cost model '{kind}'; choose from: {', '.join(KINDS)}")
+    dp_ranks = _check_parallel(m, parallel, dp_ranks)
     if kind == "preble" and (g.name, m.name, tp) != ("A6000", "Mistral-7B", 1):
         raise JaxrouteError(f"the preble cost model is Preble's fit for Mistral-7B on one A6000; "
                             f"got {m.name} on {tp}x{g.name} (use --cost-model roofline)")
+    if m.w8a8 and g.int8_ops <= 0:
+        raise JaxrouteError(f"{m.name} runs its linear layers in INT8 and the catalog has no INT8 rate for {g.name}")
     embed = m.vocab * m.hidden
+    dp_ep = parallel == "dp_ep"
+    devices = dp_ranks * tp if dp_ep else tp
+    routed_active = m.expert_params * m.experts_per_token / m.n_experts
+    act_bytes = m.weight_bytes_per_param  # dispatch width: 8-bit for FP8 / W8A8 models, bf16 otherwise
     f32 = lambda x: jnp.asarray(x, jnp.float32)
     return CostParams(
         kind=jnp.asarray(KINDS[kind], jnp.int32),
@@ -323,6 +447,17 @@ def cost_params(gpu: str | GPUSpec, model: str | ModelSpec, tp: int = 1, kind: s
         dense_weight_bytes=f32((m.total_params - embed - m.expert_params) * m.weight_bytes_per_param),
         expert_weight_bytes=f32(m.expert_params * m.weight_bytes_per_param),
         expert_hit_prob=f32(m.experts_per_token / m.n_experts),
+        parallel=jnp.asarray(PARALLEL[parallel], jnp.int32),
+        linear_flops=f32((g.int8_ops if m.w8a8 else g.flops) * ETA_COMPUTE),
+        ep_devices=f32(devices),
+        expert_share=f32(_expert_share(m, devices) if dp_ep else 1.0),
+        moe_layers=f32(m.moe_layers),
+        expert_flops_per_token=f32(2.0 * routed_active),
+        a2a_bytes_per_token=f32(m.experts_per_token * m.hidden * (act_bytes + COMBINE_BYTES) if m.n_experts > 1 else 0),
+        a2a_latency_s=f32(A2A_LATENCY_S),
+        tp_replicated_bytes=f32(m.tp_replicated_params * m.weight_bytes_per_param),
+        tp_replicated_flops_per_token=f32(2.0 * m.tp_replicated_params),
+        decode_attn_flops_per_pair=f32(_mla_decode_pair_flops(m)),
     )
 
 
@@ -389,7 +524,9 @@ def leap_stats(chunk, context0, has_prefill, decode_context0, n_decode, shifts) 
 
 def roofline_terms(cp: CostParams, s: IterationStats) -> tuple[jax.Array, jax.Array, jax.Array]:
     """(compute_s, memory_s, comm_s) of one iteration under the roofline model, per TP rank."""
-    flops = cp.linear_flops_per_token * s.tokens + cp.logits_flops * s.requests + cp.attn_flops_per_pair * s.attn_pairs
+    # Linear FLOPs in bf16-equivalent units: a W8A8 model's run at the INT8 rate (the factor is exactly 1 otherwise).
+    linear = cp.linear_flops_per_token * (cp.flops / cp.linear_flops)
+    flops = linear * s.tokens + cp.logits_flops * s.requests + cp.attn_flops_per_pair * s.attn_pairs
     compute_s = flops / (cp.tp * cp.flops)
     # Expected fraction of experts hit by `tokens` tokens routed independently (uniform routing).
     experts_hit = 1.0 - jnp.power(1.0 - cp.expert_hit_prob, s.tokens)
@@ -471,19 +608,148 @@ def decode_step_time(cp: CostParams, batch, context) -> jax.Array:
     return time_from_stats(cp, decode_stats(batch, context))
 
 
+# --------------------------------------------------------------------------- decode data parallelism
+
+
+def mixed_stats(batch, kv_tokens, prefill_tokens=0) -> IterationStats:
+    """IterationStats of one rank's iteration: `batch` decode requests reading `kv_tokens` cached tokens in all, plus
+    one prefill chunk of `prefill_tokens` new tokens on nothing cached (recomputing a preempted request's KV).
+
+    Equals `iteration_stats` of those arrays (one chunk with context 0, decoders whose contexts sum to kv_tokens).
+    Elementwise: the arguments may be [G] arrays."""
+    b = jnp.asarray(batch, jnp.float32)
+    k = jnp.asarray(kv_tokens, jnp.float32)
+    p = jnp.asarray(prefill_tokens, jnp.float32)
+    has_p = p > 0
+    return IterationStats(tokens=b + p, requests=b + jnp.where(has_p, 1.0, 0.0), attn_pairs=k + 0.5 * p * p,
+                          kv_read=k, total_context=k + p,
+                          preble_extend_ms=jnp.where(has_p, _preble_extend_ms(p, p), 0.0))
+
+
+class DPStepTerms(NamedTuple):
+    """The parts of a dp_ep decode step (seconds); barrier = overhead + max(attention) + experts + all_to_all."""
+
+    attention_s: jax.Array  # [G] per rank: max(compute, memory) of its non-expert work + its TP all-reduces
+    kv_read_s: jax.Array  # [G] the KV-read share of each rank's attention memory time (inside attention_s)
+    experts_s: jax.Array  # [] shared: max(compute, weight reads) of the routed experts on the busiest device
+    all_to_all_s: jax.Array  # [] shared: dispatch + combine of every MoE layer
+    overhead_s: jax.Array  # [] fixed per-step overhead
+
+
+def dp_ep_terms(cp: CostParams, batch: jax.Array, kv_tokens: jax.Array,
+                prefill_tokens: jax.Array | None = None) -> DPStepTerms:
+    """The dp_ep decode step of G DP ranks (arrays [G], as in `dp_step_times`), by part.
+
+    Per rank g (n_g = batch_g + prefill_g new tokens; each of its tp devices does the same):
+      compute_g = [(non-expert linear - TP-replicated) n_g / tp + TP-replicated n_g] / linear rate
+                  + [logits r_g + decode pair FLOPs kv_g + prefill pair FLOPs prefill_g^2 / 2] / (tp flops)
+                  (TP splits the heads, so the attention FLOPs; MLA's down-projections are whole on every rank)
+      memory_g  = [(non-expert weights - replicated) / tp + replicated + KV bytes per device (kv_g + n_g)] / mem_bw
+                  (MLA's latent is one vector shared by all heads: every TP device holds and reads all of it)
+      attention_g = max(compute_g, memory_g) + 2 L TP all-reduces of n_g tokens (as the roofline)
+    A rank with no requests still runs (vLLM runs a dummy batch on idle DP ranks so the collectives proceed).
+    Shared by all G tp devices (T = sum_g n_g tokens, routing uniform, expert load balanced):
+      experts = max(expert FLOPs T share / linear rate, expert bytes share (1 - (1 - k/E)^T) / mem_bw)
+      all_to_all = MoE layers x (2 latency + max_g(n_g) / tp x bytes per token (D - 1) / D / link_bw)
+      (each TP device of a rank dispatches 1/tp of the rank's tokens: an assumption about how the rank splits
+      them; D = G tp devices, a share 1/D of the traffic stays on the device)
+    The layers are treated as identical (DeepSeek-V3's 3 dense-MLP layers and the LM head are spread over them).
+    """
+    b = jnp.asarray(batch, jnp.float32)
+    kv = jnp.asarray(kv_tokens, jnp.float32)
+    p = jnp.zeros_like(b) if prefill_tokens is None else jnp.asarray(prefill_tokens, jnp.float32)
+    n = b + p
+    r = b + jnp.where(p > 0, 1.0, 0.0)
+    tp = cp.tp
+    non_expert_linear = cp.linear_flops_per_token - cp.expert_flops_per_token
+    split_linear = (non_expert_linear - cp.tp_replicated_flops_per_token) * n / tp + cp.tp_replicated_flops_per_token * n
+    attn_flops = cp.logits_flops * r + cp.decode_attn_flops_per_pair * kv + cp.attn_flops_per_pair * 0.5 * p * p
+    compute = split_linear / cp.linear_flops + attn_flops / (tp * cp.flops)
+    weights = (cp.dense_weight_bytes - cp.tp_replicated_bytes) / tp + cp.tp_replicated_bytes
+    kv_read_s = cp.kv_bytes_per_token_gpu * kv / cp.mem_bw
+    memory = (weights + cp.kv_bytes_per_token_gpu * n) / cp.mem_bw + kv_read_s
+    allreduce = cp.allreduce_latency_s + 2.0 * (tp - 1.0) / tp * n * cp.hidden * 2.0 / cp.link_bw
+    comm = jnp.where(tp > 1.0, 2.0 * cp.n_layers * allreduce, 0.0)
+    attention = jnp.maximum(compute, memory) + comm
+
+    total = jnp.sum(n, axis=-1)
+    hit = 1.0 - jnp.power(1.0 - cp.expert_hit_prob, total)
+    experts = jnp.maximum(cp.expert_flops_per_token * total * cp.expert_share / cp.linear_flops,
+                          cp.expert_weight_bytes * cp.expert_share * hit / cp.mem_bw)
+    devices = cp.ep_devices
+    sent = jnp.max(n, axis=-1) / tp * cp.a2a_bytes_per_token * (devices - 1.0) / devices
+    a2a = jnp.where(devices > 1.0, cp.moe_layers * (2.0 * cp.a2a_latency_s + sent / cp.link_bw), 0.0)
+    return DPStepTerms(attention_s=attention, kv_read_s=kv_read_s, experts_s=experts, all_to_all_s=a2a,
+                       overhead_s=cp.overhead_s)
+
+
+def dp_step_times(cp: CostParams, batch: jax.Array, kv_tokens: jax.Array,
+                  prefill_tokens: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+    """One decode iteration of G data-parallel ranks under cp.parallel: (barrier_s [], per_rank_s [G]).
+
+    batch [G] f32: decode requests per rank; kv_tokens [G] f32: cached tokens those requests read in all;
+    prefill_tokens [G] f32 (default zeros): new tokens a rank also prefills in the iteration (one chunk on nothing
+    cached, e.g. a preempted request's recompute). barrier_s is the time every rank waits for (0 when no rank has
+    work); per_rank_s is each rank's own busy time (barrier_s - per_rank_s is its idle wait).
+    - independent (cp.parallel 0): per rank `time_from_stats` of its mixed iteration (cp.kind's model), barrier =
+      max over ranks; the caller adds its own per-step collective overhead.
+    - dp_ep (cp.parallel 1): see `dp_ep_terms`; barrier = overhead + max_g attention_g + experts + all-to-all and a
+      rank's busy time is overhead + attention_g + experts + all-to-all (the per-layer all-to-alls are included).
+    Jittable and vmappable (over cp as well); G is the arrays' length. Both modes are evaluated and one is selected,
+    so one compilation serves rows of either mode.
+    """
+    b = jnp.asarray(batch, jnp.float32)
+    kv = jnp.asarray(kv_tokens, jnp.float32)
+    p = jnp.zeros_like(b) if prefill_tokens is None else jnp.asarray(prefill_tokens, jnp.float32)
+    independent = time_from_stats(cp, mixed_stats(b, kv, p))
+    t = dp_ep_terms(cp, b, kv, p)
+    busy = jnp.sum(b + p, axis=-1) > 0
+    shared = t.overhead_s + t.experts_s + t.all_to_all_s
+    ep_rank = jnp.where(busy, shared + t.attention_s, 0.0)
+    ep_barrier = jnp.where(busy, shared + jnp.max(t.attention_s, axis=-1), 0.0)
+    dp_ep = cp.parallel == DP_EP
+    return jnp.where(dp_ep, ep_barrier, jnp.max(independent, axis=-1)), jnp.where(dp_ep, ep_rank, independent)
+
+
+def kv_step_fraction(cp: CostParams, batch: jax.Array, kv_tokens: jax.Array,
+                     prefill_tokens: jax.Array | None = None) -> jax.Array:
+    """Fraction of the barrier that scales with KV: (d barrier / d s) / barrier for every rank's KV scaled by s at
+    s = 1, i.e. sum_g kv_g d barrier / d kv_g / barrier. The barrier follows the busiest rank, so this is the part of
+    the step proportional to the max KV load (its KV reads, or its attention FLOPs where those bind).
+    Independent mode: relative to `dp_step_times`'s barrier, without the caller's collective overhead. 0 when idle."""
+    kv = jnp.asarray(kv_tokens, jnp.float32)
+    barrier, slope = jax.jvp(lambda x: dp_step_times(cp, batch, x, prefill_tokens)[0], (kv,), (kv,))
+    return jnp.where(barrier > 0, slope / jnp.where(barrier > 0, barrier, 1.0), 0.0)
+
+
 # --------------------------------------------------------------------------- KV capacity
 
 
-def kv_capacity_tokens(gpu: str | GPUSpec, model: str | ModelSpec, tp: int = 1, mem_util: float = 0.9) -> int:
-    """Tokens of KV cache that fit: floor((memory * tp * mem_util - weights) / KV bytes per token).
+def kv_capacity_tokens(gpu: str | GPUSpec, model: str | ModelSpec, tp: int = 1, mem_util: float = 0.9,
+                       parallel: str = "independent", dp_ranks: int = 1) -> int:
+    """Tokens of KV cache that fit in one replica (independent) or one DP rank (dp_ep).
 
+    independent: floor((memory * tp * mem_util - weights) / KV bytes per token across the group).
     KV heads split over TP ranks up to the number of KV heads and are replicated beyond (MLA's latent
     on every rank), so the KV bytes per token across the group is kv_bytes * tp / shards.
+    dp_ep (dp_ranks ranks of tp devices): each device holds its rank's non-expert weights / tp (MLA's
+    down-projections whole) and its share of the routed experts (ceil(E / (dp_ranks tp)) of them), and its shard of
+    the rank's KV; per rank: floor((memory * mem_util - weights per device) / KV bytes per token per device).
     """
     g, m = get_gpu(gpu), get_model(model)
     tp = check_tp(m, tp)
     if not 0.0 < mem_util <= 1.0:
         raise JaxrouteError(f"mem_util must be in (0, 1], got {mem_util}")
+    dp_ranks = _check_parallel(m, parallel, dp_ranks)
+    if parallel == "dp_ep":
+        weights = _dp_ep_device_weight_bytes(m, tp, dp_ranks)
+        free = g.mem_bytes * mem_util - weights
+        kv_per_token = m.kv_bytes_per_token / _kv_shards(m, tp)
+        if free < kv_per_token:
+            raise JaxrouteError(f"{m.name} weights per device ({weights / 1e9:.1f} GB with {dp_ranks} DP ranks x {tp} "
+                                f"devices) leave no room for KV cache on {g.name} ({g.mem_bytes * mem_util / 1e9:.1f} "
+                                f"GB usable at {mem_util:.0%} memory); use more DP ranks or tensor parallelism")
+        return int(math.floor(free / kv_per_token))
     free = g.mem_bytes * tp * mem_util - m.weight_bytes
     kv_per_token = m.kv_bytes_per_token * tp / _kv_shards(m, tp)
     if _kv_tokens(g, m, tp, mem_util) < 1:
@@ -494,6 +760,15 @@ def kv_capacity_tokens(gpu: str | GPUSpec, model: str | ModelSpec, tp: int = 1, 
                             f"on {tp}x{g.name} ({g.mem_bytes * tp * mem_util / 1e9:.1f} GB usable at "
                             f"{mem_util:.0%} memory); {hint}")
     return int(math.floor(free / kv_per_token))
+
+
+def _dp_ep_device_weight_bytes(m: ModelSpec, tp: int, dp_ranks: int) -> float:
+    """Weights on the fullest device under dp_ep: non-expert weights (embedding included) / tp, the TP-replicated
+    ones whole, and the busiest device's routed experts."""
+    non_expert = (m.total_params - m.expert_params) * m.weight_bytes_per_param
+    replicated = m.tp_replicated_params * m.weight_bytes_per_param
+    experts = m.expert_params * m.weight_bytes_per_param * _expert_share(m, dp_ranks * tp)
+    return (non_expert - replicated) / tp + replicated + experts
 
 
 def _kv_tokens(g: GPUSpec, m: ModelSpec, tp: int, mem_util: float) -> float:

@@ -127,13 +127,13 @@ def test_catalog_lookup_is_case_insensitive_and_errors_list_choices():
 
 
 def test_catalog_figures():
-    assert set(cm.GPUS) == {"A6000", "A100-80GB", "H100-SXM", "H200"}
+    assert set(cm.GPUS) == {"A6000", "A100-80GB", "H100-SXM", "H200", "Ascend-910C"}
     assert set(cm.MODELS) == {"Mistral-7B", "Llama-3-8B", "Llama-3-70B", "Qwen3-30B-A3B", "DeepSeek-V3",
-                              "Qwen3-32B", "Qwen3-8B", "Llama-3.1-8B", "Llama-3.1-70B"}
+                              "Qwen3-32B", "Qwen3-8B", "Llama-3.1-8B", "Llama-3.1-70B", "DeepSeek-V3-W8A8"}
     assert MISTRAL.kv_bytes_per_token == 131_072
     assert cm.get_model("Llama-3-70B").kv_bytes_per_token == 2 * 80 * 8 * 128 * 2
     assert cm.get_model("DeepSeek-V3").kv_bytes_per_token == 61 * 576 * 2  # MLA latent + rope key
-    for name in ("Qwen3-30B-A3B", "DeepSeek-V3"):
+    for name in ("Qwen3-30B-A3B", "DeepSeek-V3", "DeepSeek-V3-W8A8"):
         m = cm.get_model(name)
         assert m.active_params < 0.15 * m.total_params
         # active = dense part + k/E of the experts
@@ -519,3 +519,294 @@ def test_brh_reduces_to_br0_and_hand_example():
     # batched over workers: margins [G, H+1]
     f = cm.brh_score(50.0, jnp.array([[40.0, 20.0, 60.0], [100.0, 100.0, 100.0]]), 2.0, 3.0, d)
     assert f.shape == (2,) and float(f[1]) == pytest.approx(2.0 * 1.75 * 50)
+
+
+# --------------------------------------------------------------------------- Ascend 910C and decode data parallelism
+
+ASCEND = cm.get_gpu("Ascend-910C")
+DSV3_W8A8 = cm.get_model("DeepSeek-V3-W8A8")
+
+
+def test_ascend_910c_is_one_die_of_the_published_package():
+    assert cm.get_gpu("910c") is ASCEND and cm.get_gpu("ascend") is ASCEND and cm.get_gpu("Ascend 910C") is ASCEND
+    # CloudMatrix384 paper (arXiv 2506.12708): per 910C package 752 TFLOPS bf16, 128 GB HBM at 3.2 TB/s, 392 GB/s
+    # unidirectional UB; the catalog entry is one of its two dies (one NPU device, 64 GB as in "Atlas 800T A3 64G x 16")
+    assert (2 * ASCEND.flops, 2 * ASCEND.mem_bytes, 2 * ASCEND.mem_bw, 2 * ASCEND.link_bw) == (752e12, 128e9, 3.2e12, 392e9)
+    assert ASCEND.int8_ops == 2 * ASCEND.flops  # derived (Da Vinci cube INT8 tile is twice the FP16 one)
+    for g in cm.GPUS.values():
+        assert g.int8_ops == pytest.approx(2 * g.flops, rel=1e-3)  # the datasheets' dense INT8 = 2 x dense bf16
+    with pytest.raises(JaxrouteError, match=r"H200, Ascend-910C \(or: h100, a100, 910c, ascend\)"):
+        cm.get_gpu("910b")
+
+
+def test_deepseek_v3_w8a8_entry():
+    d = cm.get_model("DeepSeek-V3")
+    assert DSV3_W8A8.w8a8 and not d.w8a8
+    assert dataclasses.replace(DSV3_W8A8, name=d.name, w8a8=False) == d
+    assert DSV3_W8A8.weight_bytes == 671e9  # INT8: one byte per weight
+    assert DSV3_W8A8.moe_layers == 58  # first_k_dense_replace = 3 of 61 layers
+    assert DSV3_W8A8.tp_replicated_params == 61 * 7168 * 2112  # vLLM's fused q_a + kv_a projection, TP-replicated
+    assert DSV3_W8A8.kv_bytes_per_token == 61 * (DSV3_W8A8.mla_latent + DSV3_W8A8.mla_rope) * 2
+    assert cm.get_model("Qwen3-30B-A3B").moe_layers == 48 and MISTRAL.moe_layers == 0
+
+
+def test_w8a8_linear_layers_run_at_the_int8_rate():
+    fp8 = cm.cost_params(ASCEND, "DeepSeek-V3", tp=4)
+    int8 = cm.cost_params(ASCEND, DSV3_W8A8, tp=4)
+    assert float(int8.linear_flops) == pytest.approx(2 * float(fp8.linear_flops))
+    s = cm.prefill_stats(8000)
+    c_fp8, m_fp8, _ = cm.roofline_terms(fp8, s)
+    c_int8, m_int8, _ = cm.roofline_terms(int8, s)
+    attn = float(fp8.attn_flops_per_pair) * 0.5 * 8000**2 + float(fp8.logits_flops)
+    linear = float(fp8.linear_flops_per_token) * 8000
+    assert float(c_fp8) == pytest.approx((linear + attn) / (4 * float(fp8.flops)), rel=1e-5)
+    assert float(c_int8) == pytest.approx((linear / 2 + attn) / (4 * float(fp8.flops)), rel=1e-5)
+    assert float(m_int8) == float(m_fp8)
+    no_int8 = dataclasses.replace(ASCEND, name="no-int8", int8_ops=0.0)
+    with pytest.raises(JaxrouteError, match="no INT8 rate for no-int8"):
+        cm.cost_params(no_int8, DSV3_W8A8, tp=4)
+
+
+def dp_ep_reference_s(gpu, model, tp, batch, kv, prefill):
+    """The dp_ep step written out per rank in float64 from the catalog specs: (barrier, per-rank busy, parts)."""
+    G, L, d, H = len(batch), model.n_layers, model.hidden, model.n_heads
+    D, E, k, bpp = G * tp, model.n_experts, model.experts_per_token, model.weight_bytes_per_param
+    embed = model.vocab * d
+    flops = gpu.flops * cm.ETA_COMPUTE
+    lin_rate = (gpu.int8_ops if model.w8a8 else gpu.flops) * cm.ETA_COMPUTE
+    bw = gpu.mem_bw * cm.ETA_MEMORY
+    experts_params = (model.total_params - model.active_params) / (1 - k / E)
+    routed_active = experts_params * k / E
+    repl = model.tp_replicated_params
+    non_expert_linear = model.active_params - 2 * embed - routed_active  # params a token passes outside the experts
+    if model.mla_latent:  # absorbed MLA decode: score on latent + rope, values on the latent
+        pair_decode = 2 * L * H * (model.mla_latent + model.mla_rope + model.mla_latent)
+    else:
+        pair_decode = 2 * L * H * (model.head_dim_qk + model.head_dim_v)
+    pair_prefill = 2 * L * H * (model.head_dim_qk + model.head_dim_v)
+    kv_per_device = model.kv_bytes_per_token / max(1, min(tp, model.n_kv_heads))
+    weights_per_device = ((model.total_params - embed - experts_params) - repl) * bpp / tp + repl * bpp
+    attention, kv_read, tokens = [], [], []
+    for b, c, p in zip(batch, kv, prefill, strict=True):
+        n, r = b + p, b + (1 if p > 0 else 0)
+        compute = ((2 * (non_expert_linear - repl) * n / tp + 2 * repl * n) / lin_rate
+                   + (2 * embed * r + pair_decode * c + pair_prefill * p * p / 2) / (tp * flops))
+        memory = (weights_per_device + kv_per_device * (c + n)) / bw
+        comm = 2 * L * (cm.ALLREDUCE_LATENCY_S + 2 * (tp - 1) / tp * n * d * 2 / gpu.link_bw) if tp > 1 else 0.0
+        attention.append(max(compute, memory) + comm)
+        kv_read.append(kv_per_device * c / bw)
+        tokens.append(n)
+    T = sum(tokens)
+    share = math.ceil(E / D) / E
+    hit = 1 - (1 - k / E) ** T
+    experts = max(2 * routed_active * T * share / lin_rate, experts_params * bpp * share * hit / bw)
+    a2a = model.moe_layers * (2 * cm.A2A_LATENCY_S + max(tokens) / tp * k * d * (bpp + 2) * (D - 1) / D / gpu.link_bw)
+    shared = cm.OVERHEAD_S + experts + a2a
+    busy = T > 0
+    barrier = shared + max(attention) if busy else 0.0
+    per_rank = [shared + a if busy else 0.0 for a in attention]
+    return barrier, per_rank, dict(attention=attention, kv_read=kv_read, experts=experts, a2a=a2a)
+
+
+DP_CASES = [  # (gpu, model, tp, batch, kv, prefill)
+    ("Ascend-910C", "DeepSeek-V3-W8A8", 4, [2, 5, 0], [300, 21_000, 0], [0, 0, 40]),
+    ("Ascend-910C", "DeepSeek-V3-W8A8", 4, [64] * 8, [64 * 4400] * 8, [0] * 8),
+    ("H100-SXM", "Qwen3-30B-A3B", 2, [3, 1], [5000, 20], [0, 700]),
+    ("H200", "DeepSeek-V3", 1, [1, 0, 0, 7, 2], [9000, 0, 0, 100, 64], [0, 0, 0, 0, 0]),
+]
+
+
+@pytest.mark.parametrize("gpu,model,tp,batch,kv,prefill", DP_CASES)
+def test_dp_ep_matches_hand_computation(gpu, model, tp, batch, kv, prefill):
+    G = len(batch)
+    cp = cm.cost_params(gpu, model, tp=tp, parallel="dp_ep", dp_ranks=G)
+    args = [jnp.asarray(x, jnp.float32) for x in (batch, kv, prefill)]
+    barrier, per_rank = jax.jit(cm.dp_step_times)(cp, *args)
+    want_barrier, want_rank, parts = dp_ep_reference_s(cm.get_gpu(gpu), cm.get_model(model), tp, batch, kv, prefill)
+    assert float(barrier) == pytest.approx(want_barrier, rel=1e-5)
+    np.testing.assert_allclose(np.asarray(per_rank), want_rank, rtol=1e-5)
+    t = cm.dp_ep_terms(cp, *args)
+    np.testing.assert_allclose(np.asarray(t.attention_s), parts["attention"], rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(t.kv_read_s), parts["kv_read"], rtol=1e-5)
+    assert float(t.experts_s) == pytest.approx(parts["experts"], rel=1e-5)
+    assert float(t.all_to_all_s) == pytest.approx(parts["a2a"], rel=1e-5)
+
+
+def test_paper_setting_by_hand():
+    """DeepSeek-V3 W8A8, 8 DP ranks x TP 4 on 910C dies, 64 requests of 4,400 tokens per rank: the parts by hand."""
+    barrier, _, parts = dp_ep_reference_s(ASCEND, DSV3_W8A8, 4, [64] * 8, [64 * 4400] * 8, [0] * 8)
+    bw = 1.6e12 * cm.ETA_MEMORY
+    assert parts["kv_read"][0] == pytest.approx(64 * 4400 * 70_272 / bw)  # full MLA latent on every TP device
+    # 512 tokens across the 8 ranks hit all but e^-16 of the experts; 8 of the 256 experts on each of the 32 devices
+    experts_bytes = (671e9 - 37e9) / (1 - 8 / 256)
+    assert parts["experts"] == pytest.approx(experts_bytes / 32 / bw, rel=1e-6)
+    cp = cm.cost_params(ASCEND, DSV3_W8A8, 4, parallel="dp_ep", dp_ranks=8)
+    got = float(cm.dp_step_times(cp, jnp.full(8, 64.0), jnp.full(8, 64 * 4400.0))[0])
+    assert got == pytest.approx(barrier, rel=1e-5)
+
+
+def _random_rank_arrays(rng, G):
+    batch = rng.integers(0, 80, G).astype(np.float32)
+    kv = (batch * rng.integers(1, 8000, G)).astype(np.float32)
+    prefill = np.where(rng.random(G) < 0.3, rng.integers(1, 3000, G), 0).astype(np.float32)
+    return jnp.asarray(batch), jnp.asarray(kv), jnp.asarray(prefill)
+
+
+def test_dp_ep_barrier_is_max_attention_plus_shared_part():
+    rng = np.random.default_rng(4)
+    cp = cm.cost_params(ASCEND, DSV3_W8A8, 4, parallel="dp_ep", dp_ranks=8)
+    for _ in range(10):
+        b, kv, p = _random_rank_arrays(rng, 8)
+        barrier, per_rank = cm.dp_step_times(cp, b, kv, p)
+        t = cm.dp_ep_terms(cp, b, kv, p)
+        shared = t.overhead_s + t.experts_s + t.all_to_all_s
+        assert float(barrier) == pytest.approx(float(shared + jnp.max(t.attention_s)), rel=1e-6)
+        np.testing.assert_allclose(np.asarray(per_rank), np.asarray(shared + t.attention_s), rtol=1e-6)
+        assert float(barrier) == pytest.approx(float(jnp.max(per_rank)), rel=1e-6)  # the slowest rank sets it
+    zero = jnp.zeros(8)
+    assert cm.dp_step_times(cp, zero, zero)[0] == 0.0 and not jnp.any(cm.dp_step_times(cp, zero, zero)[1])
+
+
+def test_dp_ep_shared_part_ignores_where_the_kv_sits():
+    cp = cm.cost_params(ASCEND, DSV3_W8A8, 4, parallel="dp_ep", dp_ranks=4)
+    batch = jnp.full(4, 32.0)
+    even = jnp.full(4, 32 * 4000.0)
+    skewed = jnp.array([32 * 7000.0, 32 * 1000.0, 32 * 4000.0, 32 * 4000.0])
+    assert float(jnp.sum(even)) == float(jnp.sum(skewed))
+    a, b = cm.dp_ep_terms(cp, batch, even), cm.dp_ep_terms(cp, batch, skewed)
+    assert float(a.experts_s) == float(b.experts_s) and float(a.all_to_all_s) == float(b.all_to_all_s)
+    # only the barrier's per-rank max moves: the rank holding 7,000-token requests reads 7/4 of the even KV
+    ba, bb = (float(cm.dp_step_times(cp, batch, x)[0]) for x in (even, skewed))
+    assert bb - ba == pytest.approx(float(b.kv_read_s[0] - a.kv_read_s[0]), rel=1e-4)
+    assert bb > ba
+
+
+def test_expert_hits_count_the_global_tokens():
+    cp = cm.cost_params(ASCEND, DSV3_W8A8, 4, parallel="dp_ep", dp_ranks=8)
+    experts = []
+    for busy in range(1, 9):  # the same 4 requests on each of `busy` ranks
+        batch = jnp.where(jnp.arange(8) < busy, 4.0, 0.0)
+        experts.append(float(cm.dp_ep_terms(cp, batch, batch * 1000).experts_s))
+    assert all(b >= a for a, b in zip(experts, experts[1:], strict=False)) and experts[-1] > 2 * experts[0]
+    # the hit count is that of all 32 tokens together, not of one rank's 4
+    hit = 1 - (1 - 8 / 256) ** 32
+    bw = ASCEND.mem_bw * cm.ETA_MEMORY
+    assert experts[-1] == pytest.approx(DSV3_W8A8.expert_params * hit / 32 / bw, rel=1e-5)
+    # independent replicas count their own tokens only: spreading tokens makes each rank read fewer experts
+    ind = cm.cost_params(ASCEND, DSV3_W8A8, 4, dp_ranks=8)
+    one = float(cm.dp_step_times(ind, jnp.array([32.0] + [0.0] * 7), jnp.array([32e3] + [0.0] * 7))[0])
+    spread = float(cm.dp_step_times(ind, jnp.full(8, 4.0), jnp.full(8, 4e3))[0])
+    assert spread < one
+
+
+@pytest.mark.parametrize("gpu,model,tp,kind", [("A6000", "Mistral-7B", 1, "roofline"), ("A6000", "Mistral-7B", 1, "preble"),
+                                               ("H100-SXM", "Llama-3-70B", 4, "roofline"),
+                                               ("H200", "DeepSeek-V3", 8, "roofline"),
+                                               ("Ascend-910C", "DeepSeek-V3-W8A8", 4, "roofline")])
+def test_independent_mode_is_todays_decode_step_time_per_rank(gpu, model, tp, kind):
+    cp = cm.cost_params(gpu, model, tp=tp, kind=kind)
+    batch = jnp.array([1.0, 8.0, 0.0, 33.0])
+    context = jnp.array([900.0, 3000.0, 50.0, 1200.0])
+    barrier, per_rank = jax.jit(cm.dp_step_times)(cp, batch, batch * context)
+    want = jnp.stack([cm.decode_step_time(cp, b, c) for b, c in zip(batch, context, strict=True)])
+    np.testing.assert_allclose(np.asarray(per_rank), np.asarray(want), rtol=1e-6)
+    assert float(per_rank[2]) == 0.0
+    assert float(barrier) == pytest.approx(float(jnp.max(want)), rel=1e-6)
+    # with a recompute prefill: the step_time of the per-request arrays (one chunk on nothing cached)
+    _, mixed = cm.dp_step_times(cp, batch, batch * context, jnp.array([0.0, 500.0, 2000.0, 0.0]))
+    for g, extra in ((1, 500.0), (2, 2000.0)):
+        n = int(batch[g])
+        want = cm.step_time(cp, jnp.array([extra]), jnp.zeros(1), jnp.ones(1, bool),
+                            jnp.full(max(n, 1), context[g]), jnp.arange(max(n, 1)) < n)
+        assert float(mixed[g]) == pytest.approx(float(want), rel=1e-6)
+
+
+def test_bad_parallel_configs_are_refused():
+    with pytest.raises(JaxrouteError, match="dp_ep .* needs a MoE model; Llama-3-70B is dense"):
+        cm.cost_params("h100", "llama-3-70b", tp=4, parallel="dp_ep", dp_ranks=2)
+    with pytest.raises(JaxrouteError, match="unknown parallel mode 'tp_ep'; choose from: independent, dp_ep"):
+        cm.cost_params(ASCEND, DSV3_W8A8, 4, parallel="tp_ep")
+    for bad in (0, -2, 1.5, "8"):
+        with pytest.raises(JaxrouteError, match="DP ranks must be a positive integer"):
+            cm.cost_params(ASCEND, DSV3_W8A8, 4, parallel="dp_ep", dp_ranks=bad)
+    with pytest.raises(JaxrouteError, match="Mistral-7B on one A6000"):
+        cm.cost_params("A6000", "Qwen3-30B-A3B", kind="preble", parallel="dp_ep", dp_ranks=2)
+    with pytest.raises(JaxrouteError, match="needs a MoE model"):
+        cm.kv_capacity_tokens("A6000", "Mistral-7B", parallel="dp_ep", dp_ranks=2)
+    with pytest.raises(JaxrouteError, match=r"weights per device \(.* 1 DP ranks x 1 devices\) leave no room .* use more DP"):
+        cm.kv_capacity_tokens(ASCEND, DSV3_W8A8, 1, parallel="dp_ep", dp_ranks=1)
+    with pytest.raises(JaxrouteError, match="tensor parallelism >= 16"):
+        cm.kv_capacity_tokens(ASCEND, DSV3_W8A8, 4)  # one independent replica of 4 dies cannot hold 671 GB
+
+
+def test_kv_capacity_per_dp_rank_by_hand():
+    # per device: non-expert weights (embedding included) / 4, vLLM's replicated MLA down-projections whole,
+    # 8 of the 256 experts; the MLA latent (70,272 B/token) whole on each of a rank's 4 devices
+    experts = (671e9 - 37e9) / (1 - 8 / 256)
+    replicated = 61 * 7168 * 2112
+    per_device = (671e9 - experts - replicated) / 4 + replicated + experts * 8 / 256
+    want = math.floor((64e9 * 0.9 - per_device) / 70_272)
+    assert cm.kv_capacity_tokens("910c", "deepseek-v3-w8a8", 4, parallel="dp_ep", dp_ranks=8) == want
+    assert 450_000 < want < 470_000  # ~100 requests of the paper's ~4.4k-token contexts per rank
+    # uneven split (256 experts over 20 devices): the fullest device holds 13
+    got = cm.kv_capacity_tokens("910c", "deepseek-v3-w8a8", 4, parallel="dp_ep", dp_ranks=5)
+    assert got == math.floor((64e9 * 0.9 - ((671e9 - experts - replicated) / 4 + replicated + experts * 13 / 256)) / 70_272)
+    # GQA: Qwen3-30B-A3B's 4 KV heads split over tp = 2
+    q = cm.get_model("Qwen3-30B-A3B")
+    w = (q.total_params - q.expert_params) * 2 / 2 + q.expert_params * 2 * math.ceil(128 / 8) / 128
+    assert cm.kv_capacity_tokens("h100", q, 2, parallel="dp_ep", dp_ranks=4) == math.floor((80e9 * 0.9 - w) / (q.kv_bytes_per_token / 2))
+    # today's calls unchanged
+    assert cm.kv_capacity_tokens("H200", "DeepSeek-V3", 8) == cm.kv_capacity_tokens("H200", "DeepSeek-V3", tp=8, mem_util=0.9,
+                                                                                     parallel="independent", dp_ranks=4)
+
+
+def test_kv_step_fraction():
+    cp = cm.cost_params(ASCEND, DSV3_W8A8, 4, parallel="dp_ep", dp_ranks=8)
+    batch, kv = jnp.full(8, 64.0), jnp.full(8, 64 * 4400.0)
+    frac = float(cm.kv_step_fraction(cp, batch, kv))
+    barrier = float(cm.dp_step_times(cp, batch, kv)[0])
+    t = cm.dp_ep_terms(cp, batch, kv)
+    # attention is memory bound here, so the KV-proportional part is exactly the KV reads of the (tied) max rank
+    assert frac == pytest.approx(float(t.kv_read_s[0]) / barrier, rel=1e-4)
+    assert 0.3 < frac < 0.5
+    # a skewed load: only the heaviest rank's KV counts; finite difference of scaling every rank's KV
+    kv = jnp.array([64 * 6000.0] + [64 * 3000.0] * 7)
+    eps = 1e-3
+    f = lambda s: float(cm.dp_step_times(cp, batch, kv * s)[0])
+    fd = (f(1 + eps) - f(1 - eps)) / (2 * eps) / f(1.0)
+    assert float(cm.kv_step_fraction(cp, batch, kv)) == pytest.approx(fd, rel=2e-2)
+    # independent mode: the single-replica elasticity; idle ranks give 0
+    ind = cm.cost_params("A6000", "Mistral-7B")
+    b1, kv1 = jnp.array([4.0]), jnp.array([8000.0])
+    want = 8000 * 131_072 / (A6000.mem_bw * cm.ETA_MEMORY) / float(cm.decode_step_time(ind, 4, 2000))
+    assert float(cm.kv_step_fraction(ind, b1, kv1)) == pytest.approx(want, rel=1e-4)
+    assert float(cm.kv_step_fraction(cp, jnp.zeros(8), jnp.zeros(8))) == 0.0
+
+
+def test_dp_step_times_jit_and_vmap_over_rows_of_both_modes():
+    G = 4
+    configs = [cm.cost_params("A6000", "Mistral-7B"), cm.cost_params("A6000", "Mistral-7B", kind="preble"),
+               cm.cost_params(ASCEND, DSV3_W8A8, 4, parallel="dp_ep", dp_ranks=G),
+               cm.cost_params("H100-SXM", "Qwen3-30B-A3B", 2, parallel="dp_ep", dp_ranks=G),
+               cm.cost_params("H200", "DeepSeek-V3", tp=8)]
+    stacked = sim.stack_params(configs)
+    assert stacked.parallel.tolist() == [0, 0, 1, 1, 0]
+    rng = np.random.default_rng(5)
+    rows = [_random_rank_arrays(rng, G) for _ in configs]
+    b, kv, p = (jnp.stack(x) for x in zip(*rows, strict=True))
+    traces = []
+
+    def f(cp, b, kv, p):
+        traces.append(1)
+        return cm.dp_step_times(cp, b, kv, p), cm.kv_step_fraction(cp, b, kv, p)
+
+    (barrier, per_rank), frac = jax.jit(jax.vmap(f))(stacked, b, kv, p)
+    assert len(traces) == 1 and barrier.shape == (5,) and per_rank.shape == (5, G) and frac.shape == (5,)
+    for i, cp in enumerate(configs):
+        (want_b, want_r), want_f = jax.jit(f)(cp, b[i], kv[i], p[i])
+        assert float(barrier[i]) == pytest.approx(float(want_b), rel=1e-6)
+        np.testing.assert_allclose(np.asarray(per_rank[i]), np.asarray(want_r), rtol=1e-6)
+        assert float(frac[i]) == pytest.approx(float(want_f), rel=1e-5, abs=1e-7)
+    # the same arrays under one config, vmapped over rows of arrays only (as the simulator's grid does)
+    one = jax.jit(jax.vmap(cm.dp_step_times, in_axes=(None, 0, 0, 0)))(configs[2], b, kv, p)
+    assert one[0].shape == (5,) and bool(jnp.all(one[0] >= jnp.max(one[1], axis=-1) - 1e-9))

@@ -594,7 +594,8 @@ class DecodeModel(sim.Model):
             "mean_load_tokens": st.sum_load / steps,
             "tpot_p95_s": metrics.masked_quantile(tpot, done, 0.95),
             "tpot_mean_s": metrics.masked_mean(tpot, done),
-            "tpot_p95_loaded_s": metrics.masked_quantile(tpot, done_loaded, 0.95),
+            "tpot_p95_loaded_s": metrics.masked_quantile(tpot, done_loaded, 0.95),  # over requests done by then
+            "completed_loaded": jnp.sum(done_loaded).astype(jnp.int32),
             "tokens_per_step": st.tokens_out.astype(jnp.float32) / steps,
             "tokens_per_step_loaded": loaded_tok.astype(jnp.float32) / jnp.maximum(loaded_steps, 1).astype(jnp.float32),
             "preemptions": st.preemptions,
@@ -624,13 +625,7 @@ class DecodeModel(sim.Model):
 
 def rank_times(cost: cost_models.CostParams, batch, kv_tokens, prefill_tokens) -> tuple[jax.Array, jax.Array]:
     """(barrier step s, per-rank busy s [G]) of one barrier step; see `cost_models.dp_step_times`."""
-    if hasattr(cost_models, "dp_step_times"):
-        return cost_models.dp_step_times(cost, batch, kv_tokens, prefill_tokens)
-    dec = jax.vmap(lambda nb, ld: cost_models.decode_stats(nb, ld / jnp.maximum(nb, 1)))(batch, kv_tokens)
-    pre = jax.vmap(cost_models.prefill_stats)(prefill_tokens)
-    per = jax.vmap(lambda a, b: cost_models.time_from_stats(cost, cost_models.IterationStats(
-        *[x + y for x, y in zip(a, b, strict=True)])))(dec, pre)
-    return jnp.max(per), per
+    return cost_models.dp_step_times(cost, batch, kv_tokens, prefill_tokens)
 
 
 def compact(ids: jax.Array) -> jax.Array:

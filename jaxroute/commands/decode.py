@@ -30,7 +30,7 @@ from jaxroute.commands._common import (
 )
 from jaxroute.errors import JaxrouteError
 from jaxroute.experiments import decode as experiment
-from jaxroute.experiments.decode import Deployment, best_baseline
+from jaxroute.experiments.decode import best_baseline
 from jaxroute.routers import balance
 from jaxroute.workloads.decode import DECODE_WORKLOADS, make_decode_requests
 
@@ -72,8 +72,10 @@ def register(subparsers) -> None:
         "count), least_kv (fewest KV tokens, a stronger baseline reported apart), br0 and brh. All rows "
         "and seeds run in one compiled program. Prints imbalance (mean max-min KV load), barrier idle "
         "tokens, TPOT P95 and throughput with 95%% CIs, each relative to the best of random/rr/p2c/jsq "
-        "(paired over seeds). Default deployment: Llama-3-8B on one H200 per worker, 64 slots, 1 ms "
-        f"collective per step. Defaults ({DEFAULT_REQUESTS} requests x {DEFAULT_SEEDS} seeds, smaller than "
+        "(paired over seeds), output tokens per barrier step, preemptions and recomputed tokens, for the "
+        "whole run and the loaded phase. Workers admit like vLLM DP ranks (paged KV blocks, FCFS head of line, "
+        "recompute preemption). Default deployment: Llama-3-8B on one H200 per worker, 64 slots, 1 ms "
+        f"collective per step; --deployment paper is the paper's DeepSeek-V3 / Ascend 910C setting. Defaults ({DEFAULT_REQUESTS} requests x {DEFAULT_SEEDS} seeds, smaller than "
         "the paper's 8000 requests) take a few minutes on two CPU cores.",
     )
     p.add_argument("--workload", default="synthetic-azure24", metavar="NAME",
@@ -110,14 +112,29 @@ def register(subparsers) -> None:
                    help=f"BR stage-2 candidate window, 2^W subsets (default {dd.DEFAULT_WINDOW})")
     p.add_argument("--r-max", type=positive_int, default=dd.DEFAULT_R_MAX, metavar="R",
                    help=f"new requests per worker per step (default {dd.DEFAULT_R_MAX})")
-    p.add_argument("--gpu", default=dd.DEFAULT_GPU, metavar="NAME",
-                   help=f"GPU of each worker (cost-model catalog) (default {dd.DEFAULT_GPU})")
-    p.add_argument("--model", default=dd.DEFAULT_MODEL, metavar="NAME",
-                   help=f"served model (catalog) (default {dd.DEFAULT_MODEL})")
-    p.add_argument("--tp", type=positive_int, default=dd.DEFAULT_TP, metavar="TP",
-                   help=f"tensor parallelism per worker (default {dd.DEFAULT_TP})")
-    p.add_argument("--collective-ms", type=non_negative_float, default=dd.DEFAULT_COLLECTIVE_S * 1e3, metavar="MS",
-                   help=f"fixed barrier/collective overhead per step in ms (default {dd.DEFAULT_COLLECTIVE_S * 1e3:g})")
+    p.add_argument("--deployment", default="default", metavar="NAME",
+                   help="default (Llama-3-8B on one H200 per worker, independent replicas, 1 ms collective) or "
+                   "paper (the BalanceRoute paper's: DeepSeek-V3 W8A8 on 4 Ascend 910C dies per DP worker, DP "
+                   "attention + expert-parallel MoE, all-to-all in the cost model); --gpu/--model/--tp/"
+                   "--parallel/--collective-ms override single fields (default default)")
+    p.add_argument("--gpu", default=None, metavar="NAME",
+                   help=f"GPU of each worker (cost-model catalog) (default: the deployment's, {dd.DEFAULT_GPU})")
+    p.add_argument("--model", default=None, metavar="NAME",
+                   help=f"served model (catalog) (default: the deployment's, {dd.DEFAULT_MODEL})")
+    p.add_argument("--tp", type=positive_int, default=None, metavar="TP",
+                   help=f"tensor parallelism per worker (default: the deployment's, {dd.DEFAULT_TP})")
+    p.add_argument("--parallel", default=None, metavar="MODE",
+                   help="independent (each worker a replica holding all weights) or dp_ep (MoE models: DP "
+                   "attention per worker, experts spread over all workers' devices, shared per step) "
+                   "(default: the deployment's, independent)")
+    p.add_argument("--collective-ms", type=non_negative_float, default=None, metavar="MS",
+                   help="fixed barrier/collective overhead per step in ms (default: the deployment's, "
+                   f"{dd.DEFAULT_COLLECTIVE_S * 1e3:g} for default, 0 for paper)")
+    p.add_argument("--block-size", type=positive_int, default=dd.DEFAULT_BLOCK_SIZE, metavar="TOKENS",
+                   help=f"KV block size of each worker's paged KV pool (default {dd.DEFAULT_BLOCK_SIZE})")
+    p.add_argument("--preemption", default="on", metavar="on|off",
+                   help="on: a worker out of KV blocks preempts its newest requests, which are recomputed on "
+                   "readmission (vLLM); off: growth past capacity is only flagged (default on)")
     add_grid_args(p, seeds=DEFAULT_SEEDS, requests=DEFAULT_REQUESTS, seeds_help="independent runs per row")
     p.set_defaults(func=run)
 
@@ -149,11 +166,16 @@ def run(args) -> int:
     from jaxroute.predictors import bank as bank_lib  # registers the deployable kinds
 
     workers, seeds, n_req, seed = args.workers, args.seeds, args.requests, args.seed
-    dep = Deployment(gpu=args.gpu, model=args.model, tp=args.tp, slots=args.slots, pool=args.pool,
-                     window=args.window, horizon=args.horizon, r_max=args.r_max,
-                     collective_s=args.collective_ms / 1e3)
+    base = experiment.DEPLOYMENTS[choose([args.deployment], tuple(experiment.DEPLOYMENTS), "deployment")[0]]
+    preempt = choose([args.preemption], ("on", "off"), "--preemption value")[0] == "on"
+    given = {"gpu": args.gpu, "model": args.model, "tp": args.tp, "parallel": args.parallel,
+             "collective_s": None if args.collective_ms is None else args.collective_ms / 1e3}
+    dep = dataclasses.replace(base, slots=args.slots, pool=args.pool, window=args.window, horizon=args.horizon,
+                              r_max=args.r_max, block_size=args.block_size, preempt=preempt,
+                              **{k: v for k, v in given.items() if v is not None})
     cost_models.get_gpu(dep.gpu)
     cost_models.get_model(dep.model)
+    cost_models.cost_params(dep.gpu, dep.model, dep.tp, parallel=dep.parallel, dp_ranks=workers)  # clear errors first
     workload = choose([args.workload], DECODE_WORKLOADS, "decode workload")[0]
     policies = choose(csv_list(args.policies), balance.POLICIES, "policy")
     specs = csv_list(args.predictor)
@@ -174,12 +196,14 @@ def run(args) -> int:
     elapsed = time.perf_counter() - start
     records, model = results.records, results.model
     check_conservation(results, [r.params["label"] for r in records])
-    check_overflow(records, args, "A worker's KV outgrew its capacity or a run hit the step budget: use fewer "
-                   "--slots or a smaller --requests")
+    check_overflow(records, args, "A request cannot fit in a worker's KV blocks, a worker's KV outgrew its "
+                   "capacity with --preemption off, or a run hit the step budget: use fewer --slots or a smaller "
+                   "--requests")
     print(f"decode: {workload}, {len(req)} requests (mean prompt {req.prompt_tokens.mean():.0f}, mean output "
           f"{req.output_tokens.mean():.0f}), arrival {args.arrival}; G={workers} workers x {dep.slots} slots, "
-          f"{dep.model} on {dep.tp}x{dep.gpu}, pool {dep.pool}, W={dep.window}, H={dep.horizon}, R_max={dep.r_max}; "
-          f"{seeds} seeds; {elapsed:.0f} s")
+          f"{dep.model} on {dep.tp}x{dep.gpu} ({dep.parallel}), KV {model.kv_capacity:,} tokens per worker in blocks "
+          f"of {dep.block_size}, preemption {'on' if dep.preempt else 'off'}, pool {dep.pool}, W={dep.window}, "
+          f"H={dep.horizon}, R_max={dep.r_max}; {seeds} seeds; {elapsed:.0f} s")
     print(experiment.format_records(records))
     print("vs best = paired per-seed change against the best of random/rr/p2c/jsq on that metric; least_kv is "
           "not one of the paper's baselines. 'loaded' = the phase until the last request was admitted "
