@@ -64,6 +64,12 @@ def test_dispatch_override_and_poisson(capsys):
     (["--window", "20"], "W=20"),
     (["--gpu", "TPU9"], "TPU9"),
     (["--model", "GPT-9"], "GPT-9"),
+    (["--deployment", "moon"], "unknown deployment 'moon'"),
+    (["--preemption", "maybe"], "--preemption value"),
+    (["--block-size", "0"], "--block-size"),
+    (["--parallel", "pipeline"], "unknown parallel mode 'pipeline'"),
+    (["--parallel", "dp_ep"], "needs a MoE model"),  # Llama-3-8B is dense
+    (["--deployment", "paper"], "leave no room for KV cache"),  # DeepSeek-V3 on 3 x 4 dies: weights do not fit
 ])
 def test_bad_input(flags, message, capsys):
     assert cli(["decode", *SMALL, *flags]) == 2
@@ -92,3 +98,48 @@ def test_overflow_refused_then_allowed(monkeypatch, capsys):
     assert "overflowed" in capsys.readouterr().err
     assert main([*args, "--allow-overflow"]) == 0
     assert "OVERFLOW" in capsys.readouterr().out
+
+
+PAPER_SMALL = ["--workload", "synthetic-prod", "--requests", "40", "--seeds", "2", "--workers", "4", "--slots", "4",
+               "--pool", "8", "--window", "3", "--horizon", "6", "--no-progress", "--deployment", "paper"]
+
+
+def test_paper_deployment_paged_preemption_columns(tmp_path, capsys):
+    out = tmp_path / "p.json"
+    assert main(["decode", *PAPER_SMALL, "--policies", "rr,br0", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "DeepSeek-V3-W8A8 on 4xAscend-910C (dp_ep)" in text and "blocks of 128" in text
+    for col in ("tok/step", "loaded tok/step", "loaded tpot vs best", "preempt", "recomputed tok"):
+        assert col in text
+    data = json.loads(out.read_text())
+    cfg = data["config"]
+    assert cfg["parallel"] == "dp_ep" and cfg["preempt"] is True and cfg["block_size"] == 128
+    assert cfg["collective_s"] == 0.0
+    for r in data["results"]:
+        assert r["metrics"]["tokens_per_step"]["mean"] > 0
+
+
+def test_tiny_block_pool_preempts_and_off_flags(monkeypatch, tmp_path, capsys):
+    """32 blocks of 128 per worker: with preemption the run finishes and reports recomputation; off, it overflows."""
+    import numpy as np
+
+    from jaxroute import cost_models
+    from jaxroute.experiments import decode as experiment
+    from jaxroute.workloads.decode import DecodeRequests
+
+    real = experiment.run_comparison
+
+    def short_requests(req, rows, **k):  # prompts <= 300 and outputs <= 400 tokens: each fits alone
+        short = DecodeRequests(req.name, req.arrival_s, np.minimum(req.prompt_tokens, 300),
+                               np.minimum(req.output_tokens, 400), req.key_id)
+        return real(short, rows, **k)
+
+    monkeypatch.setattr(cost_models, "kv_capacity_tokens", lambda *a, **k: 4096)
+    monkeypatch.setattr(experiment, "run_comparison", short_requests)
+    args = ["decode", *SMALL, "--policies", "rr", "--slots", "8"]
+    assert main([*args, "--out", str(tmp_path / "on.json")]) == 0
+    on = json.loads((tmp_path / "on.json").read_text())["results"][0]["metrics"]
+    assert on["preemptions"]["mean"] > 0 and on["recomputed_tokens"]["mean"] > 0
+    assert on["completed"]["mean"] == 60
+    assert main([*args, "--preemption", "off"]) == 2
+    assert "overflowed" in capsys.readouterr().err

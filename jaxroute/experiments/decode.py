@@ -29,7 +29,7 @@ from jaxroute.workloads.decode import DecodeRequests
 METRICS = ("imbalance_tokens", "barrier_idle_tokens", "tpot_p95_s", "throughput_tok_s")
 EXTRA_METRICS = ("imbalance_loaded_tokens", "throughput_loaded_tok_s", "tpot_p95_loaded_s", "tokens_per_step",
                  "tokens_per_step_loaded", "completed_loaded", "preemptions", "recomputed_tokens", "mean_step_s", "util_mean", "util_min",
-                 "makespan_s", "steps")
+                 "makespan_s", "steps", "mean_load_tokens", "completed")
 # Direction of "better" for the relative columns.
 LOWER_IS_BETTER = {"imbalance_tokens": True, "imbalance_loaded_tokens": True, "barrier_idle_tokens": True, "tpot_p95_s": True,
                    "tpot_p95_loaded_s": True, "throughput_tok_s": False, "throughput_loaded_tok_s": False,

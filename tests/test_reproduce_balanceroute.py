@@ -1,0 +1,48 @@
+"""scripts/reproduce_balanceroute.py --quick runs every part end to end (same code paths as the paper-size run)."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "reproduce_balanceroute.py"
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("reproduce_balanceroute", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.slow
+def test_quick_reproduction_writes_every_part(tmp_path, capsys):
+    mod = _load()
+    out = tmp_path / "br.json"
+    assert mod.main(["--quick", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    for heading in ("== ladder", "== main table, synthetic-prod", "== scaling", "== sensitivity"):
+        assert heading in text
+    data = json.loads(out.read_text())
+    assert data["quick"] is True
+    steps = [s["step"] for s in data["ladder"]]
+    assert len(steps) == 3 and steps[0].startswith("before") and "Little" in steps[-1]
+    assert data["ladder"][0]["deployment"]["cap_immediate"] is True
+    assert data["ladder"][1]["deployment"]["parallel"] == "dp_ep"
+    main = data["main"]["synthetic-prod"]
+    assert main["conservation_error"] == 0
+    labels = {v["label"] for v in main["verdicts"]}
+    assert {"jsq", "br0", "brh[oracle]", "brh[survival]", "brh[exact]"} <= labels
+    assert 0.0 < main["kv_share"] < 1.0
+    assert set(data["scaling"]) == {"4", "8"}
+    assert len(data["sensitivity"]["gains_pct"]) == 2
+    png = out.with_suffix(".imbalance.png")
+    assert png.exists() and png.stat().st_size > 1000
+
+
+def test_unknown_part_is_a_usage_error(capsys):
+    mod = _load()
+    with pytest.raises(SystemExit):
+        mod.main(["--only", "ladder,plots"])
+    assert "unknown part(s) plots" in capsys.readouterr().err
