@@ -284,3 +284,23 @@ def test_out_of_range_ids_are_refused(field, value):
     with pytest.raises(JaxrouteError, match="out of range"):
         sim.run_grid(_model(max_steps=20), jax.random.PRNGKey(0), dd.make_workload(req, COST),
                      sim.stack_params([row]), 1)
+
+
+def test_dp_ep_cost_equals_reference():
+    """The DP-attention + EP step (experts and all-to-all shared per step) in the model and the reference."""
+    req = _requests(11)
+    cost = cost_models.cost_params("Ascend-910C", "DeepSeek-V3-W8A8", 4, parallel="dp_ep", dp_ranks=G)
+    wl = dd.make_workload(req, cost, collective_s=0.0)
+    cases = [("jsq", None), ("br0", None)]
+    rows = sim.stack_params([dd.make_params(p, n_workers=G) for p, _ in cases])
+    res = sim.run_grid(_model(), jax.random.PRNGKey(2), wl, rows, 1)
+    key = jax.random.split(jax.random.PRNGKey(2), 1)[0]
+    for c, (policy, _) in enumerate(cases):
+        out = ref.simulate(key, req.prompt_tokens.tolist(), req.output_tokens.tolist(), req.arrival_s.tolist(),
+                           n_workers=G, slots=S, pool=P, window=W, horizon=H, r_max=R, kv_capacity=CAP, max_steps=400,
+                           cost=cost, collective_s=0.0, policy=balance.policy_id(policy),
+                           dispatch=balance.default_dispatch(policy))
+        m = {k: np.asarray(v[c, 0]) for k, v in res.metrics.items()}
+        np.testing.assert_array_equal(m["request_worker"], out["worker"])
+        np.testing.assert_allclose(m["request_finish_s"], out["finish_t"], rtol=1e-5, atol=1e-7)
+        assert int(m["steps"]) == out["steps"]

@@ -46,3 +46,15 @@ def test_unknown_part_is_a_usage_error(capsys):
     with pytest.raises(SystemExit):
         mod.main(["--only", "ladder,plots"])
     assert "unknown part(s) plots" in capsys.readouterr().err
+
+
+def test_calibration_script_quick(tmp_path, capsys):
+    path = SCRIPT.parent / "calibrate_decode_workloads.py"
+    spec = importlib.util.spec_from_file_location("calibrate_decode_workloads", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out = tmp_path / "cal.json"
+    assert mod.main(["--quick", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "synthetic-azure24" in text and "synthetic-prod" in text and "chosen" in text
+    assert json.loads(out.read_text())

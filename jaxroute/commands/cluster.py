@@ -57,7 +57,7 @@ def register(subparsers) -> None:
         help="replicas with prefix caches: should the router follow the cache or the load?",
         description="Simulate G replicas of one model (continuous batching, chunked prefill, KV memory "
         "limit, per-replica LRU prefix cache at segment granularity) behind a router, and compare "
-        "routers on the same seeds in one compiled program. The table gives means with 95%% CIs over "
+        "routers on the same seeds in one compiled program. The table gives means with 95 % CIs over "
         "seeds: latency, TTFT and TPOT in seconds, output tokens/s of completed requests over the makespan "
         "(first arrival to last finish), hit rate (cached prompt tokens / prompt tokens), "
         "replication factor (sum of cached tokens over replicas / unique cached tokens, averaged over "

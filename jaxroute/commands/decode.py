@@ -71,7 +71,7 @@ def register(subparsers) -> None:
         "heaviest worker) and compare routers: random, rr, p2c, jsq (the paper's baselines, on request "
         "count), least_kv (fewest KV tokens, a stronger baseline reported apart), br0 and brh. All rows "
         "and seeds run in one compiled program. Prints imbalance (mean max-min KV load), barrier idle "
-        "tokens, TPOT P95 and throughput with 95%% CIs, each relative to the best of random/rr/p2c/jsq "
+        "tokens, TPOT P95 and throughput with 95 % CIs, each relative to the best of random/rr/p2c/jsq "
         "(paired over seeds), output tokens per barrier step, preemptions and recomputed tokens, for the "
         "whole run and the loaded phase. Workers admit like vLLM DP ranks (paged KV blocks, FCFS head of line, "
         "recompute preemption). Default deployment: Llama-3-8B on one H200 per worker, 64 slots, 1 ms "
@@ -107,7 +107,9 @@ def register(subparsers) -> None:
     p.add_argument("--slots", type=positive_int, default=dd.DEFAULT_SLOTS, metavar="S",
                    help=f"slots per worker (default {dd.DEFAULT_SLOTS})")
     p.add_argument("--pool", type=positive_int, default=dd.DEFAULT_POOL, metavar="P",
-                   help=f"prompt pool capacity = requests that may wait at the proxy (default {dd.DEFAULT_POOL})")
+                   help="prompt pool of pooled dispatch (BR-0/BR-H): prefill-completed requests the dispatcher chooses "
+                   f"from; the rest wait in the prefill tier, holding their KV (default {dd.DEFAULT_POOL}). "
+                   "Immediate dispatch (the baselines) is not capped")
     p.add_argument("--window", type=positive_int, default=dd.DEFAULT_WINDOW, metavar="W",
                    help=f"BR stage-2 candidate window, 2^W subsets (default {dd.DEFAULT_WINDOW})")
     p.add_argument("--r-max", type=positive_int, default=dd.DEFAULT_R_MAX, metavar="R",
