@@ -330,14 +330,19 @@ class CostParams:
     decode_attn_flops_per_pair: jax.Array  # [] float32 dp_ep: FLOPs per (decode query, cached token), all layers
 
 
-def _tp(tp) -> int:
+def _positive_int(value, what: str) -> int:
+    """value as an int if it is a positive integer, else a JaxrouteError naming `what`."""
     try:
-        value = operator.index(tp)
+        n = operator.index(value)
     except TypeError:
-        value = 0
-    if value < 1:
-        raise JaxrouteError(f"tensor-parallel degree must be a positive integer, got {tp!r}")
-    return value
+        n = 0
+    if n < 1:
+        raise JaxrouteError(f"{what} must be a positive integer, got {value!r}")
+    return n
+
+
+def _tp(tp) -> int:
+    return _positive_int(tp, "tensor-parallel degree")
 
 
 def _kv_shards(model: ModelSpec, tp: int) -> int:
@@ -369,13 +374,7 @@ def check_tp(model: str | ModelSpec, tp: int) -> int:
 
 
 def _dp_ranks(dp_ranks) -> int:
-    try:
-        value = operator.index(dp_ranks)
-    except TypeError:
-        value = 0
-    if value < 1:
-        raise JaxrouteError(f"the number of DP ranks must be a positive integer, got {dp_ranks!r}")
-    return value
+    return _positive_int(dp_ranks, "the number of DP ranks")
 
 
 def _check_parallel(m: ModelSpec, parallel: str, dp_ranks) -> int:
