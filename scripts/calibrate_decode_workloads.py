@@ -53,7 +53,7 @@ from unittest import mock
 import numpy as np
 
 from jaxroute.cli import main as jaxroute_main
-from jaxroute.commands.eval_predictor import PAPER, PAPER_DATA
+from jaxroute.predictors.evaluation import PAPER, PAPER_DATA
 from jaxroute.report import write_json
 from jaxroute.workloads import decode
 

@@ -14,15 +14,8 @@ from jaxroute.commands._common import (
     warn,
 )
 from jaxroute.errors import JaxrouteError
+from jaxroute.predictors.evaluation import PAPER, PAPER_DATA
 
-# The paper's offline accuracy (BalanceRoute write-up, section 12): (Stage-1 AUC, Stage-2 MAE).
-PAPER = {
-    ("azure", "survival"): (0.993, 5.4),
-    ("azure", "exact"): (0.995, 5.4),
-    ("production", "survival"): (0.700, 20.1),
-    ("production", "exact"): (0.974, 2.9),
-}
-PAPER_DATA = {"synthetic-azure24": "azure", "azure-conv": "azure", "synthetic-prod": "production"}
 EVAL_KINDS = ("survival", "exact", "learned")
 
 

@@ -16,6 +16,15 @@ import numpy as np
 
 from jaxroute.errors import JaxrouteError
 
+# The paper's offline accuracy (BalanceRoute write-up, section 12): (Stage-1 AUC, Stage-2 MAE).
+PAPER = {
+    ("azure", "survival"): (0.993, 5.4),
+    ("azure", "exact"): (0.995, 5.4),
+    ("production", "survival"): (0.700, 20.1),
+    ("production", "exact"): (0.974, 2.9),
+}
+PAPER_DATA = {"synthetic-azure24": "azure", "azure-conv": "azure", "synthetic-prod": "production"}
+
 
 def auc(scores: np.ndarray, labels: np.ndarray) -> float:
     """ROC AUC = P(score of a random positive > score of a random negative), ties counting 1/2.
