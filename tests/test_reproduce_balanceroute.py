@@ -39,6 +39,10 @@ def test_quick_reproduction_writes_every_part(tmp_path, capsys):
     assert len(data["sensitivity"]["gains_pct"]) == 2
     png = out.with_suffix(".imbalance.png")
     assert png.exists() and png.stat().st_size > 1000
+    capsys.readouterr()
+    assert mod.main(["--verdicts", str(out)]) == 0  # the verdicts again, from the JSON alone
+    again = capsys.readouterr().out
+    assert "verdict on the whole-run gain" in again and "brh[oracle]" in again
 
 
 def test_unknown_part_is_a_usage_error(capsys):
