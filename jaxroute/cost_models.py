@@ -618,11 +618,10 @@ def mixed_stats(batch, kv_tokens, prefill_tokens=0) -> IterationStats:
     Elementwise: the arguments may be [G] arrays."""
     b = jnp.asarray(batch, jnp.float32)
     k = jnp.asarray(kv_tokens, jnp.float32)
-    p = jnp.asarray(prefill_tokens, jnp.float32)
-    has_p = p > 0
-    return IterationStats(tokens=b + p, requests=b + jnp.where(has_p, 1.0, 0.0), attn_pairs=k + 0.5 * p * p,
-                          kv_read=k, total_context=k + p,
-                          preble_extend_ms=jnp.where(has_p, _preble_extend_ms(p, p), 0.0))
+    pre = prefill_stats(prefill_tokens)  # one chunk on nothing cached
+    return IterationStats(tokens=b + pre.tokens, requests=b + pre.requests, attn_pairs=k + pre.attn_pairs,
+                          kv_read=k + pre.kv_read, total_context=k + pre.total_context,
+                          preble_extend_ms=jnp.where(pre.tokens > 0, pre.preble_extend_ms, 0.0))
 
 
 class DPStepTerms(NamedTuple):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import jax
 import numpy as np
 
+from jaxroute import cost_models
 from jaxroute.routers import balance
 
 F32 = np.float32
@@ -149,9 +150,8 @@ def _blocks(tokens, block_size):
 
 def _rank_times(cost, batch, kv, prefill):
     """Per-rank busy times and the barrier (the shared cost model, one rank at a time)."""
-    from jaxroute.clusters import dp_decode
-
-    barrier, per = dp_decode.rank_times(cost, np.asarray(batch, F32), np.asarray(kv, F32), np.asarray(prefill, F32))
+    barrier, per = cost_models.dp_step_times(cost, np.asarray(batch, F32), np.asarray(kv, F32),
+                                             np.asarray(prefill, F32))
     return F32(barrier), [F32(x) for x in np.asarray(per)]
 
 

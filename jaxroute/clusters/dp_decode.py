@@ -151,7 +151,7 @@ class DecodeState:
     key_id: jax.Array  # [N] int32 prompt keys, same order
     next_in: jax.Array  # [] int32 requests taken in by the proxy (a prefix of arrival order)
     pool: jax.Array  # [P] int32 request ids waiting in the prompt pool, oldest first, -1 empty
-    queue: jax.Array  # [G, Q] int32 local FCFS queues, rings: entry k of rank g at (q_head[g] + k) % Q
+    queue: jax.Array  # [G, N] int32 local FCFS queues, rings: entry k of rank g at (q_head[g] + k) % N
     q_head: jax.Array  # [G] int32 ring position of each queue's oldest entry
     q_len: jax.Array  # [G] int32 entries in each queue
     q_tokens: jax.Array  # [G] int32 prompt tokens of the queued requests
@@ -176,7 +176,6 @@ class DecodeState:
     busy_s: jax.Array  # [G] float32 Σ of each worker's own compute time
     barrier_s: jax.Array  # [] float32 Σ of barrier step times
     kv_overflow: jax.Array  # [] bool KV blocks exceeded (no preemption) or a request that can never fit
-    queue_overflow: jax.Array  # [] bool a local queue held more than its capacity Q
     all_admitted_t: jax.Array  # [] float32 time the last request was admitted (end of the loaded phase)
     tokens_loaded: jax.Array  # [] int32 tokens emitted up to then
     trace_kv: jax.Array  # [T, G] float32 sampled per-worker loads
@@ -199,7 +198,6 @@ class DecodeModel(sim.Model):
     trace_points: int = 128
     block_size: int = DEFAULT_BLOCK_SIZE  # tokens per KV block (vLLM paged attention)
     preempt: bool = True  # preempt the newest requests (recompute) when a rank runs out of blocks
-    queue_capacity: int = 0  # entries per local queue; 0 = n_requests (can never overflow)
     cap_immediate: bool = False  # legacy: immediate dispatch also held to P waiting requests in total
 
     def __post_init__(self):
@@ -217,18 +215,11 @@ class DecodeModel(sim.Model):
             raise JaxrouteError(f"KV block size must be a positive integer, got {self.block_size!r}")
         if self.kv_capacity < self.block_size:
             raise JaxrouteError(f"KV capacity {self.kv_capacity} tokens holds no block of {self.block_size} tokens")
-        if not isinstance(self.queue_capacity, int) or self.queue_capacity < 0:
-            raise JaxrouteError(f"queue capacity must be a non-negative integer, got {self.queue_capacity!r}")
 
     @property
     def n_blocks(self) -> int:
         """KV blocks per rank."""
         return self.kv_capacity // self.block_size
-
-    @property
-    def q_cap(self) -> int:
-        """Entries per local queue."""
-        return self.queue_capacity or self.n_requests
 
     @property
     def trace_stride(self) -> int:
@@ -269,7 +260,7 @@ class DecodeModel(sim.Model):
         return DecodeState(
             key=key, t=f0, event=i0, steps=i0, arrival_t=arrival_t, next_in=i0,
             prompt=wl.prompt[perm], output=wl.output[perm], key_id=wl.key_id[perm],
-            pool=jnp.full((p,), -1, jnp.int32), queue=jnp.full((g, self.q_cap), -1, jnp.int32),
+            pool=jnp.full((p,), -1, jnp.int32), queue=jnp.full((g, n), -1, jnp.int32),
             q_head=jnp.zeros((g,), jnp.int32), q_len=jnp.zeros((g,), jnp.int32),
             q_tokens=jnp.zeros((g,), jnp.int32), rr_next=i0,
             slot_req=jnp.full((g, s), -1, jnp.int32), slot_gen=jnp.zeros((g, s), jnp.int32),
@@ -279,7 +270,7 @@ class DecodeModel(sim.Model):
             done=jnp.zeros((n,), bool), worker_of=jnp.full((n,), -1, jnp.int32), tokens_out=i0,
             sum_imb=f0, sum_idle=f0, sum_load=f0, sum_imb_loaded=f0, steps_loaded=i0,
             busy_s=jnp.zeros((g,), jnp.float32), barrier_s=f0,
-            kv_overflow=jnp.bool_(False), queue_overflow=jnp.bool_(False), all_admitted_t=f0, tokens_loaded=i0,
+            kv_overflow=jnp.bool_(False), all_admitted_t=f0, tokens_loaded=i0,
             trace_kv=jnp.zeros((self.trace_points, g), jnp.float32),
             trace_t=jnp.zeros((self.trace_points,), jnp.float32),
         )
@@ -371,13 +362,13 @@ class DecodeModel(sim.Model):
     def queue_entries(self, st: DecodeState, n: int) -> tuple[jax.Array, jax.Array]:
         """The first n entries of every local queue [G, n] (request ids) and whether each exists."""
         j = jnp.arange(n)[None, :]
-        pos = (st.q_head[:, None] + j) % self.q_cap
+        pos = (st.q_head[:, None] + j) % self.n_requests  # a ring of N entries never overflows
         ids = jnp.take_along_axis(st.queue, pos, axis=1)
         ok = j < st.q_len[:, None]
         return jnp.where(ok, ids, -1), ok
 
     def _step(self, st: DecodeState, wl: DecodeWorkload, params: DecodeParams) -> DecodeState:
-        g, p, n, s_n, qc = self.n_workers, self.pool, self.n_requests, self.slots, self.q_cap
+        g, p, n, s_n = self.n_workers, self.pool, self.n_requests, self.slots
         key, k_in, k_out = jax.random.split(st.key, 3)
         st = dataclasses.replace(st, key=key)
         pooled = params.dispatch == balance.POOLED
@@ -394,7 +385,7 @@ class DecodeModel(sim.Model):
         # tier, which holds their KV); immediate mode routes every prefill-completed request on arrival.
         n_pool = jnp.sum(st.pool >= 0)
         backlog = jnp.maximum(n_arrived - st.next_in, 0)
-        cap_left = p - n_pool - jnp.where(self.cap_immediate, jnp.sum(st.q_len), 0)
+        cap_left = p - n_pool - (jnp.sum(st.q_len) if self.cap_immediate else 0)
         take = jnp.where(pooled | self.cap_immediate, jnp.clip(jnp.minimum(backlog, cap_left), 0, p), backlog)
 
         def intake_pooled(st):
@@ -410,24 +401,23 @@ class DecodeModel(sim.Model):
             everyone = jnp.ones((g,), bool)
 
             def body(c):
-                i, queue, qlen, counts, kv, took, rr, k = c
+                i, queue, qlen, counts, kv, took, rr, k, q_tok = c
                 k, sub = jax.random.split(k)
                 rid = st.next_in + i
                 s_i = st.prompt[rid].astype(jnp.float32)
                 single = jax.vmap(lambda gg: balance.score(s_i, table, gg, took[gg], a, b, sum_d))(jnp.arange(g))
                 gi = balance.choose_worker(params.policy, sub, counts, kv, rr, everyone, single)
-                queue = queue.at[gi, (st.q_head[gi] + qlen[gi]) % qc].set(rid)
+                queue = queue.at[gi, (st.q_head[gi] + qlen[gi]) % n].set(rid)
                 return (i + 1, queue, qlen.at[gi].add(1), counts.at[gi].add(1.0), kv.at[gi].add(s_i),
-                        took.at[gi].add(s_i), (gi + 1) % g, k)
+                        took.at[gi].add(s_i), (gi + 1) % g, k, q_tok.at[gi].add(st.prompt[rid]))
 
             init = (jnp.int32(0), st.queue, st.q_len, counts0, load + q_load, jnp.zeros((g,), jnp.float32),
-                    st.rr_next, k_in)
+                    st.rr_next, k_in, st.q_tokens)
             out = jax.lax.while_loop(lambda c: c[0] < take, body, init)
             return dataclasses.replace(st, queue=out[1], q_len=out[2], rr_next=out[6], next_in=st.next_in + take,
-                                       q_tokens=st.q_tokens + jnp.round(out[5]).astype(jnp.int32))
+                                       q_tokens=out[8])  # exact ints (float32 sums round past 2^24 tokens)
 
         st = jax.lax.cond(pooled, intake_pooled, intake_immediate, st)
-        queue_overflow = st.queue_overflow | jnp.any(st.q_len > qc)
 
         # ---- 2. running requests first (vLLM's scheduler): each needs the blocks for its next token;
         # when a rank runs out, its newest requests are preempted (KV freed, recomputed on readmission)
@@ -442,8 +432,8 @@ class DecodeModel(sim.Model):
         n_evict = jnp.sum(evict, axis=1)
         n_keep = n_active - n_evict
         rank_sorted = jnp.zeros((g, s_n), jnp.int32).at[rows, order].set(jnp.arange(s_n)[None, :])
-        q_head = (st.q_head - n_evict) % qc
-        dest = jnp.where(evict, (q_head[:, None] + rank_sorted - n_keep[:, None]) % qc, qc)
+        q_head = (st.q_head - n_evict) % n
+        dest = jnp.where(evict, (q_head[:, None] + rank_sorted - n_keep[:, None]) % n, n)
         evicted_ids = jnp.where(evict, st.slot_req, n)
         st = dataclasses.replace(
             st,
@@ -457,9 +447,7 @@ class DecodeModel(sim.Model):
         preempted_now = n_evict > 0
         active = st.slot_req >= 0
         n_active = jnp.sum(active, axis=1)
-        used = jnp.sum(jnp.where(active, self.blocks(st.prompt[jnp.maximum(st.slot_req, 0)] + st.slot_gen + 1), 0),
-                       axis=1)
-        free_blocks = self.n_blocks - used
+        free_blocks = self.n_blocks - jnp.sum(jnp.where(evict, 0, need), axis=1)  # the kept requests' blocks
 
         # ---- 3. admission from the local queue: FCFS with head-of-line blocking, at most R_max per
         # step, into free slots, if the blocks for the prompt (plus tokens already generated before a
@@ -478,7 +466,7 @@ class DecodeModel(sim.Model):
                    | jnp.any((st.pool >= 0) & (pool_need > self.n_blocks)))
         recompute = jnp.sum(jnp.where(admit & (h_gen > 0), st.prompt[hid] + h_gen, 0), axis=1)
         st = self.place(st, jnp.where(admit, head, -1).reshape(-1), jnp.where(admit, rows, -1).reshape(-1))
-        st = dataclasses.replace(st, q_head=(st.q_head + n_adm) % qc, q_len=st.q_len - n_adm,
+        st = dataclasses.replace(st, q_head=(st.q_head + n_adm) % n, q_len=st.q_len - n_adm,
                                  q_tokens=st.q_tokens - jnp.sum(jnp.where(admit, st.prompt[hid], 0), axis=1),
                                  recomputed_tokens=st.recomputed_tokens + jnp.sum(recompute))
         free = free - n_adm
@@ -516,7 +504,7 @@ class DecodeModel(sim.Model):
         n_act = jnp.sum(active, axis=1)
         load = self.loads(st, wl)
         any_active = jnp.any(active)
-        barrier, per_worker = rank_times(wl.cost, n_act.astype(jnp.float32), load, recompute.astype(jnp.float32))
+        barrier, per_worker = cost_models.dp_step_times(wl.cost, n_act.astype(jnp.float32), load, recompute.astype(jnp.float32))
         dt = jnp.where(any_active, barrier + wl.collective_s, 0.0)
         t_end = st.t + dt
         gen = st.slot_gen + active
@@ -559,7 +547,6 @@ class DecodeModel(sim.Model):
             busy_s=st.busy_s + jnp.where(any_active, per_worker, 0.0),
             barrier_s=st.barrier_s + dt,
             kv_overflow=st.kv_overflow | too_big | jnp.any(blocks_after > self.n_blocks),
-            queue_overflow=queue_overflow,
             all_admitted_t=jnp.where(first_all_in, st.t, st.all_admitted_t),
             tokens_loaded=jnp.where(first_all_in, st.tokens_out, st.tokens_loaded),
             trace_kv=st.trace_kv.at[ti].set(load, mode="drop"),
@@ -610,9 +597,8 @@ class DecodeModel(sim.Model):
             "worker_util": util,
             "completed": jnp.sum(done).astype(jnp.int32),
             "overflow_kv": st.kv_overflow,
-            "overflow_queue": st.queue_overflow,
             "overflow_steps": incomplete,
-            "overflow": st.kv_overflow | st.queue_overflow | incomplete,
+            "overflow": st.kv_overflow | incomplete,
             "conservation_error": (req_err + tok_err).astype(jnp.int32),
             "request_worker": st.worker_of,
             "request_admit_s": st.admit_t,
@@ -621,11 +607,6 @@ class DecodeModel(sim.Model):
             "trace_t": st.trace_t,
         }
         return out
-
-
-def rank_times(cost: cost_models.CostParams, batch, kv_tokens, prefill_tokens) -> tuple[jax.Array, jax.Array]:
-    """(barrier step s, per-rank busy s [G]) of one barrier step; see `cost_models.dp_step_times`."""
-    return cost_models.dp_step_times(cost, batch, kv_tokens, prefill_tokens)
 
 
 def compact(ids: jax.Array) -> jax.Array:
