@@ -180,8 +180,14 @@ def preble_costs(window, last, record, locked, segs_i, match, prompt, a, cap, H,
 
 
 def simulate(table, *, G, cap, policy, cost, chunk=512, B=64, Q=256, max_admit=4, local="fcfs",
-             router=None, stale=0.0, check=None, router_key=None, admission="reserve"):
+             router=None, stale=0.0, check=None, router_key=None, admission="reserve", priority_groups=10):
     """Run the reference; returns per-request records and a list of invariant violations.
+
+    local: "fcfs", "lpm" or "priority" (Preble's priority groups: a request's group is fixed at
+    dispatch from its hit ratio on the replica's cache, 0 if no hit else ceil(ratio x P) - 1; an
+    iteration that can admit takes the first non-empty group at or below the replica's cursor,
+    cyclically, moves the cursor below it, and admits from it in arrival order, at most
+    (group + 1) x 10 and max_admit requests).
 
     admission: "reserve" (uncached prompt + whole output at admission) or "on-demand" (vLLM V1: each
     iteration the running requests, oldest first, take the KV of the tokens they compute and sample;
@@ -208,6 +214,10 @@ def simulate(table, *, G, cap, policy, cost, chunk=512, B=64, Q=256, max_admit=4
     run_key = None if router_key is None else jax.random.fold_in(router_key, rr_mod.ROUTER_KEY_TAG)
 
     reps = [Replica(B, Q) for _ in range(G)]
+    P = priority_groups
+    for rep in reps:
+        rep.cursor = P - 1
+    group = [0] * N  # priority group of each request, fixed at dispatch
     inflight = [0.0] * G
     tokens = [0.0] * G
     dispatched: list[dict[int, int]] = [dict() for _ in range(G)]  # insert-on-dispatch record (counts)
@@ -330,6 +340,8 @@ def simulate(table, *, G, cap, policy, cost, chunk=512, B=64, Q=256, max_admit=4
                 snap["inflight"][g] += 1
                 snap["tokens"][g] += prompt[i] + int(out_tok[i])
             rep = reps[g]
+            hit = sum(n.tokens for n in rep.cache.match(segs[i]))
+            group[i] = 0 if hit == 0 else -(-hit * P // prompt[i]) - 1
             if len(rep.queue) >= Q:
                 overflow = True
             else:
@@ -348,7 +360,15 @@ def simulate(table, *, G, cap, policy, cost, chunk=512, B=64, Q=256, max_admit=4
         # ---- one iteration on replica gmin
         g, rep, t = gmin, reps[gmin], F32(m)
         preempted = allocate_running(rep, t) if admission == "on-demand" else 0
-        for _ in range(max_admit):
+        quota, turn = max_admit, None
+        if local == "priority" and rep.queue:
+            nonempty = {group[i] for i in rep.queue}
+            turn = next((rep.cursor - k) % P for k in range(P) if (rep.cursor - k) % P in nonempty)
+            pending_prefill = sum(s.tgt - s.pos for s in rep.slots if s is not None)
+            if not preempted and pending_prefill < chunk and None in rep.slots:
+                rep.cursor = (turn - 1) % P
+            quota = min(max_admit, (turn + 1) * 10)
+        for _ in range(quota):
             if not rep.queue or preempted:
                 break
             if rep.front:
@@ -356,6 +376,11 @@ def simulate(table, *, G, cap, policy, cost, chunk=512, B=64, Q=256, max_admit=4
             elif local == "lpm":
                 cache = rep.cache
                 cand = min(rep.queue, key=lambda i: (-sum(n.tokens for n in cache.match(segs[i])), i))
+            elif local == "priority":
+                in_turn = [i for i in rep.queue if group[i] == turn]
+                if not in_turn:
+                    break
+                cand = min(in_turn)
             else:
                 cand = min(rep.queue)
             path = rep.cache.match(segs[cand])

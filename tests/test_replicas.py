@@ -26,7 +26,7 @@ CASES = {
 
 
 def _compare(case, policy, G=3, B=8, Q=64, local="fcfs", stale=0.0, leap=32, key=1, theta=0.5, e2_ring=64,
-             router=None, admission="reserve", slots=0, workload=None, cap=None):
+             router=None, admission="reserve", slots=0, workload=None, cap=None, groups=10, max_admit=4):
     """Run the jitted model and the radix-tree reference on one case; assert they agree request by request.
     slots: cache table slots per replica (0 = one per segment id, "bound" = `slot_bound` of the case)."""
     make, case_cap, rate = CASES[case]
@@ -36,13 +36,14 @@ def _compare(case, policy, G=3, B=8, Q=64, local="fcfs", stale=0.0, leap=32, key
         slots = R.slot_bound(wl.segment_lengths(), cap)
     model = R.ReplicaModel(n_replicas=G, max_running=B, max_queue=Q, local_order=local, stale_view=stale > 0,
                            leap=leap, router_window=e2_ring if policy == "preble_e2" else 0, admission=admission,
-                           cache_slots=slots)
+                           cache_slots=slots, priority_groups=groups, max_admit=max_admit)
     p = R.make_params(policy, rate=rate, kv_capacity=cap, stale_s=stale, theta=theta, **(router or {}))
     st = R.run_single(model, jax.random.key(key), wl, p)
     got = R.records(st)
     want, violations = ref.simulate(st.req, G=G, cap=cap, policy=policy, cost=p.cost, B=B, Q=Q, local=local,
                                     stale=stale, router={"theta": theta, **(router or {})},
-                                    router_key=jax.random.key(key), admission=admission)
+                                    router_key=jax.random.key(key), admission=admission, priority_groups=groups,
+                                    max_admit=max_admit)
     assert violations == []
     np.testing.assert_array_equal(got["replica"], want["replica"])
     np.testing.assert_array_equal(got["cached_tokens"], want["cached"])
@@ -128,6 +129,30 @@ def test_matches_reference_multi_turn_agent(policy):
 @pytest.mark.parametrize("policy", ["least_tokens", "affinity", "cache_guard"])
 def test_matches_reference_parallel_samples(policy):
     _compare("programming", policy)
+
+
+def test_priority_groups_match_reference():
+    """Preble's priority groups: the group cursor, the quota ((group + 1) x 10, binding with max_admit 16)
+    and the leap all agree with the reference; with and without preemption."""
+    _compare("toolbench", "affinity", local="priority")
+    _compare("toolbench", "least_load", local="priority", groups=3, max_admit=16)
+    stats, _ = _compare("toolbench", "affinity", local="priority", admission="on-demand")
+    assert stats["preemptions"] > 0
+    make, cap, rate = CASES["toolbench"]
+    wl, p = make(), R.make_params("affinity", rate=rate, kv_capacity=cap)
+    runs = {order: R.run_single(R.ReplicaModel(n_replicas=3, max_running=8, max_queue=64, local_order=order),
+                                jax.random.key(1), wl, p) for order in ("fcfs", "priority")}
+    assert len(set(np.asarray(runs["priority"].rec_group).tolist())) >= 3  # the groups are used
+    assert not np.array_equal(R.records(runs["fcfs"])["admit_s"], R.records(runs["priority"])["admit_s"])
+
+
+def test_priority_group_of_a_request():
+    from jaxroute.clusters.replicas.iteration import priority_group
+    g = lambda hit, n, P=10: int(priority_group(jnp.int32(hit), jnp.int32(n), P))
+    assert g(63, 100) == 6  # the lecture's exercise 5
+    assert g(0, 100) == 0 and g(1, 100) == 0 and g(10, 100) == 0 and g(11, 100) == 1
+    assert g(100, 100) == 9 and g(99, 100) == 9 and g(60, 100) == 5  # ceil(6) - 1: Preble's code
+    assert g(63, 100, P=1) == 0
 
 
 def test_matches_reference_lpm_and_stale_view():

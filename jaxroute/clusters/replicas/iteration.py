@@ -2,9 +2,9 @@
 
 One iteration on replica g at time t:
 1. Admission, at most `max_admit` requests, in local order (fcfs = arrival order; lpm = most
-   cached prompt tokens first, ties by arrival). It stops at the first request that does not
-   fit, when the running set is full, or once the running requests' remaining prefill reaches
-   `chunk`. A request fits when its KV need <= free KV + tokens of unlocked cached segments.
+   cached prompt tokens first, ties by arrival; priority = Preble's priority groups, below). It
+   stops at the first request that does not fit, when the running set is full, or once the
+   running requests' remaining prefill reaches `chunk`. A request fits when its KV need <= free KV + tokens of unlocked cached segments.
    Segments are evicted in LRU order (`prefix_cache.evict_lru`) until the request fits. Its
    matched segments are locked and touched at t. A fully cached prompt still computes its last
    token (as vLLM does: its logits give the first output token).
@@ -50,6 +50,20 @@ KV admission (`ReplicaModel.admission`, static):
   - With lpm, preempted requests still wait at the front (latest preemption first), ahead of the
     lpm order (vLLM has no lpm).
 
+Priority groups (`local_order="priority"`, Preble's `fcfs-mpq`, WukLab/preble
+python/sglang/srt/managers/router/model_rpc.py:470-493 and `get_schedule_group` at :790-801): a
+request joins group `priority_group(cached, prompt, P)` of P (its hit ratio on the replica's cache
+when it is dispatched, fixed from then on: model_rpc.py:473-479 groups a request once, when it
+enters the scheduler). An iteration that can admit (a request waits, the chunk has room, a slot is
+free, nothing was preempted) takes the replica's group cursor (`Replica.q_cursor`, starting at
+the top group P - 1): the first non-empty group at or below it, cyclically, and moves the cursor
+one group down. It admits from that group only, in arrival order, at most (group + 1) x
+`PRIORITY_QUOTA` requests (model_rpc.py:484-486, k = 10) and `max_admit`. Over a round of P
+admitting iterations, group j gets up to (j + 1) x 10 admissions: 10, 9, ..., 1 parts of 55 (the
+lecture's exercise 5). Differences from Preble's code: a request that does not fit stops the
+admission (Preble's `schedule_within_group` skips it and tries the next); a preempted request
+(on-demand) is readmitted first, as with lpm.
+
 Event leaping (exact; see `iterate_row`) runs in both modes; in "on-demand" a leaped iteration must
 also find its tokens in free KV (no eviction, no preemption), so the leap stops before one that
 would need either.
@@ -75,6 +89,13 @@ from jaxroute.clusters.replicas.types import Replica, ReplicaParams
 from jaxroute.workloads.prefix import RequestTable
 
 INF = jnp.inf
+PRIORITY_QUOTA = 10  # Preble's k: group j admits up to (j + 1) x k requests in its turn (model_rpc.py:484)
+
+
+def priority_group(cached: jax.Array, prompt: jax.Array, n_groups: int) -> jax.Array:
+    """Preble's group of a request with `cached` of `prompt` tokens hit: 0 with no hit, else
+    ceil(hit ratio x P) - 1 (model_rpc.py:474-478; 63 of 100 cached, P = 10 -> 6), in integers."""
+    return jnp.where(cached > 0, (cached * n_groups + prompt - 1) // prompt - 1, 0).astype(jnp.int32)
 
 
 def _allocate_running(model, row: Replica, ring: Ring, cache: SlotTable, index: jax.Array, g: jax.Array,
@@ -142,8 +163,9 @@ def _allocate_running(model, row: Replica, ring: Ring, cache: SlotTable, index: 
 
 def iterate_row(model, row: Replica, ring: Ring, entries: Entries, cache: SlotTable, index: jax.Array,
                 g: jax.Array, acct: Replication, r: RequestTable, t: jax.Array, params: ReplicaParams,
-                n_admitted: jax.Array, next_arrival: jax.Array, active: jax.Array):
-    """One iteration of replica g (`row`: its running set; `ring`, `entries`: its local queue; `cache` its
+                n_admitted: jax.Array, next_arrival: jax.Array, active: jax.Array, groups: jax.Array):
+    """One iteration of replica g (`row`: its running set; `ring`, `entries`: its local queue, `groups` [N]
+    each request's priority group (read with local order "priority" only); `cache` its
     cache table; `index` [G, M+1] the cluster's cache index, `acct` its replication counts) starting at
     time t: (new row, ring, cache, index, acct, a cache table was full,
     side outputs; side["done_segs"] [B, S+1] are the finished requests' segments, to take off the pending
@@ -170,20 +192,35 @@ def iterate_row(model, row: Replica, ring: Ring, entries: Entries, cache: SlotTa
     A = model.max_admit
     on_demand = model.admission == "on-demand"
     cache0 = cache
-    if model.local_order == "lpm":  # before a preempted request is put in front of the head
+    priority = model.local_order == "priority"
+    if model.local_order in ("lpm", "priority"):  # before a preempted request is put in front of the head
         ring = ring.skip_holes(entries)
     if on_demand:
         row, ring, cache, n_pre, q_full = _allocate_running(model, row, ring, cache, index, g, r, t, cap, active)
     else:
         n_pre, q_full = jnp.int32(0), jnp.bool_(False)
     unlocked_tok = cache.tokens - cache.locked_tokens(seg_len)
+    quota = jnp.int32(A)
+    if priority:  # this iteration's group: the first non-empty one at or below the cursor, cyclically
+        P = model.priority_groups
+        ids = entries.row()
+        waiting = ring.in_span() & (ids >= 0)
+        group_of = groups[jnp.maximum(ids, 0)]  # [Q]
+        nonempty = jnp.zeros((P,), bool).at[group_of].max(waiting)
+        order = (row.q_cursor - jnp.arange(P)) % P
+        chosen_group = order[jnp.argmax(nonempty[order])]
+        remaining0 = jnp.where(row.run_req >= 0, row.run_tgt - row.run_pos, 0)
+        attempt = (active & (n_pre == 0) & jnp.any(nonempty) & (jnp.sum(remaining0) < model.chunk)
+                   & jnp.any(row.run_req < 0))
+        row = dataclasses.replace(row, q_cursor=jnp.where(attempt, (chosen_group - 1) % P, row.q_cursor))
+        quota = jnp.minimum(A, (chosen_group + 1) * PRIORITY_QUOTA)
 
     def may_admit(c):
         """Another admission is possible: not stopped, a request waits, the chunk has room (cheap,
         so the loop body runs only while some row can admit)."""
         rw = c["row"]
         remaining = jnp.where(rw.run_req >= 0, rw.run_tgt - rw.run_pos, 0)
-        return (c["k"] < A) & ~c["stop"] & (c["ring"].count > 0) & (jnp.sum(remaining) < model.chunk)
+        return (c["k"] < quota) & ~c["stop"] & (c["ring"].count > 0) & (jnp.sum(remaining) < model.chunk)
 
     def admit(c):
         rw, rg, ch, k = c["row"], c["ring"], c["cache"], c["k"]
@@ -191,17 +228,21 @@ def iterate_row(model, row: Replica, ring: Ring, entries: Entries, cache: SlotTa
         remaining = jnp.where(running, rw.run_tgt - rw.run_pos, 0)
         # fcfs: the ring's head (arrival order; preempted requests wait in front of it, the latest first,
         # scheduler.py:1842); lpm: the most cached prompt tokens, ties by arrival, preempted ones first
-        qpos = rg.head
-        if model.local_order == "lpm":
+        qpos, has = rg.head, rg.count > 0
+        if model.local_order in ("lpm", "priority"):
             ids = entries.row()  # [Q]
             qv = rg.in_span() & (ids >= 0) & jnp.all(jnp.arange(rg.size)[:, None] != c["taken"][None, :], axis=1)
-            qid = jnp.maximum(ids, 0)
-            _, qmatch = leading_run(ch.present(index, g, r.seg_ids[qid]), r.seg_tok[qid])  # [Q]
-            best = qv & (qmatch == jnp.max(jnp.where(qv, qmatch, -1)))
-            lpm_pos = jnp.argmin(jnp.where(best, ids, jnp.iinfo(jnp.int32).max))
+            if priority:  # arrival order within the chosen group
+                best = qv & (groups[jnp.maximum(ids, 0)] == chosen_group)
+            else:
+                qid = jnp.maximum(ids, 0)
+                _, qmatch = leading_run(ch.present(index, g, r.seg_ids[qid]), r.seg_tok[qid])  # [Q]
+                best = qv & (qmatch == jnp.max(jnp.where(qv, qmatch, -1)))
+            pick_pos = jnp.argmin(jnp.where(best, ids, jnp.iinfo(jnp.int32).max))
             front_first = entries.preempted(rg.head)[1] > 0 if on_demand else False
-            qpos = jnp.where(front_first, rg.head, lpm_pos)
-        has = rg.count > 0
+            qpos = jnp.where(front_first, rg.head, pick_pos)
+            if priority:
+                has = has & (front_first | jnp.any(best))
         cand = jnp.maximum(entries.at(qpos), 0)
         if on_demand:
             gen0, stamp0 = entries.preempted(qpos)
@@ -312,7 +353,9 @@ def iterate_row(model, row: Replica, ring: Ring, entries: Entries, cache: SlotTa
                      & (first_fin > 0) & (n_pre == 0))
         # admission stays impossible: the chunk is full (rem_f > chunk), or the queue is empty or
         # blocked by memory/slots (which only a finish can free)
-        quiet = eventless & (has_f | (jnp.any(decoding) & ((ring.count == 0) | c["blocked"])))
+        # (priority: a blocked group leaves the others to the next iteration's turn, so only an empty queue)
+        blocked = c["blocked"] & (model.local_order != "priority")
+        quiet = eventless & (has_f | (jnp.any(decoding) & ((ring.count == 0) | blocked)))
         j = jnp.arange(1, model.leap + 1)
         is_f = (jnp.arange(pos.shape[0]) == f) & has_f
         # leaped iteration jj: f's chunk on a context grown by (jj - 1) chunks, every decoder one token longer

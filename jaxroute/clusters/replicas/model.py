@@ -67,7 +67,7 @@ from jaxroute.clusters.replicas.cache import (
     cached_at,
     cached_mask,
 )
-from jaxroute.clusters.replicas.iteration import iterate_row
+from jaxroute.clusters.replicas.iteration import iterate_row, priority_group
 from jaxroute.clusters.replicas.local_queue import Entries, QueueLog, Ring, apply_log
 from jaxroute.clusters.replicas.types import (
     Replica,
@@ -84,6 +84,7 @@ METRICS = ("mean_latency_s", "p99_latency_s", "ttft_mean_s", "ttft_p90_s", "ttft
            "output_tokens_per_s", "hit_rate", "replication_factor", "max_replica_share", "queue_mean",
            "kv_usage_mean", "preemptions")
 ADMISSIONS = ("reserve", "on-demand")
+LOCAL_ORDERS = ("fcfs", "lpm", "priority")
 _ROUTER_KEY = 0x7E57  # fold_in tag: the router's coin flips never reuse the workload's draws
 
 
@@ -122,7 +123,8 @@ class ReplicaModel(sim.Model):
     max_running: int = 64  # B: running requests per replica (SGLang's max_running_requests; a real limit)
     max_queue: int = 256  # Q: local queue per replica (overflow -> queue_overflow)
     max_admit: int = 4  # admissions per iteration
-    local_order: str = "fcfs"  # or "lpm"
+    local_order: str = "fcfs"  # or "lpm", or "priority" (Preble's priority groups)
+    priority_groups: int = 10  # P: groups of local order "priority" (Preble's 10)
     stale_view: bool = False  # keep a router snapshot refreshed every params.stale_s seconds
     router_window: int = 0  # dispatch-window ring per replica for routers that keep one (0 = none)
     router_modules: tuple[str, ...] | None = None  # stateful router modules kept (None = all; routers.modules_for)
@@ -137,8 +139,10 @@ class ReplicaModel(sim.Model):
             raise JaxrouteError(f"cache_slots must be >= 0 (0 = one per segment id), got {self.cache_slots}")
         if self.router_window < 0:
             raise JaxrouteError(f"router_window must be >= 0, got {self.router_window}")
-        if self.local_order not in ("fcfs", "lpm"):
-            raise JaxrouteError(f"unknown local order '{self.local_order}'; choose from: fcfs, lpm")
+        if self.local_order not in LOCAL_ORDERS:
+            raise JaxrouteError(f"unknown local order '{self.local_order}'; choose from: {', '.join(LOCAL_ORDERS)}")
+        if self.priority_groups < 1:
+            raise JaxrouteError(f"priority groups must be >= 1, got {self.priority_groups}")
         if self.admission not in ADMISSIONS:
             raise JaxrouteError(f"unknown admission '{self.admission}'; choose from: {', '.join(ADMISSIONS)}")
 
@@ -176,7 +180,8 @@ class ReplicaModel(sim.Model):
         rep = Replica(slot_seg=i((G, C), -1), slot_ref=i((G, C), 0), slot_free=stack, n_free=i((G,), C),
                       slot_last=f((G, C), 0.0), q_head=i((G,), 0), q_span=i((G,), 0), q_count=i((G,), 0),
                       run_req=i((G, B), -1), run_pos=i((G, B), 0), run_gen=i((G, B), 0), run_nseg=i((G, B), 0),
-                      run_res=i((G, B), 0), run_seq=i((G, B), 0), run_tgt=i((G, B), 0), n_preempt=i((G,), 0))
+                      run_res=i((G, B), 0), run_seq=i((G, B), 0), run_tgt=i((G, B), 0), n_preempt=i((G,), 0),
+                      q_cursor=i((G,), self.priority_groups - 1))
         m_snap = m1 if self.stale_view else 1
         view = Snapshot(b((G, m_snap)), f((G,), 0.0), f((G,), 0.0), jnp.float32(-INF), b((G, m_snap)), f((G,), 0.0),
                         f((G,), 0.0), f((G,), 0.0))
@@ -192,7 +197,7 @@ class ReplicaModel(sim.Model):
             queue_front=i((G, q_pre), 0), queue_log=QueueLog.empty(self._log_len, Q),
             copies=i((m1,), 0), cache_tok=i((G,), 0), unique_tok=jnp.int32(0),
             rec_replica=i((n,), -1), rec_admit=f((n,), INF), rec_first=f((n,), INF), rec_finish=f((n,), INF),
-            rec_cached=i((n,), 0), rep_area=jnp.float32(0), rep_time=jnp.float32(0), running_full=jnp.bool_(False),
+            rec_cached=i((n,), 0), rec_group=i((n if self.local_order == "priority" else 1,), 0), rep_area=jnp.float32(0), rep_time=jnp.float32(0), running_full=jnp.bool_(False),
             queue_overflow=jnp.bool_(False))
 
     @property
@@ -277,7 +282,7 @@ class ReplicaModel(sim.Model):
                                   q_head=None, q_span=None, q_count=None)
         it, ring_iter, table, index, acct, table_full, side = iterate_row(
             self, run, ring, entries, table, s.cache_index, g, Replication(s.copies, s.unique_tok), r, m, params,
-            s.n_admitted, a, is_iter)
+            s.n_admitted, a, is_iter, s.rec_group)
         # this event's pending changes (dispatch: +1 on the request's segments; iteration: -1 on the finished
         # requests' segments) go to the log
         done = side["done_segs"].reshape(-1)
@@ -314,8 +319,13 @@ class ReplicaModel(sim.Model):
         # preemption keeps the first admission's time and cached tokens
         nowhere = n
         admitted = jnp.where(is_iter & side["adm_go"] & side["adm_new"], side["adm_id"], nowhere)
+        rec_group = s.rec_group
+        if self.local_order == "priority":  # the group at dispatch, on g's cache (= at its next iteration's start)
+            _, hit = leading_run(cached_at(s.cache_index, s.rep.slot_seg, req.segs)[g], req.tok)
+            group = priority_group(hit, req.prompt, self.priority_groups)
+            rec_group = rec_group.at[jnp.where(is_route, i, nowhere)].set(group, mode="drop")
         return dataclasses.replace(
-            s, rep=rep, router=router, view=snap, now=jnp.where(live, t, s.now), clock=clock, copies=acct.copies,
+            s, rep=rep, router=router, view=snap, rec_group=rec_group, now=jnp.where(live, t, s.now), clock=clock, copies=acct.copies,
             unique_tok=acct.unique_tok, cache_tok=cache_tok, cache_index=index, pending=pending,
             pending_g=g, pending_segs=log_segs, pending_add=log_add,
             cache_full=s.cache_full | table_full, queue=queue, queue_gen=queue_gen, queue_front=queue_front,

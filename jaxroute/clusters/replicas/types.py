@@ -48,6 +48,7 @@ class Replica:
     run_seq: jax.Array  # [B] int32 admission stamp (prefill budget order)
     run_tgt: jax.Array  # [B] int32 prefill target: prompt tokens (+ output tokens to recompute after a preemption)
     n_preempt: jax.Array  # [] int32 preemptions on this replica (on-demand admission only)
+    q_cursor: jax.Array  # [] int32 local order "priority": the group whose turn is next (see iteration.py)
 
 
 @jax.tree_util.register_dataclass
@@ -101,6 +102,7 @@ class ReplicaState:
     rec_first: jax.Array  # [N] float32 first-token time
     rec_finish: jax.Array  # [N] float32
     rec_cached: jax.Array  # [N] int32 prompt tokens found in the cache at admission
+    rec_group: jax.Array  # [N] int32 priority group at dispatch (local order "priority"; [1] otherwise)
     rep_area: jax.Array  # [] float32 integral of the replication factor over time
     rep_time: jax.Array  # [] float32 time with a non-empty cache
     queue_area: jax.Array  # [] float32 integral over time of the requests waiting in local queues (all replicas)
