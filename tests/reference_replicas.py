@@ -18,7 +18,8 @@ from tests import reference_routers as rr_mod
 
 F32 = np.float32
 POLICIES = ("rr", "least_load", "least_tokens", "affinity", "threshold", "cache_guard", "sglang_cache_aware",
-            "preble_e2", "weighted")
+            "preble_e2", "weighted", "preble")
+PREBLE = ("preble_e2", "preble")
 
 
 @dataclasses.dataclass
@@ -126,19 +127,23 @@ def _route(policy, G, inflight, tokens, match, prompt, rr, rp, e2=None, stats=No
         return threshold()
     if policy == "cache_guard":
         return least if imbalanced(rp["guard_abs"], rp["guard_rel"]) else threshold()
-    if policy == "preble_e2":
-        load, extra, _ = e2
+    if policy in PREBLE:
+        load, extra, m_pos, ratios, scaled = e2
         cost = [F32(load[g] + extra[g]) for g in range(G)]
         cached = max(match)
         exploit = cached > prompt - cached
-        cands = [g for g in range(G) if match[g] == cached] if exploit else list(range(G))
+        holders = [g for g in range(G) if match[g] == cached or (rp["e2_autoscale"] and g in scaled)]
+        cands = holders if exploit else list(range(G))
         g = min(cands, key=lambda g: (cost[g], g))
         lightest = min(range(G), key=lambda g: (load[g], g))
         moved = load[g] > F32(rp["e2_th_bal"]) * load[lightest]
-        for k, hit in (("e2_exploit", exploit), ("e2_explore", not exploit), ("e2_rebalanced", moved),
-                       ("e2_evict_cost", e2[2])):
+        g = lightest if moved else g
+        heavy = int(np.argmax(ratios))  # pairing: the decode-heavy replica takes an exploring request
+        paired = bool(rp["e2_pairing"]) and not exploit and ratios[heavy] >= F32(rp["e2_pair_hit"])
+        for k, hit in (("e2_exploit", exploit), ("e2_explore", not exploit), ("e2_rebalanced", moved and not paired),
+                       ("e2_evict_cost", m_pos), ("e2_paired", paired)):
             stats[k] = stats.get(k, 0) + bool(hit)
-        return lightest if moved else g
+        return heavy if paired else g
     raise ValueError(policy)
 
 
@@ -195,7 +200,8 @@ def simulate(table, *, G, cap, policy, cost, chunk=512, B=64, Q=256, max_admit=4
     front; no admission after a preemption; a waiting request needs room for this step's tokens only;
     a readmitted one recomputes its prompt and generated output). rec["metrics"] has the
     throughput / time-average metrics, rec["preemptions"] the count."""
-    rp = dict(theta=0.5, guard_abs=8.0, guard_rel=1.5, e2_window_s=180.0, e2_th_bal=1.5, weights=None)
+    rp = dict(theta=0.5, guard_abs=8.0, guard_rel=1.5, e2_window_s=180.0, e2_th_bal=1.5, weights=None,
+              e2_pairing=policy == "preble", e2_autoscale=policy == "preble", e2_pair_hit=0.7, e2_pair_window_s=30.0)
     rp.update(router or {})
     arrival = np.asarray(table.arrival_s, np.float32)
     seg_ids, seg_tok = np.asarray(table.seg_ids), np.asarray(table.seg_tok)
@@ -230,6 +236,34 @@ def simulate(table, *, G, cap, policy, cost, chunk=512, B=64, Q=256, max_admit=4
     last: list[dict[int, float]] = [dict() for _ in range(G)]  # router's last dispatch of a segment to a replica
     decode = jax.jit(cost_models.decode_step_time)
     nxt, rr, n_admitted = 0, 0, 0
+    # Preble's pairing and autoscaling (routers/preble.py): per replica, the hit trace of admitted batches
+    # [t, hit, prompt] and the TTFT data points [t, ttft, important segment]; prefixes scaled onto replicas
+    hit_trace: list[list] = [[] for _ in range(G)]
+    ttft_points: list[list] = [[] for _ in range(G)]
+    scaled: dict[int, set] = {}
+    H, H_pair = F32(rp["e2_window_s"]), F32(rp["e2_pair_window_s"])
+    e2_terms = [F32(0)] * 3  # sums of the replica-mean L, M, P over decisions
+
+    def important(i):  # the deepest segment longer than all before it together
+        before, best = 0, segs[i][0][0]
+        for sid, tk in segs[i]:
+            if tk > before:
+                best = sid
+            before += tk
+        return best
+
+    def push(points, g, t, entry, window):  # drop entries older than the window, then add
+        points[g] = [e for e in points[g] if not F32(t - e[0]) > window] + [entry]
+
+    def overloaded(g, seg, now):
+        pts = [e for e in ttft_points[g] if e[2] == seg and F32(now - e[0]) <= H]
+        late = [e[1] for e in pts if F32(now - e[0]) <= F32(F32(0.5) * H)]
+        early = [e[1] for e in pts if not F32(now - e[0]) <= F32(F32(0.5) * H)]
+        if not late or not early:
+            return False
+        m1 = F32(np.sum(np.asarray(early, F32), dtype=F32) / F32(len(early)))
+        m2 = F32(np.sum(np.asarray(late, F32), dtype=F32) / F32(len(late)))
+        return bool(m2 >= F32(2.0) * m1)
 
     def view_match(g, i, present):
         m = 0
@@ -327,8 +361,24 @@ def simulate(table, *, G, cap, policy, cost, chunk=512, B=64, Q=256, max_admit=4
                 g = ref_router.choose(ctx)
                 ref_router.on_dispatch(ctx, g)
             else:
-                g = _route(policy, G, v_inf, v_tok, match, prompt[i], rr, rp, (e2_load, e2_extra, m_pos),
-                           stats)
+                ratios = []
+                for tr in hit_trace:
+                    h, n = sum(e[1] for e in tr), sum(e[2] for e in tr)
+                    ratios.append(F32(F32(h) / F32(n)) if n > 0 else F32(0))
+                seg = important(i)
+                g = _route(policy, G, v_inf, v_tok, match, prompt[i], rr, rp,
+                           (e2_load, e2_extra, m_pos, ratios, scaled.get(seg, set())), stats)
+                if policy in PREBLE:
+                    for k, x in enumerate((e2_load, e2_m, e2_p)):
+                        e2_terms[k] = F32(e2_terms[k] + F32(np.mean(np.asarray(x, F32), dtype=F32)))
+                    mx = max(match)
+                    others = [r for r in range(G) if r not in scaled.get(seg, set()) and match[r] < mx]
+                    if (rp["e2_autoscale"] and mx > prompt[i] - mx and others and overloaded(g, seg, a)):
+                        scaled.setdefault(seg, set()).add(min(others, key=lambda r: (e2_load[r], r)))
+                        for e in ttft_points[g]:  # delete_after_allocation
+                            if e[2] == seg:
+                                e[2] = -1
+                        stats["e2_autoscaled"] = stats.get("e2_autoscaled", 0) + 1
             window[g].append(dict(t=a, pre=e2_p[g], dec=F32(decode(cost, F32(1.0), F32(prompt[i]))),
                                   out=int(out_tok[i]), rid=i))
             for sid in [s for s, _ in segs[i]] + ([int(out_seg[i])] if out_seg[i] != dummy else []):
@@ -368,6 +418,7 @@ def simulate(table, *, G, cap, policy, cost, chunk=512, B=64, Q=256, max_admit=4
             if not preempted and pending_prefill < chunk and None in rep.slots:
                 rep.cursor = (turn - 1) % P
             quota = min(max_admit, (turn + 1) * 10)
+        adm_hit, adm_prompt = 0, 0  # this batch's first admissions (Preble's hit trace)
         for _ in range(quota):
             if not rep.queue or preempted:
                 break
@@ -417,6 +468,9 @@ def simulate(table, *, G, cap, policy, cost, chunk=512, B=64, Q=256, max_admit=4
             if np.isinf(rec["admit"][cand]):  # a readmission keeps the first admission's records
                 rec["admit"][cand] = t
                 rec["cached"][cand] = mtok
+                adm_hit, adm_prompt = adm_hit + mtok, adm_prompt + prompt[cand]
+        if adm_prompt > 0:
+            push(hit_trace, g, t, [t, adm_hit, adm_prompt], H_pair)
 
         # batch
         B_ = len(rep.slots)
@@ -458,6 +512,7 @@ def simulate(table, *, G, cap, policy, cost, chunk=512, B=64, Q=256, max_admit=4
             if not was_decoding and s.pos == s.tgt:
                 if s.gen == 0:
                     rec["first"][s.rid] = t_end
+                    push(ttft_points, g, t_end, [t_end, F32(t_end - arrival[s.rid]), important(s.rid)], H)
                     if ref_router is not None:
                         ref_router.on_first_token(g, s.rid, t_end)
                 s.gen += 1
@@ -505,5 +560,8 @@ def simulate(table, *, G, cap, policy, cost, chunk=512, B=64, Q=256, max_admit=4
         kv_usage_mean=kv_area / (G * cap * span) if span > 0 else 0.0,
         preemptions=rec["preemptions"])
     stats["evicted"] = sum(r.cache.n_evicted for r in reps)
+    n_dec = max(int(nxt), 1)
+    stats.update(e2_mean_L_s=float(e2_terms[0] / F32(n_dec)), e2_mean_M_s=float(e2_terms[1] / F32(n_dec)),
+                 e2_mean_P_s=float(e2_terms[2] / F32(n_dec)))
     rec["stats"] = stats
     return rec, violations

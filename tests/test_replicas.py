@@ -35,7 +35,7 @@ def _compare(case, policy, G=3, B=8, Q=64, local="fcfs", stale=0.0, leap=32, key
     if slots == "bound":
         slots = R.slot_bound(wl.segment_lengths(), cap)
     model = R.ReplicaModel(n_replicas=G, max_running=B, max_queue=Q, local_order=local, stale_view=stale > 0,
-                           leap=leap, router_window=e2_ring if policy == "preble_e2" else 0, admission=admission,
+                           leap=leap, router_window=e2_ring if policy in ref.PREBLE else 0, admission=admission,
                            cache_slots=slots, priority_groups=groups, max_admit=max_admit)
     p = R.make_params(policy, rate=rate, kv_capacity=cap, stale_s=stale, theta=theta, **(router or {}))
     st = R.run_single(model, jax.random.key(key), wl, p)
@@ -60,6 +60,14 @@ def _compare(case, policy, G=3, B=8, Q=64, local="fcfs", stale=0.0, leap=32, key
     assert int(m["preemptions"]) == want["preemptions"]
     for k in ("output_tokens_per_s", "ttft_p90_s", "queue_mean", "kv_usage_mean"):  # float sums: tolerance
         np.testing.assert_allclose(float(m[k]), want["metrics"][k], rtol=1e-4, err_msg=k)
+    if policy in ref.PREBLE:  # Preble's decision counts and mean cost terms
+        st_ = want["stats"]
+        assert int(m["e2_decisions"]) == len(prompt)
+        for k, r in (("e2_exploits", "e2_exploit"), ("e2_rebalanced", "e2_rebalanced"), ("e2_paired", "e2_paired"),
+                     ("e2_autoscaled", "e2_autoscaled")):
+            assert int(m[k]) == st_.get(r, 0), k
+        for k in ("e2_mean_L_s", "e2_mean_M_s", "e2_mean_P_s"):
+            np.testing.assert_allclose(float(m[k]), st_[k], rtol=1e-4, atol=1e-9, err_msg=k)
     return dict(want["stats"], preemptions=want["preemptions"]), m
 
 
@@ -80,12 +88,21 @@ def test_preble_e2_matches_reference_on_every_path():
     _compare("agent", "preble_e2", stale=2.0)
 
 
+def test_preble_pairing_and_autoscaling_match_reference():
+    """The full preset (pairing + autoscaling) with priority groups, request by request equal to the
+    reference; the rules fire (a window short enough for the overload detector to see TTFTs double)."""
+    stats, m = _compare("toolbench", "preble", local="priority", router={"e2_window_s": 4.0, "e2_pair_hit": 0.5})
+    assert stats.get("e2_paired", 0) > 0 and stats.get("e2_autoscaled", 0) > 0
+    stats, _ = _compare("programming", "preble", router={"e2_pair_hit": 0.3})
+    assert stats.get("e2_paired", 0) > 0
+
+
 def test_preble_e2_rule_on_hand_built_costs():
     f = lambda x: jnp.asarray(x, jnp.float32)
     no_rebalance = preble.make_params(e2_th_bal=float("inf"))
 
     def route(match, load, extra, p=no_rebalance):
-        return int(preble.rule(f(load), f(extra), f(match), f(1000.0), p))
+        return int(preble.rule(f(load), f(extra), f(match), f(1000.0), p)[0])
 
     # cached 600 > missed 400: exploit -> cheapest of the holders (2), not the cheapest overall (1)
     assert route([600, 0, 600], [5.0, 1.0, 4.0], [0, 0, 0]) == 2

@@ -3,8 +3,36 @@
 Rule: cached = longest match on the router's record, missed = prompt - cached. cached > missed ->
 exploit: the lowest load cost L + M + P among the replicas holding the longest match; else explore:
 the lowest L + M + P overall. Then post-hoc rebalancing: if the chosen replica's window load L >
-e2_th_bal x the lightest replica's L, the lightest. Autoscaling and the prefill/decode pairing rule
-are not modeled.
+e2_th_bal x the lightest replica's L, the lightest. Two more rules, each a traced switch (the
+`preble` preset turns both on; `preble_e2` has both off):
+
+- Prefill/decode pairing (`e2_pairing`; Preble's `runtime_id_with_highest_hit_rate`,
+  preble/model_runtime_manager.py:422-427 and simulator.py:354-359, used in the explore branch of
+  `runtime_selector`, global_scheduler_with_time.py:329-330, before the load-cost comparison): each
+  replica reports its windowed hit ratio, the cached / prompt tokens of the requests it admitted in
+  the last `e2_pair_window_s` = 30 s (sglang model_rpc.py `update_hit_trace`/`get_hit_ratio`,
+  server_args.py:57; one entry per admitting batch, old entries dropped when a batch is added). A
+  replica whose ratio is the highest and >= `e2_pair_hit` = 0.7 is decode-heavy (its requests are
+  almost all cached: "decode units", idle compute); an exploring request (cached <= missed: a
+  "prefill unit") goes to it. No rebalancing override of that choice. The lecture (3.4) defines the
+  units per request (almost all cached = decode unit; long uncached prompt with a short output =
+  prefill unit, "too many decode units" on a replica); the code's units are a replica's 30 s hit
+  ratio and every explore request, whatever its output length, and that is what is modeled.
+- Autoscaling of hot prefixes (`e2_autoscale`; Preble's overload detector,
+  preble/ttft_overload_detector.py, used in global_scheduler_with_time.py:419-429): each replica
+  keeps the TTFTs of its requests over the last `e2_window_s` (3 min), keyed by the request's
+  important segment (Preble's `get_important_node`: the deepest prompt segment longer than all
+  segments before it together, :255-264). A prefix is overloaded on a replica when its TTFTs in the
+  window's second half average >= 2x those of its first half (both halves non-empty). An exploit
+  request whose chosen replica is overloaded for its prefix replicates the prefix onto the lightest
+  replica (lowest L) not yet holding or allocated it (`gpu_allocations[node].add(smaller_device)`)
+  and clears that detector key (`delete_after_allocation`). Later exploit requests of the prefix
+  choose by load cost among the longest-match holders and the replicas it was scaled onto
+  (`calculate_min_load_cost` over the node's allocation): its traffic is split by load.
+  Differences from the code: Preble checks the detector only inside node stealing, when the busiest
+  GPU holds a single heavy node and is >= 1.5x the lightest (:393-424); here post-hoc rebalancing
+  already sends such requests to the lightest, so the detector is checked on every exploit
+  decision. A data point is stamped at the request's first token (Preble: at its finish).
 
 Load cost, in GPU seconds from the cost model, per replica i:
 - L_i: over the requests dispatched to i in the last `e2_window_s` seconds, the prefill time of their
@@ -42,19 +70,82 @@ from jaxroute.routers.view import Request, RouterStatic, RouterView
 INF = jnp.inf
 
 
+OVERLOAD_FACTOR = 2.0  # second-half mean TTFT >= 2 x first-half mean (ttft_overload_detector.py:63)
+
+
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class Params:
-    e2_window_s: jax.Array  # [] float32 load window H (seconds)
+    e2_window_s: jax.Array  # [] float32 load window H (seconds); also the overload detector's window
     e2_th_bal: jax.Array  # [] float32 rebalancing threshold Th_bal (inf = no rebalancing)
+    e2_pairing: jax.Array  # [] bool prefill/decode pairing on
+    e2_autoscale: jax.Array  # [] bool autoscaling of hot prefixes on
+    e2_pair_hit: jax.Array  # [] float32 windowed hit ratio that makes a replica decode-heavy
+    e2_pair_window_s: jax.Array  # [] float32 the hit ratio's window (seconds)
 
 
-def make_params(e2_window_s=180.0, e2_th_bal=1.5) -> Params:
+def make_params(e2_window_s=180.0, e2_th_bal=1.5, e2_pairing=False, e2_autoscale=False, e2_pair_hit=0.7,
+                e2_pair_window_s=30.0) -> Params:
     if not e2_window_s > 0:
         raise JaxrouteError(f"the Preble E2 window must be > 0 seconds, got {e2_window_s}")
     if not e2_th_bal >= 1:
         raise JaxrouteError(f"the Preble E2 rebalancing threshold must be >= 1, got {e2_th_bal}")
-    return Params(jnp.float32(e2_window_s), jnp.float32(e2_th_bal))
+    if not 0 <= e2_pair_hit <= 1:
+        raise JaxrouteError(f"the pairing hit ratio must be in [0, 1], got {e2_pair_hit}")
+    if not e2_pair_window_s > 0:
+        raise JaxrouteError(f"the pairing window must be > 0 seconds, got {e2_pair_window_s}")
+    return Params(jnp.float32(e2_window_s), jnp.float32(e2_th_bal), jnp.bool_(e2_pairing), jnp.bool_(e2_autoscale),
+                  jnp.float32(e2_pair_hit), jnp.float32(e2_pair_window_s))
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Window:
+    """Per-replica ring of timestamped entries with running sums (`vals`, `sums`: one array per field)."""
+
+    time: jax.Array  # [G, K] float32
+    vals: tuple  # of [G, K] arrays
+    sums: tuple  # of [G] arrays (the sums over the live entries)
+    head: jax.Array  # [G] int32 oldest entry
+    count: jax.Array  # [G] int32 live entries
+
+    @classmethod
+    def empty(cls, G: int, K: int, dtypes) -> Window:
+        return cls(jnp.full((G, K), -INF, jnp.float32), tuple(jnp.zeros((G, K), d) for d in dtypes),
+                   tuple(jnp.zeros((G,), d) for d in dtypes), jnp.zeros((G,), jnp.int32), jnp.zeros((G,), jnp.int32))
+
+    def live(self, g) -> jax.Array:  # [K] bool entries of replica g in the window
+        K = self.time.shape[1]
+        return (jnp.arange(K) - self.head[g]) % K < self.count[g]
+
+    def _pop(self, g, when) -> Window:
+        h = self.head[g]
+        sums = tuple(x.at[g].add(jnp.where(when, -v[g, h], 0)) for x, v in zip(self.sums, self.vals, strict=True))
+        return dataclasses.replace(self, sums=sums, head=self.head.at[g].set(jnp.where(when, (h + 1) % self.time.shape[1], h)),
+                                   count=self.count.at[g].add(-when.astype(jnp.int32)))
+
+    def push(self, g, t, values, active, older_than) -> tuple[Window, jax.Array]:
+        """(window, a live entry was dropped): drop g's entries with t - time > older_than, then add one
+        (a full ring first drops its oldest live entry)."""
+        def stale(w):
+            return active & (w.count[g] > 0) & (t - w.time[g, w.head[g]] > older_than)
+
+        w = jax.lax.while_loop(stale, lambda w: w._pop(g, stale(w)), self)
+        full = active & (w.count[g] == w.time.shape[1])
+        w = w._pop(g, full)
+        slot = (w.head[g] + w.count[g]) % w.time.shape[1]
+        put = lambda x, v: x.at[g, slot].set(jnp.where(active, v, x[g, slot]))
+        return dataclasses.replace(
+            w, time=put(w.time, t), vals=tuple(put(x, v) for x, v in zip(w.vals, values, strict=True)),
+            sums=tuple(x.at[g].add(jnp.where(active, v, 0)) for x, v in zip(w.sums, values, strict=True)),
+            count=w.count.at[g].add(active.astype(jnp.int32))), full
+
+
+def important_segment(segs: jax.Array, tok: jax.Array) -> jax.Array:
+    """Preble's important node of a prompt (`get_important_node`): its deepest segment with more tokens
+    than all the segments before it together (the first segment always qualifies)."""
+    large = (tok > jnp.cumsum(tok) - tok) & (tok > 0)
+    return segs[jnp.max(jnp.where(large, jnp.arange(tok.shape[0]), 0))]
 
 
 @jax.tree_util.register_dataclass
@@ -73,6 +164,11 @@ class State:
     hits: jax.Array  # [G, M+1] int32 window requests whose prompt contains the segment
     last: jax.Array  # [G, M+1] float32 last dispatch of the segment to the replica (eviction order)
     overflow: jax.Array  # [] bool a live entry was dropped from a full ring
+    hit_trace: Window  # [G, K] per admitting batch: (cached tokens int32, prompt tokens int32) (pairing)
+    ttft: Window  # [G, K] per first token: (TTFT float32, important segment int32) (overload detector)
+    scaled: jax.Array  # [G, M+1] bool replicas a prefix was autoscaled onto
+    tally: jax.Array  # [3] float32 sums over decisions of the replica-mean L, M and P (seconds)
+    counts: jax.Array  # [5] int32 decisions, exploits, rebalanced, paired, autoscaled
 
 
 def init(static: RouterStatic) -> State | None:
@@ -84,7 +180,11 @@ def init(static: RouterStatic) -> State | None:
     i = lambda shape, v: jnp.full(shape, v, jnp.int32)
     return State(f((G, K), -INF), f((G, K), 0.0), f((G, K), 0.0), i((G, K), 0), i((G, K), 0), i((G,), 0),
                  i((G,), 0), f((G,), 0.0), f((G,), 0.0), i((G,), 0), i((G, m1), 0), f((G, m1), -INF),
-                 jnp.bool_(False))
+                 jnp.bool_(False), Window.empty(G, K, (jnp.int32, jnp.int32)), Window.empty(G, K, (jnp.float32, jnp.int32)),
+                 jnp.zeros((G, m1), bool), f((3,), 0.0), i((len(COUNTS),), 0))
+
+
+COUNTS = ("e2_decisions", "e2_exploits", "e2_rebalanced", "e2_paired", "e2_autoscaled")
 
 
 def default_window(rate: float, window_s: float, n_replicas: int, n_requests: int) -> int:
@@ -137,11 +237,15 @@ def _prefill_missed(view: RouterView, req: Request) -> jax.Array:
     return jax.vmap(lambda n, c: cost_models.prefill_time(view.cost, n, c))(missed, match)
 
 
-def costs(s: State, view: RouterView, req: Request) -> tuple[jax.Array, jax.Array]:
-    """(L [G], M + P [G]) for the request (see the module docstring)."""
-    seg_len, cap = view.table.seg_len, view.kv_capacity
+def _load(s: State) -> jax.Array:
+    """[G] L: the window's prefill seconds + decode step seconds x the window's mean output length."""
     mean_out = jnp.sum(s.sum_out).astype(jnp.float32) / jnp.maximum(jnp.sum(s.count), 1).astype(jnp.float32)
-    load = s.sum_pre + s.sum_dec * mean_out
+    return s.sum_pre + s.sum_dec * mean_out
+
+
+def costs(s: State, view: RouterView, req: Request) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """(L [G], M [G], P [G]) for the request (see the module docstring)."""
+    seg_len, cap = view.table.seg_len, view.kv_capacity
     p_cost = _prefill_missed(view, req)
     missed = req.prompt.astype(jnp.float32) - view.match_tokens
     hit_rate = s.hits.astype(jnp.float32) / jnp.maximum(s.count, 1).astype(jnp.float32)[:, None]
@@ -153,33 +257,82 @@ def costs(s: State, view: RouterView, req: Request) -> tuple[jax.Array, jax.Arra
     def evict_cost(ev, last, hr, d):  # LRU order on the router's own dispatch times
         return evict_lru(ev, last, view.table.seg_depth, seg_len, d, seg_cost * hr)[2]
 
-    return load, jax.vmap(evict_cost)(evictable, s.last, hit_rate, deficit) + p_cost
+    return _load(s), jax.vmap(evict_cost)(evictable, s.last, hit_rate, deficit), p_cost
 
 
-def rule(load: jax.Array, extra: jax.Array, match: jax.Array, prompt: jax.Array, p: Params) -> jax.Array:
-    """E2's decision from its costs: L [G], M + P [G], match tokens [G], prompt tokens []. Exploit
-    filters to the holders of the longest match; the picker is argmax of -(L + M + P) (ties -> lowest
-    index); rebalancing then overrides it with the lightest L (ties -> lowest index)."""
+def hit_ratios(s: State) -> jax.Array:
+    """[G] each replica's windowed hit ratio (cached / prompt tokens of its recent admissions; 0 if none)."""
+    hit, prompt = s.hit_trace.sums
+    return jnp.where(prompt > 0, hit.astype(jnp.float32) / jnp.maximum(prompt, 1).astype(jnp.float32), 0.0)
+
+
+def rule(load, extra, match, prompt, p: Params, ratios=None, scaled=None) -> tuple[jax.Array, dict]:
+    """E2's decision from its costs: L [G], M + P [G], match tokens [G], prompt tokens []; with pairing,
+    the replicas' windowed hit ratios [G]; with autoscaling, the replicas the prefix was scaled onto [G].
+    Explore: the decode-heavy replica (highest ratio, if >= e2_pair_hit, pairing on), else the lowest
+    L + M + P; exploit: the lowest L + M + P among the longest-match holders and the scaled-onto
+    replicas. The picker is argmax of -(L + M + P) (ties -> lowest index); rebalancing then overrides a
+    cost choice with the lightest L (ties -> lowest index). Returns (replica, what happened)."""
+    G = load.shape[0]
+    ratios = jnp.zeros((G,)) if ratios is None else ratios
+    scaled = jnp.zeros((G,), bool) if scaled is None else scaled
     cost = load + extra
     cached = jnp.max(match)
     exploit = cached > prompt - cached
-    g = parts.argmax(parts.keep(-cost, (match == cached) | ~exploit))
+    holders = (match == cached) | (scaled & p.e2_autoscale)
+    g = parts.argmax(parts.keep(-cost, holders | ~exploit))
     lightest = parts.argmax(-load)
-    return jnp.where(load[g] > p.e2_th_bal * load[lightest], lightest, g)
+    moved = load[g] > p.e2_th_bal * load[lightest]
+    g = jnp.where(moved, lightest, g)
+    heavy = jnp.argmax(ratios)
+    paired = p.e2_pairing & ~exploit & (ratios[heavy] >= p.e2_pair_hit)
+    return jnp.where(paired, heavy, g), dict(exploit=exploit, moved=moved & ~paired, paired=paired, lightest=lightest)
+
+
+def _decide(s: State, view: RouterView, req: Request, p):
+    load, evict, pre = costs(s, view, req)
+    seg = important_segment(req.segs, req.tok)
+    g, what = rule(load, evict + pre, view.match_tokens, req.prompt.astype(jnp.float32), p, hit_ratios(s),
+                   s.scaled[:, seg])
+    return g, what, (load, evict, pre), seg
 
 
 def choose(s: State | None, view: RouterView, req: Request, p, key) -> jax.Array:
     if s is None:  # not modeled: refused on the host (`check`) and flagged in the run
         return parts.argmax(parts.fewest_requests(view, req))
-    load, extra = costs(s, view, req)
-    return rule(load, extra, view.match_tokens, req.prompt.astype(jnp.float32), p)
+    return _decide(s, view, req, p)[0]
+
+
+def overloaded(s: State, g: jax.Array, seg: jax.Array, now: jax.Array, p: Params) -> jax.Array:
+    """The overload detector on replica g for prefix `seg`: mean TTFT over the window's second half >=
+    OVERLOAD_FACTOR x over its first half, both halves non-empty."""
+    w = s.ttft
+    ttft, key = w.vals
+    mine = w.live(g) & (key[g] == seg) & (now - w.time[g] <= p.e2_window_s)
+    late = now - w.time[g] <= 0.5 * p.e2_window_s
+    n1, n2 = jnp.sum(mine & ~late), jnp.sum(mine & late)
+    m1 = jnp.sum(jnp.where(mine & ~late, ttft[g], 0.0)) / jnp.maximum(n1, 1).astype(jnp.float32)
+    m2 = jnp.sum(jnp.where(mine & late, ttft[g], 0.0)) / jnp.maximum(n2, 1).astype(jnp.float32)
+    return (n1 > 0) & (n2 > 0) & (m2 >= OVERLOAD_FACTOR * m1)
 
 
 def on_dispatch(s: State | None, view: RouterView, req: Request, g: jax.Array, active: jax.Array,
                 p: Params) -> State | None:
-    """Add the dispatch to replica g's window (a full ring first drops its oldest entry: overflow)."""
+    """Add the dispatch to replica g's window (a full ring first drops its oldest entry: overflow);
+    count the decision; autoscale its prefix when g is overloaded for it."""
     if s is None:
         return None
+    _, what, terms, seg = _decide(s, view, req, p)
+    target = parts.argmax(parts.keep(-_load(s), ~(s.scaled[:, seg] | (view.match_tokens >= jnp.max(view.match_tokens)))))
+    grow = (active & p.e2_autoscale & what["exploit"] & overloaded(s, g, seg, view.now, p)
+            & ~s.scaled[target, seg] & (view.match_tokens[target] < jnp.max(view.match_tokens)))
+    ttft, key = s.ttft.vals
+    cleared = jnp.where(grow & s.ttft.live(g) & (key[g] == seg), -1, key[g])  # delete_after_allocation
+    s = dataclasses.replace(
+        s, scaled=s.scaled.at[target, seg].set(s.scaled[target, seg] | grow),
+        ttft=dataclasses.replace(s.ttft, vals=(ttft, key.at[g].set(cleared))),
+        tally=s.tally + jnp.where(active, jnp.stack([jnp.mean(x) for x in terms]), 0.0),
+        counts=s.counts + (active & jnp.stack([jnp.bool_(True), what["exploit"], what["moved"], what["paired"], grow])))
     K = s.time.shape[1]
     full = active & (s.count[g] == K)
     s = _pop(s, jnp.zeros_like(s.count, bool).at[g].set(full), view)
@@ -198,6 +351,45 @@ def on_dispatch(s: State | None, view: RouterView, req: Request, g: jax.Array, a
         overflow=s.overflow | full)
 
 
+def on_admit(s: State | None, view: RouterView, g: jax.Array, rids: jax.Array, admitted: jax.Array,
+             cached: jax.Array, p: Params) -> State | None:
+    """Replica g admitted `rids[admitted]` at `view.now` with `cached` prompt tokens hit: one hit-trace entry."""
+    if s is None:
+        return None
+    prompt = jnp.sum(jnp.where(admitted, view.table.prompt_tok[rids], 0))
+    hit = jnp.sum(jnp.where(admitted, cached, 0))
+    trace, full = s.hit_trace.push(g, view.now, (hit, prompt), jnp.any(admitted), p.e2_pair_window_s)
+    return dataclasses.replace(s, hit_trace=trace, overflow=s.overflow | full)
+
+
+def on_first_token(s: State | None, view: RouterView, g: jax.Array, rids: jax.Array, first: jax.Array,
+                   p: Params) -> State | None:
+    """Requests `rids[first]` got their first token at `view.now`: TTFT data points (slot order)."""
+    if s is None:
+        return None
+    order = jnp.argsort(~first, stable=True)
+
+    def body(c):
+        k, w, full = c
+        rid = rids[order[k]]
+        seg = important_segment(view.table.seg_ids[rid], view.table.seg_tok[rid])
+        w, f = w.push(g, view.now, (view.now - view.table.arrival_s[rid], seg), jnp.bool_(True), p.e2_window_s)
+        return k + 1, w, full | f
+
+    _, w, full = jax.lax.while_loop(lambda c: c[0] < jnp.sum(first), body, (jnp.int32(0), s.ttft, jnp.bool_(False)))
+    return dataclasses.replace(s, ttft=w, overflow=s.overflow | full)
+
+
 def flags(s: State | None) -> dict[str, jax.Array]:
     """e2_ring_overflow: a live window entry was dropped (or the ring is 0: E2 could not run)."""
     return {"e2_ring_overflow": jnp.bool_(True) if s is None else s.overflow}
+
+
+def stats(s: State | None) -> dict[str, jax.Array]:
+    """Decision counts and the mean cost terms (seconds; each the mean over replicas, averaged over decisions)."""
+    if s is None:
+        return {**{k: jnp.int32(0) for k in COUNTS}, "e2_mean_L_s": jnp.float32(0), "e2_mean_M_s": jnp.float32(0),
+                "e2_mean_P_s": jnp.float32(0)}
+    n = jnp.maximum(s.counts[0], 1).astype(jnp.float32)
+    return {**{k: s.counts[j] for j, k in enumerate(COUNTS)}, "e2_mean_L_s": s.tally[0] / n,
+            "e2_mean_M_s": s.tally[1] / n, "e2_mean_P_s": s.tally[2] / n}

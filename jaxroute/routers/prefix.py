@@ -14,6 +14,7 @@ module interface). The cluster model calls only the functions below; it knows no
 | cache_guard | least load when max - min in-flight > guard_abs and max > guard_rel * min, else threshold |
 | sglang_cache_aware | SGLang router (`cache_aware.rs`): imbalanced -> shortest queue; else its own approximate tree: ratio > cache_threshold -> the matching worker, else the smallest tree |
 | preble_e2 | Preble E2: exploit (cached > missed) or explore by load cost L + M + P; post-hoc rebalancing |
+| preble | Preble complete: preble_e2 + prefill/decode pairing + autoscaling of hot prefixes (use it with local order "priority") |
 | weighted | llm-d-style weighted scorers (prefix ratio on the record 3, in-flight 2, tokens 2) and a traced picker |
 | llmd_precise | llm-d scheduler: precise prefix (reported cache, matched/prompt 64-token blocks) 3 + kv-utilization 2 + queue 2; max-score picker (random ties) |
 | llmd_approx | llm-d with the approximate prefix index (own LRU of block hashes, inserted on dispatch, greedy walk) 1 + kv 1 + queue 1; max-score picker |
@@ -112,6 +113,8 @@ PRESETS: dict[str, Preset] = {
     "vllm_kvaware": _stateful(vllm_stack, rule=vllm_stack.kvaware),
     "aibrix_prefix_cache": _stateful(aibrix),
     "aibrix_least_request": Preset(aibrix.least_request),
+    # Preble with every rule (routers/preble.py); the local priority groups are the replicas' (--local priority)
+    "preble": _stateful(preble, e2_pairing=True, e2_autoscale=True),
 }
 REGISTRY = PolicyRegistry("replica-cluster router", tuple(PRESETS))
 PREFIX_POLICIES = REGISTRY.names
@@ -260,10 +263,20 @@ def on_first_token(state: dict, view: RouterView, g: jax.Array, rids: jax.Array,
     return {n: _hook(MODULES[n], "on_first_token", state[n], view, g, rids, first, params.own[n]) for n in state}
 
 
+def on_admit(state: dict, view: RouterView, g: jax.Array, rids: jax.Array, admitted: jax.Array, cached: jax.Array,
+             params: RouterParams) -> dict:
+    """Replica g admitted `rids[admitted]` (first admissions) at `view.now`, `cached` prompt tokens hit each."""
+    return {n: _hook(MODULES[n], "on_admit", state[n], view, g, rids, admitted, cached, params.own[n]) for n in state}
+
+
 def on_finish(state: dict, view: RouterView, g: jax.Array, rids: jax.Array, finished: jax.Array,
               params: RouterParams) -> dict:
     """Requests `rids[finished]` finished on replica g (`view.table` has their rows)."""
     return {n: _hook(MODULES[n], "on_finish", state[n], view, g, rids, finished, params.own[n]) for n in state}
+
+
+def _uses(policy: jax.Array, m: ModuleType) -> jax.Array:
+    return jnp.isin(policy, jnp.asarray([REGISTRY.id(k) for k, p in PRESETS.items() if p.module is m]))
 
 
 def flags(state: dict, policy: jax.Array) -> dict[str, jax.Array]:
@@ -272,6 +285,15 @@ def flags(state: dict, policy: jax.Array) -> dict[str, jax.Array]:
     for n in state:
         m = MODULES[n]
         if hasattr(m, "flags"):
-            uses = jnp.isin(policy, jnp.asarray([REGISTRY.id(k) for k, p in PRESETS.items() if p.module is m]))
-            out.update({k: uses & v for k, v in m.flags(state[n]).items()})
+            out.update({k: _uses(policy, m) & v for k, v in m.flags(state[n]).items()})
+    return out
+
+
+def stats(state: dict, policy: jax.Array) -> dict[str, jax.Array]:
+    """The stateful modules' decision statistics (`stats` hook), 0 for rows whose policy does not use the module."""
+    out = {}
+    for n in state:
+        m = MODULES[n]
+        if hasattr(m, "stats"):
+            out.update({k: jnp.where(_uses(policy, m), v, jnp.zeros_like(v)) for k, v in m.stats(state[n]).items()})
     return out

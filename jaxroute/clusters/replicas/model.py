@@ -25,7 +25,7 @@ radix-tree reference that the tests match exactly).
 Router: the model builds a `RouterView` (in-flight requests and tokens per replica, and the record
 of which replica should hold which segment: its cache plus the segments of requests dispatched to it
 and not finished, i.e. insert on dispatch) and calls the router's hooks (`routers/prefix.py`):
-`on_refresh` and `choose` at an arrival, `on_dispatch` after it, `on_first_token` and `on_finish` after an iteration. The
+`on_refresh` and `choose` at an arrival, `on_dispatch` after it, `on_admit`, `on_first_token` and `on_finish` after an iteration. The
 router's state is one opaque field. With `stale_s` = T > 0 (needs `stale_view`) the loads and the
 record are snapshots refreshed every T seconds; dispatches since the snapshot are added at once.
 Routing is instantaneous, so a request's dispatch time is its arrival time.
@@ -290,8 +290,12 @@ class ReplicaModel(sim.Model):
         dispatched = jnp.full(done.shape, nowhere_seg, jnp.int32).at[: all_segs.shape[0]].set(all_segs)
         log_segs = jnp.where(is_route, dispatched, jnp.where(is_iter, done, nowhere_seg))
         log_add = jnp.full(done.shape, jnp.where(is_route, 1, -1), jnp.int32)
-        router = routers.on_first_token(router, view, g, side["rid"], is_iter & side["first"], params.router)
-        router = routers.on_finish(router, view, g, side["rid"], is_iter & side["finished"], params.router)
+        adm_new = is_iter & side["adm_go"] & side["adm_new"]
+        router = routers.on_admit(router, dataclasses.replace(view, now=m), g, side["adm_id"], adm_new,
+                                  side["adm_tok"], params.router)
+        after = dataclasses.replace(view, now=side["t_end"])
+        router = routers.on_first_token(router, after, g, side["rid"], is_iter & side["first"], params.router)
+        router = routers.on_finish(router, after, g, side["rid"], is_iter & side["finished"], params.router)
 
         pick = lambda x0, xr, xi: jnp.where(is_route, xr, jnp.where(is_iter, xi, x0))
         ring = jax.tree.map(lambda xr, xi: jnp.where(is_route, xr, xi), ring_route, ring_iter)
@@ -389,6 +393,7 @@ class ReplicaModel(sim.Model):
             "completed": completed,
             "running_full": state.running_full,
             **flags,
+            **routers.stats(state.router, params.policy),
             "overflow": overflow,
             "conservation_error": jnp.abs(arrived - (completed + in_queue + running)),
         }
