@@ -39,6 +39,26 @@ def test_cluster_preble_e2(tmp_path, capsys):
     assert res["config"]["e2_th_bal"] == 2.0
 
 
+def test_cluster_preble_complete_and_its_ablation_grid(tmp_path, capsys):
+    """--local priority with the full preset; the switches as a grid of rows in one compilation."""
+    out = tmp_path / "p.json"
+    rc = main(["cluster", "--workload", "toolbench", "--requests", "80", "--seeds", "2", "--rate", "20",
+               "--policies", "rr,preble", "--local", "priority", "--priority-groups", "5",
+               "--e2-pairing", "on,off", "--e2-autoscale", "off", "--out", str(out)])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "local priority (5 groups)" in text and "e2_paired" in text
+    res = json.loads(out.read_text())
+    rows = {r["policy"]: r for r in res["results"]}
+    assert set(rows) == {"rr", "preble[pairing=on,autoscale=off]", "preble[pairing=off,autoscale=off]"}
+    on, off = rows["preble[pairing=on,autoscale=off]"], rows["preble[pairing=off,autoscale=off]"]
+    assert on["params"]["e2_pairing"] is True and off["params"]["e2_pairing"] is False
+    assert not on["params"]["e2_autoscale"]
+    assert off["metrics"]["e2_paired"]["mean"] == 0 and rows["rr"]["metrics"]["e2_exploits"]["mean"] == 0
+    assert on["metrics"]["e2_exploits"]["mean"] > 0
+    assert res["config"]["priority_groups"] == 5 and res["config"]["local"] == "priority"
+
+
 def test_cluster_on_traces(tmp_path, capsys):
     rc = main(["cluster", "--workload", "mooncake", "--trace", str(require(MOONCAKE)),
                "--requests", "40", "--seeds", "1", "--policies", "rr,affinity", "--rate", "2",
@@ -73,6 +93,10 @@ def test_cluster_on_traces(tmp_path, capsys):
     (["--rate-stages", "10"], "--rate-stages"),
     (["--workload", "azure-conv", "--rate-stages", "1:5"], "replays its recorded arrival times"),
     (["--sp-groups", "3"], "--sp-* flags apply to --workload shared-prefix only"),
+    (["--priority-groups", "5"], "--priority-groups applies to --local priority"),
+    (["--local", "priority", "--priority-groups", "0"], "--priority-groups"),
+    (["--policies", "preble", "--e2-pairing", "maybe"], "expected on or off, got 'maybe'"),
+    (["--policies", "rr", "--e2-autoscale", "on"], "--e2-pairing and --e2-autoscale apply to preble_e2 and preble"),
     (["--workload", "shared-prefix", "--sp-question-len", "0"], "--sp-question-len"),
 ])
 def test_cluster_bad_input(argv, msg, capsys):

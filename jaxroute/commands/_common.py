@@ -66,6 +66,14 @@ def off_or(convert: Callable[[str], float]) -> Callable[[str], float]:
     return off_or_value
 
 
+def on_off(text: str) -> bool:
+    """Converter for a switch: 'on' -> True, 'off' -> False."""
+    key = text.strip().lower()
+    if key not in ("on", "off"):
+        raise argparse.ArgumentTypeError(f"expected on or off, got '{text}'")
+    return key == "on"
+
+
 def list_of(convert: Callable[[str], object], unique: bool = True) -> Callable[[str], list]:
     """Converter for a comma-separated list of values, each through `convert` (no repeats if unique)."""
 

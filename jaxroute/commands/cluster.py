@@ -7,7 +7,7 @@ import time
 
 from jaxroute import cost_models as cm
 from jaxroute import report
-from jaxroute.clusters.replicas.model import ADMISSIONS
+from jaxroute.clusters.replicas.model import ADMISSIONS, LOCAL_ORDERS
 from jaxroute.commands._common import (
     add_grid_args,
     at_least,
@@ -16,9 +16,11 @@ from jaxroute.commands._common import (
     choose,
     csv_list,
     key_values,
+    list_of,
     non_negative_float,
     non_negative_int,
     off_or,
+    on_off,
     positive_float,
     positive_int,
     probability,
@@ -29,9 +31,12 @@ from jaxroute.commands._common import (
 )
 from jaxroute.errors import JaxrouteError
 from jaxroute.experiments.cluster import (
+    E2_METRICS,
     METRICS,
+    PREBLE_PRESETS,
     WORKLOADS,
     build_workload,
+    e2_variants,
     policy_rows,
     run_cluster,
 )
@@ -78,15 +83,25 @@ def register(subparsers) -> None:
     p.add_argument("--policies", default=DEFAULT_POLICIES, metavar="LIST",
                    help=f"comma-separated routers from: {', '.join(PREFIX_POLICIES)} (default: {DEFAULT_POLICIES}). "
                    "preble_e2 is Preble's E2 (exploit the longest match when cached > missed tokens, else explore; "
-                   "lowest load cost L+M+P in GPU seconds; post-hoc rebalancing; no autoscaling, no prefill/decode "
-                   "pairing): see jaxroute/routers/preble.py and jaxroute/clusters/replicas/")
+                   "lowest load cost L+M+P in GPU seconds; post-hoc rebalancing); preble adds prefill/decode pairing "
+                   "and autoscaling of hot prefixes (use it with --local priority for Preble complete): see "
+                   "jaxroute/routers/preble.py and jaxroute/clusters/replicas/")
     p.add_argument("--theta", type=probability, default=0.5, metavar="F",
                    help="match ratio needed by threshold and cache_guard (default 0.5)")
     p.add_argument("--e2-window", type=positive_float, default=180.0, metavar="SECONDS",
-                   help="preble_e2: load window H in seconds (Preble's default 3 minutes) (default 180)")
+                   help="Preble presets: load window H in seconds, also the overload detector's window (Preble's default 3 minutes) (default 180)")
     p.add_argument("--e2-th-bal", type=off_or(at_least(1.0)), default=1.5, metavar="F",
-                   help="preble_e2: rebalancing threshold Th_bal >= 1: when the chosen replica's window load "
+                   help="Preble presets: rebalancing threshold Th_bal >= 1: when the chosen replica's window load "
                    "exceeds F x the lightest replica's, send to the lightest; 'off' disables (default 1.5)")
+    p.add_argument("--e2-pairing", type=list_of(on_off), default=None, metavar="on|off[,...]",
+                   help="Preble presets: prefill/decode pairing (an exploring request goes to the replica whose "
+                   "hit ratio over its last 30 s of admissions is the highest and >= 0.7). Both values (on,off) "
+                   "give one row each, in the same compiled grid (default: the preset's, on for preble, off for "
+                   "preble_e2)")
+    p.add_argument("--e2-autoscale", type=list_of(on_off), default=None, metavar="on|off[,...]",
+                   help="Preble presets: autoscaling of hot prefixes (when a prefix's TTFTs on its replica double "
+                   "between the halves of the window, replicate it onto the lightest replica and split its traffic "
+                   "by load). Both values give one row each (default: on for preble, off for preble_e2)")
     p.add_argument("--weights", type=key_values, action="append", default=None, metavar="NAME=W,...",
                    help="scorer weights of the weighted presets (llmd_precise, llmd_approx, llmd_load, "
                    f"llmd_load_aware, weighted), over the scorers {', '.join(SCORERS)}; unnamed scorers weigh 0, "
@@ -99,7 +114,12 @@ def register(subparsers) -> None:
     p.add_argument("--hot-tool", type=probability, default=0.0, metavar="SHARE",
                    help="toolbench only: share of traffic on one hot tool, e.g. 0.4 (default 0: Zipf only)")
     p.add_argument("--local", default="fcfs", metavar="ORDER",
-                   help="local queue order on each replica: fcfs or lpm (longest prefix match first) (default fcfs)")
+                   help="local queue order on each replica: fcfs, lpm (longest prefix match first) or priority "
+                   "(Preble's priority groups: a request joins group ceil(hit ratio x P) - 1 when dispatched; "
+                   "each batch admits from the next non-empty group downwards, at most (group + 1) x 10 requests, "
+                   "so over a round of P batches the groups get 10, 9, ..., 1 parts) (default fcfs)")
+    p.add_argument("--priority-groups", type=positive_int, default=10, metavar="P",
+                   help="--local priority: number of priority groups (default 10, Preble's)")
     p.add_argument("--admission", default="reserve", metavar="MODE",
                    help="KV admission on each replica: reserve (a request waits until its uncached prompt and its "
                    "whole output fit; never preempts) or on-demand (vLLM V1: KV is taken step by step for the "
@@ -147,7 +167,7 @@ def register(subparsers) -> None:
                    "from the workload's shortest segments, so it never fills; 0 = one slot per segment id of the "
                    "trace, slower on long traces; a table that fills is doubled and rerun)")
     p.add_argument("--e2-ring", type=positive_int, default=None, metavar="K",
-                   help="preble_e2: dispatches remembered per replica for the load window (default: 4 x rate x window "
+                   help="Preble presets: dispatches remembered per replica for the load window (default: 4 x rate x window "
                    "/ replicas, at least 64, at most the requests; doubled and rerun while it overflows)")
     add_grid_args(p, seeds=16, requests=DEFAULT_REQUESTS, seeds_help="independent runs per policy")
     p.set_defaults(func=run, requests=None)  # None: DEFAULT_REQUESTS, or the stage total with --rate-stages
@@ -155,7 +175,9 @@ def register(subparsers) -> None:
 
 def run(args) -> int:
     name = choose([args.workload], WORKLOADS, "workload")[0]
-    local = choose([args.local], ("fcfs", "lpm"), "local order")[0]
+    local = choose([args.local], LOCAL_ORDERS, "local order")[0]
+    if args.priority_groups != 10 and local != "priority":
+        raise JaxrouteError("--priority-groups applies to --local priority")
     admission = choose([args.admission], ADMISSIONS, "admission")[0]
     cost_model = choose([args.cost_model], ("roofline", "preble"), "cost model")[0]
     policies = choose(csv_list(args.policies), PREFIX_POLICIES, "policy")
@@ -181,14 +203,15 @@ def run(args) -> int:
     rows = policy_rows(policies, rate=rate, stale=stale, kv_capacity=args.kv_capacity, gpu=args.gpu,
                        model_name=args.model, cost_model=cost_model, theta=args.theta,
                        e2_window_s=args.e2_window, e2_th_bal=args.e2_th_bal, tp=args.tp,
-                       weights=args.weights, router=args.router_set)
+                       weights=args.weights, router=args.router_set,
+                       e2_switches=e2_variants(args.e2_pairing, args.e2_autoscale))
 
     start = time.perf_counter()
     results = run_cluster(rows, workload, replicas_n=G, seeds=seeds, local=local, chunk=args.chunk,
                           max_running=args.max_running, seed=args.seed, progress=show_progress(args),
                           capacities={"max_queue": args.max_queue, "router_window": args.e2_ring,
                                       "cache_slots": args.cache_slots},
-                          admission=admission)
+                          admission=admission, priority_groups=args.priority_groups)
     elapsed = time.perf_counter() - start
     records = results.records
     check_conservation(results)
@@ -199,10 +222,15 @@ def run(args) -> int:
         rate_txt = "stages " + ",".join(f"{r:g}:{d:g}" for r, d in stages) + " (req/s:s)"
     gpus = f"{args.tp}x{args.gpu}" if args.tp > 1 else args.gpu
     title = (f"cluster: {name}, {G} replicas ({args.model} on {gpus}, KV {cap:,} tokens, {cost_model}), "
-             f"{rate_txt}, local {local}, {admission} admission, theta {args.theta:g}, "
+             f"{rate_txt}, local {local}{f' ({args.priority_groups} groups)' if local == 'priority' else ''}, {admission} admission, theta {args.theta:g}, "
              f"{'stale view T=' + str(stale) if stale > 0 else 'fresh view'}; {seeds} seeds x {requests} requests")
     print(title)
     print(report.format_table(records, METRICS))
+    e2_rows = [r for r in records if r.policy.split("[")[0] in PREBLE_PRESETS]
+    if e2_rows:
+        print("Preble's decisions per run: mean load-cost terms L, M, P over replicas and decisions (GPU s); "
+              "exploits, post-hoc rebalanced, paired (prefill/decode), prefixes autoscaled")
+        print(report.format_table(e2_rows, E2_METRICS))
     print(f"simulated {len(records) * seeds * requests:,} requests in {elapsed:.1f} s "
           f"({len(records) * seeds * requests / elapsed:,.0f} requests/s, compilation included)")
     config = {"workload": name, "trace": args.trace, "replicas": G, "rate": rate, "seeds": seeds,
@@ -217,9 +245,12 @@ def run(args) -> int:
         config["rate_stages"] = [{"rate": r, "seconds": d} for r, d in stages]
     if name == "shared-prefix":
         config["shared_prefix"] = {**wl_prefix.SP_DEFAULTS, **_sp_settings(args)}
-    if "preble_e2" in policies:
+    if local == "priority":
+        config["priority_groups"] = args.priority_groups
+    if set(policies) & set(PREBLE_PRESETS):
         th = args.e2_th_bal
-        config.update(e2_window_s=args.e2_window, e2_th_bal=th if math.isfinite(th) else None)
+        config.update(e2_window_s=args.e2_window, e2_th_bal=th if math.isfinite(th) else None,
+                      e2_pairing=args.e2_pairing, e2_autoscale=args.e2_autoscale)
     save_outputs(args, "cluster", config, records,
                  lambda path: report.bar_plot(records, PLOT_METRICS, path, title))
     return 0

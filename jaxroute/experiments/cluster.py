@@ -11,12 +11,15 @@ from jaxroute.errors import JaxrouteError
 from jaxroute.experiments.comparison import Comparison, Results, Row, run_with_retry
 from jaxroute.routers import preble
 from jaxroute.routers.parts import SCORERS
-from jaxroute.routers.prefix import PRESETS, REGISTRY, modules_for, policy_id
+from jaxroute.routers.prefix import PRESETS, REGISTRY, modules_for
 from jaxroute.workloads import prefix as wl_prefix
 from jaxroute.workloads import traces
 
 WORKLOADS = wl_prefix.PREFIX_WORKLOADS + wl_prefix.TRACE_WORKLOADS
 METRICS = replicas.METRICS
+# Preble's decision statistics (routers/preble.py `stats`), summarised when a row runs a Preble preset
+E2_METRICS = ("e2_mean_L_s", "e2_mean_M_s", "e2_mean_P_s", "e2_exploits", "e2_rebalanced", "e2_paired",
+              "e2_autoscaled")
 # Fixed capacities of the replica model and the bool metric that says each one overflowed.
 CAPACITY_FLAGS = {"max_queue": "queue_overflow", "router_window": "e2_ring_overflow", "cache_slots": "cache_full"}
 
@@ -63,22 +66,51 @@ def weights_label(weights: dict) -> str:
     return ",".join(f"{k}={v:g}" for k, v in weights.items())
 
 
+PREBLE_PRESETS = tuple(name for name, p in PRESETS.items() if p.module is preble)
+
+
+def e2_variants(pairing=None, autoscale=None) -> list[dict]:
+    """Preble rows' switch settings: the product of the pairing and autoscaling values given (lists of
+    bools; None = the preset's own), as make_params keywords."""
+    grid = [{}]
+    for key, values in (("e2_pairing", pairing), ("e2_autoscale", autoscale)):
+        if values:
+            grid = [dict(v, **{key: bool(x)}) for v in grid for x in values]
+    return grid
+
+
+def e2_label(settings: dict) -> str:
+    return ",".join(f"{k.removeprefix('e2_')}={'on' if v else 'off'}" for k, v in settings.items())
+
+
 def policy_rows(policies, *, rate=1.0, stale=0.0, kv_capacity=None, gpu="a6000", model_name="mistral-7b",
                 cost_model="roofline", theta=0.5, e2_window_s=180.0, e2_th_bal=1.5, tp=1,
-                weights: list[dict] | None = None, router: dict | None = None) -> list[tuple]:
+                weights: list[dict] | None = None, router: dict | None = None,
+                e2_switches: list[dict] | None = None) -> list[tuple]:
     """(label, params) rows, all with the same settings (each replica is tp GPUs). `weights`: scorer
     weight vectors ({scorer: w}, unnamed = 0) for the presets that use weights, one row per preset and
     vector (labelled `preset[prefix=3,kv=2]` when there are several); other presets get one row.
+    `e2_switches`: Preble's switch settings (`e2_variants`), one row per preble preset and setting
+    (labelled `preble[pairing=off,autoscale=on]` when there are several).
     `router`: more router settings for every row (module settings such as dyn_overlap_weight)."""
     if weights and not any(uses_weights(p) for p in policies):
         raise JaxrouteError("--weights applies to the weighted presets (" +
                             ", ".join(p for p in PRESETS if uses_weights(p)) + "); none is selected")
+    if e2_switches and e2_switches != [{}] and not any(p in PREBLE_PRESETS for p in policies):
+        raise JaxrouteError("--e2-pairing and --e2-autoscale apply to " + " and ".join(PREBLE_PRESETS) +
+                            "; none is selected")
     rows = []
     for p in policies:
-        variants = [None] if not (weights and uses_weights(p)) else list(weights)
-        for w in variants:
-            label = p if w is None or len(variants) == 1 else f"{p}[{weights_label(w)}]"
-            kw = dict(router or {}, **({} if w is None else {"weights": w}))
+        if weights and uses_weights(p):
+            variants = [{"weights": w} for w in weights]
+        elif e2_switches and p in PREBLE_PRESETS:
+            variants = list(e2_switches)
+        else:
+            variants = [{}]
+        for v in variants:
+            name = weights_label(v["weights"]) if "weights" in v else e2_label(v)
+            label = p if not v or len(variants) == 1 else f"{p}[{name}]"
+            kw = dict(router or {}, **v)
             rows.append((label, replicas.make_params(p, rate=rate, stale_s=stale, kv_capacity=kv_capacity, gpu=gpu,
                                                      model=model_name, cost_model=cost_model, tp=tp, theta=theta,
                                                      e2_window_s=e2_window_s, e2_th_bal=e2_th_bal, **kw)))
@@ -86,7 +118,7 @@ def policy_rows(policies, *, rate=1.0, stale=0.0, kv_capacity=None, gpu="a6000",
 
 
 def _is_e2(p: replicas.ReplicaParams) -> bool:
-    return int(np.asarray(p.policy)) == policy_id("preble_e2")
+    return REGISTRY.name(int(np.asarray(p.policy))) in PREBLE_PRESETS
 
 
 def row_info(p: replicas.ReplicaParams) -> dict:
@@ -99,12 +131,13 @@ def row_info(p: replicas.ReplicaParams) -> dict:
         out["weights"] = {k: float(v) for k, v in zip(SCORERS, w, strict=True) if v != 0}
     if _is_e2(p):
         th = float(p.router.e2_th_bal)
-        out.update(e2_window_s=float(p.router.e2_window_s), e2_th_bal=th if math.isfinite(th) else None)
+        out.update(e2_window_s=float(p.router.e2_window_s), e2_th_bal=th if math.isfinite(th) else None,
+                   e2_pairing=bool(p.router.e2_pairing), e2_autoscale=bool(p.router.e2_autoscale))
     return out
 
 
 def initial_capacities(workload, params, n_replicas: int) -> dict[str, int]:
-    """Local queue, E2 ring and cache-table sizes to start from (E2's ring is 0 when no row runs preble_e2;
+    """Local queue, E2 ring and cache-table sizes to start from (E2's ring is 0 when no row runs a Preble preset;
     the cache table holds as many segments as the largest KV capacity can, so it never fills)."""
     n = workload.n_requests
     e2 = [p for p in params if _is_e2(p)]
@@ -120,14 +153,16 @@ def initial_capacities(workload, params, n_replicas: int) -> dict[str, int]:
 
 def run_cluster(rows, workload, *, replicas_n=4, seeds=16, local="fcfs", chunk=512,
                 max_running=64, seed=0, progress=False, label_params=None, max_tries=4,
-                capacities: dict[str, int | None] | None = None, admission="reserve") -> Results:
+                capacities: dict[str, int | None] | None = None, admission="reserve",
+                priority_groups=10) -> Results:
     """Run (label, ReplicaParams) rows on the same seeds in one compiled grid (see `policy_rows`).
 
     The local queue and Preble E2's ring start from `initial_capacities` and are doubled (the
     grid rerun) while one overflowed; `capacities` overrides their starting sizes (None = default;
-    an E2 ring only matters when some row runs preble_e2). label_params is added to every record's params. The router
+    an E2 ring only matters when some row runs a Preble preset). label_params is added to every record's params. The router
     keeps a stale view only when some row has stale_s > 0. admission: the replicas' KV admission,
-    "reserve" or "on-demand" (vLLM V1 with preemption; see clusters/replicas/iteration.py).
+    "reserve" or "on-demand" (vLLM V1 with preemption; see clusters/replicas/iteration.py). local: the
+    replicas' local order, "fcfs", "lpm" or "priority" (Preble's `priority_groups` groups).
     """
     params = [p for _, p in rows]
     stale_view = any(float(p.stale_s) > 0 for p in params)
@@ -145,8 +180,10 @@ def run_cluster(rows, workload, *, replicas_n=4, seeds=16, local="fcfs", chunk=5
         model = replicas.ReplicaModel(
             n_replicas=replicas_n, chunk=chunk, max_running=max_running, max_queue=caps["max_queue"],
             local_order=local, stale_view=stale_view, router_window=caps["router_window"],
-            router_modules=modules, admission=admission, cache_slots=caps["cache_slots"])
-        return Comparison(model, rows, seeds, METRICS, workload=workload, seed=seed, chunk=1000,
+            router_modules=modules, admission=admission, cache_slots=caps["cache_slots"],
+            priority_groups=priority_groups)
+        metrics = METRICS + (E2_METRICS if any(_is_e2(p) for p in params) else ())
+        return Comparison(model, rows, seeds, metrics, workload=workload, seed=seed, chunk=1000,
                           progress="cluster" if progress else False).run()
 
     results, _ = run_with_retry(run, caps, flags, max_tries=max_tries)
