@@ -379,6 +379,8 @@ class ReplicaModel(sim.Model):
         return {
             "mean_latency_s": mlib.masked_mean(fin(lat), done),
             "p99_latency_s": mlib.masked_quantile(fin(lat), done, 0.99),
+            # requests that found under half their prompt cached at admission (Preble's low-priority groups)
+            "p99_latency_low_hit_s": mlib.masked_quantile(fin(lat), done & (2 * state.rec_cached < prompt), 0.99),
             "ttft_mean_s": mlib.masked_mean(fin(ttft), done),
             "ttft_p99_s": mlib.masked_quantile(fin(ttft), done, 0.99),
             "tpot_mean_s": mlib.masked_mean(fin(tpot), multi),
