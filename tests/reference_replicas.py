@@ -201,7 +201,8 @@ def simulate(table, *, G, cap, policy, cost, chunk=512, B=64, Q=256, max_admit=4
     a readmitted one recomputes its prompt and generated output). rec["metrics"] has the
     throughput / time-average metrics, rec["preemptions"] the count."""
     rp = dict(theta=0.5, guard_abs=8.0, guard_rel=1.5, e2_window_s=180.0, e2_th_bal=1.5, weights=None,
-              e2_pairing=policy == "preble", e2_autoscale=policy == "preble", e2_pair_hit=0.7, e2_pair_window_s=30.0)
+              e2_pairing=policy == "preble", e2_autoscale=policy == "preble", e2_pair_hit=0.7, e2_pair_window_s=30.0,
+              e2_overload_window_s=180.0)
     rp.update(router or {})
     arrival = np.asarray(table.arrival_s, np.float32)
     seg_ids, seg_tok = np.asarray(table.seg_ids), np.asarray(table.seg_tok)
@@ -241,7 +242,7 @@ def simulate(table, *, G, cap, policy, cost, chunk=512, B=64, Q=256, max_admit=4
     hit_trace: list[list] = [[] for _ in range(G)]
     ttft_points: list[list] = [[] for _ in range(G)]
     scaled: dict[int, set] = {}
-    H, H_pair = F32(rp["e2_window_s"]), F32(rp["e2_pair_window_s"])
+    H, H_pair = F32(rp["e2_overload_window_s"]), F32(rp["e2_pair_window_s"])
     e2_terms = [F32(0)] * 3  # sums of the replica-mean L, M, P over decisions
 
     def important(i):  # the deepest segment longer than all before it together

@@ -91,7 +91,7 @@ def test_preble_e2_matches_reference_on_every_path():
 def test_preble_pairing_and_autoscaling_match_reference():
     """The full preset (pairing + autoscaling) with priority groups, request by request equal to the
     reference; the rules fire (a window short enough for the overload detector to see TTFTs double)."""
-    stats, m = _compare("toolbench", "preble", local="priority", router={"e2_window_s": 4.0, "e2_pair_hit": 0.5})
+    stats, m = _compare("toolbench", "preble", local="priority", router={"e2_overload_window_s": 4.0, "e2_pair_hit": 0.5})
     assert stats.get("e2_paired", 0) > 0 and stats.get("e2_autoscaled", 0) > 0
     stats, _ = _compare("programming", "preble", router={"e2_pair_hit": 0.3})
     assert stats.get("e2_paired", 0) > 0
@@ -307,6 +307,14 @@ def test_bad_input():
         R.make_params("preble_e2", e2_window_s=0)
     with pytest.raises(JaxrouteError, match="rebalancing threshold"):
         R.make_params("preble_e2", e2_th_bal=0.5)
+    with pytest.raises(JaxrouteError, match="pairing hit ratio"):
+        R.make_params("preble", e2_pair_hit=1.5)
+    with pytest.raises(JaxrouteError, match="pairing window"):
+        R.make_params("preble", e2_pair_window_s=0)
+    with pytest.raises(JaxrouteError, match="overload detector"):
+        R.make_params("preble", e2_overload_window_s=-1)
+    with pytest.raises(JaxrouteError, match="priority groups"):
+        R.ReplicaModel(local_order="priority", priority_groups=0)
     with pytest.raises(JaxrouteError, match="router_window"):
         R.ReplicaModel(router_window=-1)
     with pytest.raises(JaxrouteError, match="local order"):

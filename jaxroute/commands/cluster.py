@@ -89,7 +89,7 @@ def register(subparsers) -> None:
     p.add_argument("--theta", type=probability, default=0.5, metavar="F",
                    help="match ratio needed by threshold and cache_guard (default 0.5)")
     p.add_argument("--e2-window", type=positive_float, default=180.0, metavar="SECONDS",
-                   help="Preble presets: load window H in seconds, also the overload detector's window (Preble's default 3 minutes) (default 180)")
+                   help="Preble presets: load window H in seconds (Preble's default 3 minutes) (default 180)")
     p.add_argument("--e2-th-bal", type=off_or(at_least(1.0)), default=1.5, metavar="F",
                    help="Preble presets: rebalancing threshold Th_bal >= 1: when the chosen replica's window load "
                    "exceeds F x the lightest replica's, send to the lightest; 'off' disables (default 1.5)")
@@ -100,8 +100,8 @@ def register(subparsers) -> None:
                    "preble_e2)")
     p.add_argument("--e2-autoscale", type=list_of(on_off), default=None, metavar="on|off[,...]",
                    help="Preble presets: autoscaling of hot prefixes (when a prefix's TTFTs on its replica double "
-                   "between the halves of the window, replicate it onto the lightest replica and split its traffic "
-                   "by load). Both values give one row each (default: on for preble, off for preble_e2)")
+                   "between the halves of the detector's window (3 minutes; set e2_overload_window_s with --router-set), "
+                   "replicate it onto the lightest replica and split its traffic by load). Both values give one row each (default: on for preble, off for preble_e2)")
     p.add_argument("--weights", type=key_values, action="append", default=None, metavar="NAME=W,...",
                    help="scorer weights of the weighted presets (llmd_precise, llmd_approx, llmd_load, "
                    f"llmd_load_aware, weighted), over the scorers {', '.join(SCORERS)}; unnamed scorers weigh 0, "

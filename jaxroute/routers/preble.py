@@ -20,7 +20,7 @@ e2_th_bal x the lightest replica's L, the lightest. Two more rules, each a trace
   ratio and every explore request, whatever its output length, and that is what is modeled.
 - Autoscaling of hot prefixes (`e2_autoscale`; Preble's overload detector,
   preble/ttft_overload_detector.py, used in global_scheduler_with_time.py:419-429): each replica
-  keeps the TTFTs of its requests over the last `e2_window_s` (3 min), keyed by the request's
+  keeps the TTFTs of its requests over the last `e2_overload_window_s` (3 min), keyed by the request's
   important segment (Preble's `get_important_node`: the deepest prompt segment longer than all
   segments before it together, :255-264). A prefix is overloaded on a replica when its TTFTs in the
   window's second half average >= 2x those of its first half (both halves non-empty). An exploit
@@ -76,16 +76,17 @@ OVERLOAD_FACTOR = 2.0  # second-half mean TTFT >= 2 x first-half mean (ttft_over
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class Params:
-    e2_window_s: jax.Array  # [] float32 load window H (seconds); also the overload detector's window
+    e2_window_s: jax.Array  # [] float32 load window H (seconds)
     e2_th_bal: jax.Array  # [] float32 rebalancing threshold Th_bal (inf = no rebalancing)
     e2_pairing: jax.Array  # [] bool prefill/decode pairing on
     e2_autoscale: jax.Array  # [] bool autoscaling of hot prefixes on
     e2_pair_hit: jax.Array  # [] float32 windowed hit ratio that makes a replica decode-heavy
     e2_pair_window_s: jax.Array  # [] float32 the hit ratio's window (seconds)
+    e2_overload_window_s: jax.Array  # [] float32 the overload detector's window (seconds)
 
 
 def make_params(e2_window_s=180.0, e2_th_bal=1.5, e2_pairing=False, e2_autoscale=False, e2_pair_hit=0.7,
-                e2_pair_window_s=30.0) -> Params:
+                e2_pair_window_s=30.0, e2_overload_window_s=180.0) -> Params:
     if not e2_window_s > 0:
         raise JaxrouteError(f"the Preble E2 window must be > 0 seconds, got {e2_window_s}")
     if not e2_th_bal >= 1:
@@ -94,8 +95,10 @@ def make_params(e2_window_s=180.0, e2_th_bal=1.5, e2_pairing=False, e2_autoscale
         raise JaxrouteError(f"the pairing hit ratio must be in [0, 1], got {e2_pair_hit}")
     if not e2_pair_window_s > 0:
         raise JaxrouteError(f"the pairing window must be > 0 seconds, got {e2_pair_window_s}")
+    if not e2_overload_window_s > 0:
+        raise JaxrouteError(f"the overload detector's window must be > 0 seconds, got {e2_overload_window_s}")
     return Params(jnp.float32(e2_window_s), jnp.float32(e2_th_bal), jnp.bool_(e2_pairing), jnp.bool_(e2_autoscale),
-                  jnp.float32(e2_pair_hit), jnp.float32(e2_pair_window_s))
+                  jnp.float32(e2_pair_hit), jnp.float32(e2_pair_window_s), jnp.float32(e2_overload_window_s))
 
 
 @jax.tree_util.register_dataclass
@@ -308,8 +311,8 @@ def overloaded(s: State, g: jax.Array, seg: jax.Array, now: jax.Array, p: Params
     OVERLOAD_FACTOR x over its first half, both halves non-empty."""
     w = s.ttft
     ttft, key = w.vals
-    mine = w.live(g) & (key[g] == seg) & (now - w.time[g] <= p.e2_window_s)
-    late = now - w.time[g] <= 0.5 * p.e2_window_s
+    mine = w.live(g) & (key[g] == seg) & (now - w.time[g] <= p.e2_overload_window_s)
+    late = now - w.time[g] <= 0.5 * p.e2_overload_window_s
     n1, n2 = jnp.sum(mine & ~late), jnp.sum(mine & late)
     m1 = jnp.sum(jnp.where(mine & ~late, ttft[g], 0.0)) / jnp.maximum(n1, 1).astype(jnp.float32)
     m2 = jnp.sum(jnp.where(mine & late, ttft[g], 0.0)) / jnp.maximum(n2, 1).astype(jnp.float32)
@@ -373,7 +376,7 @@ def on_first_token(s: State | None, view: RouterView, g: jax.Array, rids: jax.Ar
         k, w, full = c
         rid = rids[order[k]]
         seg = important_segment(view.table.seg_ids[rid], view.table.seg_tok[rid])
-        w, f = w.push(g, view.now, (view.now - view.table.arrival_s[rid], seg), jnp.bool_(True), p.e2_window_s)
+        w, f = w.push(g, view.now, (view.now - view.table.arrival_s[rid], seg), jnp.bool_(True), p.e2_overload_window_s)
         return k + 1, w, full | f
 
     _, w, full = jax.lax.while_loop(lambda c: c[0] < jnp.sum(first), body, (jnp.int32(0), s.ttft, jnp.bool_(False)))
