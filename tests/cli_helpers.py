@@ -2,7 +2,20 @@
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
+
 from jaxroute.cli import main
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+
+
+def load_script(name: str):
+    """The module `scripts/<name>.py` (scripts are not a package)."""
+    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
 def cli(argv) -> int:

@@ -1,19 +1,14 @@
 """scripts/reproduce_balanceroute.py --quick runs every part end to end (same code paths as the paper-size run)."""
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "reproduce_balanceroute.py"
+from tests.cli_helpers import load_script
 
 
 def _load():
-    spec = importlib.util.spec_from_file_location("reproduce_balanceroute", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("reproduce_balanceroute")
 
 
 @pytest.mark.slow
@@ -53,10 +48,7 @@ def test_unknown_part_is_a_usage_error(capsys):
 
 
 def test_calibration_script_quick(tmp_path, capsys):
-    path = SCRIPT.parent / "calibrate_decode_workloads.py"
-    spec = importlib.util.spec_from_file_location("calibrate_decode_workloads", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_script("calibrate_decode_workloads")
     out = tmp_path / "cal.json"
     assert mod.main(["--quick", "--out", str(out)]) == 0
     text = capsys.readouterr().out

@@ -1,19 +1,14 @@
 """scripts/reproduce_lecture_preble.py --quick runs every demo end to end (same code paths as the full run)."""
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "reproduce_lecture_preble.py"
+from tests.cli_helpers import load_script
 
 
 def _load():
-    spec = importlib.util.spec_from_file_location("reproduce_lecture_preble", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("reproduce_lecture_preble")
 
 
 @pytest.mark.slow
