@@ -19,7 +19,7 @@ def test_quick_reproduction_runs_every_demo(tmp_path, capsys):
     text = capsys.readouterr().out
     for heading in ("[demo 1]", "[demo 2]", "[demo 3]", "[demo 5]", "[finding 1]", "[ablation]"):
         assert heading in text
-    assert text.count("lecture:") >= 6  # every demo prints the lecture's statement beside ours
+    assert text.count("lecture:") >= 5 and "paper (Fig. 5)" in text  # each demo prints its source beside ours
     data = json.loads(out.read_text())
     assert data["config"]["quick"] is True and len(data["elapsed_s"]["grids"]) == 12
     assert len(data["demo1"]) == 10  # five workloads x two loads
