@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 
 from jaxroute.cli import main
@@ -16,6 +17,12 @@ def load_script(name: str):
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+def run_quick(name: str, out, capsys) -> tuple[str, dict]:
+    """Run `scripts/<name>.py --quick --out OUT`; (its printed text, its JSON)."""
+    assert load_script(name).main(["--quick", "--out", str(out)]) == 0
+    return capsys.readouterr().out, json.loads(Path(out).read_text())
 
 
 def cli(argv) -> int:

@@ -1,10 +1,8 @@
 """scripts/reproduce_balanceroute.py --quick runs every part end to end (same code paths as the paper-size run)."""
 
-import json
-
 import pytest
 
-from tests.cli_helpers import load_script
+from tests.cli_helpers import load_script, run_quick
 
 
 def _load():
@@ -13,13 +11,10 @@ def _load():
 
 @pytest.mark.slow
 def test_quick_reproduction_writes_every_part(tmp_path, capsys):
-    mod = _load()
     out = tmp_path / "br.json"
-    assert mod.main(["--quick", "--out", str(out)]) == 0
-    text = capsys.readouterr().out
+    text, data = run_quick("reproduce_balanceroute", out, capsys)
     for heading in ("== ladder", "== main table, synthetic-prod", "== scaling", "== sensitivity"):
         assert heading in text
-    data = json.loads(out.read_text())
     assert data["quick"] is True
     steps = [s["step"] for s in data["ladder"]]
     assert len(steps) == 3 and steps[0].startswith("before") and "Little" in steps[-1]
@@ -35,7 +30,7 @@ def test_quick_reproduction_writes_every_part(tmp_path, capsys):
     png = out.with_suffix(".imbalance.png")
     assert png.exists() and png.stat().st_size > 1000
     capsys.readouterr()
-    assert mod.main(["--verdicts", str(out)]) == 0  # the verdicts again, from the JSON alone
+    assert _load().main(["--verdicts", str(out)]) == 0  # the verdicts again, from the JSON alone
     again = capsys.readouterr().out
     assert "verdict on the whole-run gain" in again and "brh[oracle]" in again
 
@@ -48,9 +43,6 @@ def test_unknown_part_is_a_usage_error(capsys):
 
 
 def test_calibration_script_quick(tmp_path, capsys):
-    mod = load_script("calibrate_decode_workloads")
-    out = tmp_path / "cal.json"
-    assert mod.main(["--quick", "--out", str(out)]) == 0
-    text = capsys.readouterr().out
+    text, data = run_quick("calibrate_decode_workloads", tmp_path / "cal.json", capsys)
     assert "synthetic-azure24" in text and "synthetic-prod" in text and "chosen" in text
-    assert json.loads(out.read_text())
+    assert data

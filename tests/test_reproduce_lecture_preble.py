@@ -1,10 +1,8 @@
 """scripts/reproduce_lecture_preble.py --quick runs every demo end to end (same code paths as the full run)."""
 
-import json
-
 import pytest
 
-from tests.cli_helpers import load_script
+from tests.cli_helpers import load_script, run_quick
 
 
 def _load():
@@ -13,14 +11,10 @@ def _load():
 
 @pytest.mark.slow
 def test_quick_reproduction_runs_every_demo(tmp_path, capsys):
-    mod = _load()
-    out = tmp_path / "preble.json"
-    assert mod.main(["--quick", "--out", str(out)]) == 0
-    text = capsys.readouterr().out
+    text, data = run_quick("reproduce_lecture_preble", tmp_path / "preble.json", capsys)
     for heading in ("[demo 1]", "[demo 2]", "[demo 3]", "[demo 5]", "[finding 1]", "[ablation]"):
         assert heading in text
     assert text.count("lecture:") >= 5 and "paper (Fig. 5)" in text  # each demo prints its source beside ours
-    data = json.loads(out.read_text())
     assert data["config"]["quick"] is True and len(data["elapsed_s"]["grids"]) == 12
     assert len(data["demo1"]) == 10  # five workloads x two loads
     for cell in data["demo1"].values():
