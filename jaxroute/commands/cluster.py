@@ -167,8 +167,9 @@ def register(subparsers) -> None:
                    "from the workload's shortest segments, so it never fills; 0 = one slot per segment id of the "
                    "trace, slower on long traces; a table that fills is doubled and rerun)")
     p.add_argument("--e2-ring", type=positive_int, default=None, metavar="K",
-                   help="Preble presets: dispatches remembered per replica for the load window (default: 4 x rate x window "
-                   "/ replicas, at least 64, at most the requests; doubled and rerun while it overflows)")
+                   help="Preble presets: entries per replica of the load window's ring, also of the pairing hit trace's "
+                   "and the overload detector's (default: 4 x rate x window / replicas, at least 64, at most the "
+                   "requests; doubled and rerun while one overflows)")
     add_grid_args(p, seeds=16, requests=DEFAULT_REQUESTS, seeds_help="independent runs per policy")
     p.set_defaults(func=run, requests=None)  # None: DEFAULT_REQUESTS, or the stage total with --rate-stages
 

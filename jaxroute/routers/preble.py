@@ -384,7 +384,8 @@ def on_first_token(s: State | None, view: RouterView, g: jax.Array, rids: jax.Ar
 
 
 def flags(s: State | None) -> dict[str, jax.Array]:
-    """e2_ring_overflow: a live window entry was dropped (or the ring is 0: E2 could not run)."""
+    """e2_ring_overflow: a live entry was dropped from a full ring (the dispatch window, the hit trace or
+    the TTFT window, all `RouterStatic.window` entries per replica), or the ring is 0 (E2 could not run)."""
     return {"e2_ring_overflow": jnp.bool_(True) if s is None else s.overflow}
 
 
