@@ -50,8 +50,8 @@ KV admission (`ReplicaModel.admission`, static):
   - With lpm, preempted requests still wait at the front (latest preemption first), ahead of the
     lpm order (vLLM has no lpm).
 
-Priority groups (`local_order="priority"`, Preble's `fcfs-mpq`, WukLab/preble
-python/sglang/srt/managers/router/model_rpc.py:470-493 and `get_schedule_group` at :790-801): a
+Priority groups (`local_order="priority"`, the `fcfs-mpq` local scheduler of Preble's engine fork,
+WukLab/preble `srt/managers/router/model_rpc.py:470-493`, `get_schedule_group` at :790-801): a
 request joins group `priority_group(cached, prompt, P)` of P (its hit ratio on the replica's cache
 when it is dispatched, fixed from then on: model_rpc.py:473-479 groups a request once, when it
 enters the scheduler). An iteration that can admit (a request waits, the chunk has room, a slot is
