@@ -24,10 +24,10 @@ def _score(x, margins_g, took_g, alpha, beta, d):
     return alpha * sum(d) * x - beta * pen
 
 
-def _choose(policy, key, counts, kv, rr_next, eligible, single):
+def _choose(policy, key, counts, kv, rr_next, eligible, single, draw_width=None):
     g = len(counts)
     if policy in (balance.RANDOM, balance.P2C):
-        u = np.asarray(jax.random.uniform(key, (g,)))
+        u = np.asarray(jax.random.uniform(key, (draw_width or g,)))[:g]  # a model with more ranks than in use
         u = [float(u[i]) if eligible[i] else -1.0 for i in range(g)]
         first = int(np.argmax(u))
         if policy == balance.RANDOM:
@@ -157,14 +157,17 @@ def _rank_times(cost, batch, kv, prefill):
 
 def simulate(key, prompt, output, trace_arrival, *, n_workers, slots, pool, window, horizon, r_max, kv_capacity,
              max_steps, cost, collective_s, policy, dispatch, predictor=1, alpha=1.0, beta=None, gamma=0.95,
-             arrival=0, rate=1.0, block_size=128, preempt=True, cap_immediate=False):
+             arrival=0, rate=1.0, block_size=128, preempt=True, cap_immediate=False, local=None, draw_width=None):
     """Run the reference; returns per-request (worker, admit_t, finish_t, done) and metrics.
 
     One step: intake (pooled: fill the pool up to P; immediate: route every arrived request to a
     local queue), running requests take the blocks for their next token (newest preempted to the
     queue front when a rank runs out), FCFS head-of-line admission from the local queue (none on a
     rank that just preempted), pooled binding into what is left, one decode step.
+    local[i]: request i is prefilled by its rank at its first admission (a prefill in that step).
+    draw_width: the model's rank count when it has more ranks than n_workers in use (random draws span it).
     """
+    local = [False] * len(prompt) if local is None else list(local)
     n, g_n = len(prompt), n_workers
     n_blocks = kv_capacity // block_size
     beta = float(n_workers) if beta is None else beta
@@ -173,6 +176,7 @@ def simulate(key, prompt, output, trace_arrival, *, n_workers, slots, pool, wind
         perm = np.asarray(jax.random.permutation(k_perm, n))
         prompt = [prompt[i] for i in perm]
         output = [output[i] for i in perm]
+        local = [local[i] for i in perm]
     gaps = jax.random.exponential(k_arr, (n,)) / max(rate, 1e-12)
     poisson_t = np.asarray(jax.numpy.cumsum(gaps) - gaps[0], np.float32)
     arr = [F32(0.0)] * n if arrival == 0 else ([F32(x) for x in poisson_t] if arrival == 1 else
@@ -187,7 +191,7 @@ def simulate(key, prompt, output, trace_arrival, *, n_workers, slots, pool, wind
     queues: list[list[int]] = [[] for _ in range(g_n)]
     running: list[list[int]] = [[] for _ in range(g_n)]  # request ids, oldest admission first
     gen = [0] * n  # tokens generated so far (kept across a preemption)
-    admit_t, finish_t = [0.0] * n, [0.0] * n
+    admit_t, finish_t, first_t = [0.0] * n, [0.0] * n, [0.0] * n
     done, worker_of = [False] * n, [-1] * n
     tokens_out = steps = preemptions = recomputed = 0
     sum_imb = sum_idle = 0.0
@@ -238,7 +242,7 @@ def simulate(key, prompt, output, trace_arrival, *, n_workers, slots, pool, wind
                 rid = next_in + i
                 s = float(prompt[rid])
                 single = [_score(s, margins[g], took[g], a, b, d) for g in range(g_n)]
-                gi = _choose(policy, sub, counts, kv, rr, [True] * g_n, single)
+                gi = _choose(policy, sub, counts, kv, rr, [True] * g_n, single, draw_width)
                 queues[gi].append(rid)
                 counts[gi] += 1
                 kv[gi] += s
@@ -263,6 +267,7 @@ def simulate(key, prompt, output, trace_arrival, *, n_workers, slots, pool, wind
                     running[g] = keep
         # FCFS admission from the local queue (head-of-line blocking)
         recompute = [0] * g_n
+        prefill = [0] * g_n  # first admissions prefilled on their rank (local)
         free = []
         free_blocks = []
         for g in range(g_n):
@@ -277,6 +282,8 @@ def simulate(key, prompt, output, trace_arrival, *, n_workers, slots, pool, wind
                 admitted.append(rid)
                 if gen[rid] > 0:
                     recompute[g] += prompt[rid] + gen[rid]
+                elif local[rid] and worker_of[rid] < 0:
+                    prefill[g] += prompt[rid]
             if queues[g] and _blocks(prompt[queues[g][0]] + gen[queues[g][0]] + 1, block_size) > n_blocks:
                 kv_overflow = True
             recomputed += recompute[g]
@@ -304,7 +311,7 @@ def simulate(key, prompt, output, trace_arrival, *, n_workers, slots, pool, wind
                     if not any(elig):
                         break
                     k, sub = jax.random.split(k)
-                    gi = _choose(policy, sub, counts, kv, rr, elig, [0.0] * g_n)
+                    gi = _choose(policy, sub, counts, kv, rr, elig, [0.0] * g_n, draw_width)
                     assign[head] = gi
                     counts[gi] += 1
                     kv[gi] += sizes[head]
@@ -313,6 +320,9 @@ def simulate(key, prompt, output, trace_arrival, *, n_workers, slots, pool, wind
                     rr = (gi + 1) % g_n
                     it += 1
             chosen = [(r, w) for r, w in zip(pool_ids, assign, strict=True) if w >= 0]
+            for r, w in chosen:
+                if local[r] and worker_of[r] < 0:
+                    prefill[w] += prompt[r]
             place([r for r, _ in chosen], [w for _, w in chosen])
             pool_ids = [r for r, w in zip(pool_ids, assign, strict=True) if w < 0]
         # decode
@@ -321,7 +331,7 @@ def simulate(key, prompt, output, trace_arrival, *, n_workers, slots, pool, wind
         any_active = sum(n_act) > 0
         waiting = len(pool_ids) + sum(map(len, queues))
         if any_active:
-            barrier, _ = _rank_times(cost, n_act, load, recompute)
+            barrier, _ = _rank_times(cost, n_act, load, [x + y for x, y in zip(recompute, prefill, strict=True)])
             dt = F32(barrier + F32(collective_s))
             t_end = F32(t + dt)
             m = max(load)
@@ -331,6 +341,8 @@ def simulate(key, prompt, output, trace_arrival, *, n_workers, slots, pool, wind
             for g in range(g_n):
                 keep = []
                 for r in running[g]:
+                    if gen[r] == 0:
+                        first_t[r] = float(t_end)
                     gen[r] += 1
                     tokens_out += 1
                     if gen[r] >= output[r]:
@@ -347,6 +359,7 @@ def simulate(key, prompt, output, trace_arrival, *, n_workers, slots, pool, wind
     makespan = max([finish_t[i] for i in range(n) if done[i]], default=0.0)
     return {
         "worker": np.array(worker_of), "admit_t": np.array(admit_t), "finish_t": np.array(finish_t),
+        "first_t": np.array(first_t),
         "done": np.array(done), "imbalance_tokens": sum_imb / max(steps, 1),
         "barrier_idle_tokens": sum_idle / max(steps, 1), "steps": steps, "tokens_out": tokens_out,
         "tpot_p95_s": float(np.percentile(tp, 95)) if len(tp) else 0.0,

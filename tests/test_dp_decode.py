@@ -1,5 +1,7 @@
 """Decode DP barrier simulator: equal to the Python reference, conservation, overflow, bad input, compile once."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -304,3 +306,52 @@ def test_dp_ep_cost_equals_reference():
         np.testing.assert_array_equal(m["request_worker"], out["worker"])
         np.testing.assert_allclose(m["request_finish_s"], out["finish_t"], rtol=1e-5, atol=1e-7)
         assert int(m["steps"]) == out["steps"]
+
+
+PARTIAL_CASES = [("random", None), ("rr", None), ("p2c", None), ("jsq", None), ("least_kv", None), ("br0", None),
+                 ("brh", None), ("jsq", "pooled")]
+
+
+def test_ranks_in_use_and_local_prefill_match_reference():
+    """A 4-rank model with 3 ranks in use (traced) equals the reference's 3-rank run, and requests the P/D
+    decider kept local are prefilled by their rank at admission (a prefill in that step); all rows, one compile."""
+    req = _requests(3)
+    local = np.random.default_rng(3).random(N) < 0.4
+    wl = dd.make_workload(req, COST)
+    wl = dd.DecodeWorkload(wl.prompt, wl.output, wl.arrival_s, wl.key_id, wl.cost, wl.collective_s, wl.bank,
+                           local_prefill=jnp.asarray(local))
+    model = _model(n_workers=G + 1)
+    rows = [dd.make_params(p, n_workers=G + 1, n_active=G, dispatch=disp, arrival="trace") for p, disp in PARTIAL_CASES]
+    sim.clear_compiled(model)
+    res = sim.run_grid(model, jax.random.PRNGKey(5), wl, sim.stack_params(rows), 1)
+    assert sim.compile_count(model) == 1
+    key = jax.random.split(jax.random.PRNGKey(5), 1)[0]
+    for c, (policy, disp) in enumerate(PARTIAL_CASES):
+        out = ref.simulate(key, req.prompt_tokens.tolist(), req.output_tokens.tolist(), req.arrival_s.tolist(),
+                           n_workers=G, slots=S, pool=P, window=W, horizon=H, r_max=R, kv_capacity=CAP, max_steps=400,
+                           cost=COST, collective_s=dd.DEFAULT_COLLECTIVE_S, policy=balance.policy_id(policy),
+                           dispatch=(balance.default_dispatch(policy) if disp is None
+                                     else balance.DISPATCH_MODES.index(disp)),
+                           arrival=2, local=local.tolist(), draw_width=G + 1)
+        m = {k: np.asarray(v[c, 0]) for k, v in res.metrics.items()}
+        assert out["done"].all() and int(m["completed"]) == N, policy
+        assert np.all(m["request_worker"] < G), policy  # the rank not in use never gets a request
+        np.testing.assert_array_equal(m["request_worker"], out["worker"])
+        for mine, theirs in (("request_admit_s", "admit_t"), ("request_first_s", "first_t"),
+                             ("request_finish_s", "finish_t")):
+            np.testing.assert_allclose(m[mine], out[theirs], rtol=1e-5, atol=1e-7, err_msg=f"{policy} {mine}")
+        np.testing.assert_allclose(m["imbalance_tokens"], out["imbalance_tokens"], rtol=1e-5)
+        np.testing.assert_allclose(m["barrier_idle_tokens"], out["barrier_idle_tokens"], rtol=1e-5)
+        assert int(m["conservation_error"]) == 0 and not bool(m["overflow"])
+    # local prefill costs time: the same requests without it finish no later
+    plain = sim.run_grid(model, jax.random.PRNGKey(5), dd.make_workload(req, COST), sim.stack_params(rows[:1]), 1)
+    assert plain.metrics["makespan_s"][0, 0] < res.metrics["makespan_s"][0, 0]
+
+
+def test_ranks_in_use_refused_out_of_range():
+    with pytest.raises(JaxrouteError, match="ranks in use"):
+        dd.make_params("jsq", n_workers=2, n_active=3)
+    rows = sim.stack_params([dd.make_params("jsq", n_workers=3, n_active=2)])
+    bad = dataclasses.replace(rows, n_active=jnp.asarray([5], jnp.int32))
+    with pytest.raises(JaxrouteError, match="ranks in use"):
+        _model().check_params(bad)

@@ -83,6 +83,8 @@ class DecodeWorkload:
     cost: cost_models.CostParams  # per-worker step-time model
     collective_s: jax.Array  # [] float32 fixed per-step barrier overhead
     bank: tuple = ()  # fitted predictor tables (predictors.base), one per registered deployable kind
+    local_prefill: jax.Array | None = None  # [N] bool the rank prefills the prompt itself at first admission
+    #                                         (a request a P/D decider kept off the prefill tier; None = none)
 
 
 @jax.tree_util.register_dataclass
@@ -98,12 +100,15 @@ class DecodeParams:
     gamma: jax.Array  # [] float32 BR-H discount
     arrival: jax.Array  # [] int32 id in ARRIVAL_REGISTRY (0 saturated, 1 poisson, 2 trace)
     rate: jax.Array  # [] float32 Poisson rate (requests/s)
+    n_active: jax.Array | None = None  # [] int32 ranks in use, the first n_active (None = all n_workers)
 
 
 def make_params(policy: str, *, n_workers: int, dispatch: str | None = None, predictor: int = 1,
                 alpha: float = DEFAULT_ALPHA, beta: float | None = None, gamma: float = DEFAULT_GAMMA,
-                arrival: str = "saturated", rate: float = 1.0) -> DecodeParams:
-    """Params for one row; beta defaults to G; dispatch defaults to the policy's own mode.
+                arrival: str = "saturated", rate: float = 1.0, n_active: int | None = None) -> DecodeParams:
+    """Params for one row; beta defaults to G (the ranks in use); dispatch defaults to the policy's own mode.
+
+    n_active: ranks in use of a model built for n_workers (a traced count: a sweep over it is one compilation).
 
     predictor is a kind id (`predictors.base.kind_id(name)`); whether the workload's bank has
     its fitted table is checked where params and workload meet (`DecodeModel.check_params`).
@@ -113,6 +118,8 @@ def make_params(policy: str, *, n_workers: int, dispatch: str | None = None, pre
         balance.DISPATCH_REGISTRY.id(dispatch)
     ARRIVAL_REGISTRY.id(arrival)
     predictors.check_kind_ids(predictor)
+    if n_active is not None and not 1 <= n_active <= n_workers:
+        raise JaxrouteError(f"decode ranks in use must be between 1 and {n_workers}, got {n_active}")
     if arrival == "poisson" and not (math.isfinite(rate) and rate > 0):
         raise JaxrouteError(f"Poisson arrival rate must be positive and finite, got {rate}")
     for name, v in (("alpha", alpha), ("beta", beta), ("gamma", gamma)):
@@ -121,8 +128,9 @@ def make_params(policy: str, *, n_workers: int, dispatch: str | None = None, pre
     disp = balance.default_dispatch(policy) if dispatch is None else balance.DISPATCH_MODES.index(dispatch)
     f32 = lambda x: jnp.asarray(x, jnp.float32)
     i32 = lambda x: jnp.asarray(x, jnp.int32)
-    return DecodeParams(i32(pid), i32(disp), i32(predictor), f32(alpha),
-                        f32(n_workers if beta is None else beta), f32(gamma), i32(ARRIVALS.index(arrival)), f32(rate))
+    g = n_workers if n_active is None else n_active
+    return DecodeParams(i32(pid), i32(disp), i32(predictor), f32(alpha), f32(g if beta is None else beta), f32(gamma),
+                        i32(ARRIVALS.index(arrival)), f32(rate), None if n_active is None else i32(n_active))
 
 
 def make_workload(req: DecodeRequests, cost: cost_models.CostParams, collective_s: float = DEFAULT_COLLECTIVE_S,
@@ -164,6 +172,8 @@ class DecodeState:
     preemptions: jax.Array  # [] int32 requests preempted (KV freed, to be recomputed)
     recomputed_tokens: jax.Array  # [] int32 tokens prefilled again on readmission after a preemption
     admit_t: jax.Array  # [N] float32 start of the request's first decode step
+    first_t: jax.Array  # [N] float32 end of that step (its first token)
+    local: jax.Array  # [N] bool prefilled by its rank at first admission (DecodeWorkload.local_prefill)
     finish_t: jax.Array  # [N] float32 end of its last decode step
     done: jax.Array  # [N] bool
     worker_of: jax.Array  # [N] int32 worker the request was bound to, -1 before
@@ -241,6 +251,13 @@ class DecodeModel(sim.Model):
         """
         balance.REGISTRY.check_id(params.policy)
         balance.DISPATCH_REGISTRY.check_id(params.dispatch)
+        if params.n_active is not None:
+            use = np.asarray(params.n_active)
+            if np.any(use < 1) or np.any(use > self.n_workers):
+                raise JaxrouteError(f"decode ranks in use must be between 1 and {self.n_workers}, got {sorted(set(use.ravel().tolist()))}")
+            if workload is not None and np.any(use < self.n_workers) and np.any(np.asarray(workload.cost.parallel) != 0):
+                raise JaxrouteError("fewer decode ranks in use than the model has needs --parallel independent "
+                                    "(dp_ep shares the experts over every rank)")
         ARRIVAL_REGISTRY.check_id(params.arrival)
         predictors.check_kind_ids(params.predictor, None if workload is None else workload.bank)
 
@@ -266,7 +283,9 @@ class DecodeModel(sim.Model):
             slot_req=jnp.full((g, s), -1, jnp.int32), slot_gen=jnp.zeros((g, s), jnp.int32),
             slot_seq=jnp.zeros((g, s), jnp.int32), seq=i0, req_gen=jnp.zeros((n,), jnp.int32),
             preemptions=i0, recomputed_tokens=i0,
-            admit_t=jnp.zeros((n,), jnp.float32), finish_t=jnp.zeros((n,), jnp.float32),
+            admit_t=jnp.zeros((n,), jnp.float32), first_t=jnp.zeros((n,), jnp.float32),
+            local=jnp.zeros((n,), bool) if wl.local_prefill is None else wl.local_prefill[perm],
+            finish_t=jnp.zeros((n,), jnp.float32),
             done=jnp.zeros((n,), bool), worker_of=jnp.full((n,), -1, jnp.int32), tokens_out=i0,
             sum_imb=f0, sum_idle=f0, sum_load=f0, sum_imb_loaded=f0, steps_loaded=i0,
             busy_s=jnp.zeros((g,), jnp.float32), barrier_s=f0,
@@ -276,6 +295,15 @@ class DecodeModel(sim.Model):
         )
 
     # ------------------------------------------------------------------ helpers
+
+    def in_use(self, params: DecodeParams) -> jax.Array:
+        """[G] bool ranks in use (the first params.n_active; the rest never get a request)."""
+        if params.n_active is None:
+            return jnp.ones((self.n_workers,), bool)
+        return jnp.arange(self.n_workers) < params.n_active
+
+    def n_in_use(self, params: DecodeParams) -> jax.Array:
+        return jnp.asarray(self.n_workers if params.n_active is None else params.n_active, jnp.int32)
 
     def loads(self, st: DecodeState, wl: DecodeWorkload) -> jax.Array:
         """[G] float32 KV load of the active requests: Σ (s_i + j_i)."""
@@ -373,7 +401,8 @@ class DecodeModel(sim.Model):
         st = dataclasses.replace(st, key=key)
         pooled = params.dispatch == balance.POOLED
         n_arrived = jnp.sum(st.arrival_t <= st.t).astype(jnp.int32)
-        a, b, d = balance.score_weights(params.policy, params.alpha, params.beta, params.gamma, g, self.horizon)
+        use, g_use = self.in_use(params), self.n_in_use(params)
+        a, b, d = balance.score_weights(params.policy, params.alpha, params.beta, params.gamma, g_use, self.horizon)
         sum_d = jnp.sum(d)
         active = st.slot_req >= 0
         n_active = jnp.sum(active, axis=1)
@@ -398,7 +427,6 @@ class DecodeModel(sim.Model):
             q_load = st.q_tokens.astype(jnp.float32)
             counts0 = (n_active + st.q_len).astype(jnp.float32)
             table = balance.penalty_tables(balance.margins_of(loads_h + q_load[:, None]), d)
-            everyone = jnp.ones((g,), bool)
 
             def body(c):
                 i, queue, qlen, counts, kv, took, rr, k, q_tok = c
@@ -406,10 +434,10 @@ class DecodeModel(sim.Model):
                 rid = st.next_in + i
                 s_i = st.prompt[rid].astype(jnp.float32)
                 single = jax.vmap(lambda gg: balance.score(s_i, table, gg, took[gg], a, b, sum_d))(jnp.arange(g))
-                gi = balance.choose_worker(params.policy, sub, counts, kv, rr, everyone, single)
+                gi = balance.choose_worker(params.policy, sub, counts, kv, rr, use, single)
                 queue = queue.at[gi, (st.q_head[gi] + qlen[gi]) % n].set(rid)
                 return (i + 1, queue, qlen.at[gi].add(1), counts.at[gi].add(1.0), kv.at[gi].add(s_i),
-                        took.at[gi].add(s_i), (gi + 1) % g, k, q_tok.at[gi].add(st.prompt[rid]))
+                        took.at[gi].add(s_i), (gi + 1) % g_use, k, q_tok.at[gi].add(st.prompt[rid]))
 
             init = (jnp.int32(0), st.queue, st.q_len, counts0, load + q_load, jnp.zeros((g,), jnp.float32),
                     st.rr_next, k_in, st.q_tokens)
@@ -465,6 +493,8 @@ class DecodeModel(sim.Model):
         too_big = (jnp.any(ok[:, :1] & (h_need[:, :1] > self.n_blocks))  # a request that can never fit
                    | jnp.any((st.pool >= 0) & (pool_need > self.n_blocks)))
         recompute = jnp.sum(jnp.where(admit & (h_gen > 0), st.prompt[hid] + h_gen, 0), axis=1)
+        first_local = admit & st.local[hid] & (st.worker_of[hid] < 0)  # prefilled here, in this step
+        prefill_now = recompute + jnp.sum(jnp.where(first_local, st.prompt[hid], 0), axis=1)
         st = self.place(st, jnp.where(admit, head, -1).reshape(-1), jnp.where(admit, rows, -1).reshape(-1))
         st = dataclasses.replace(st, q_head=(st.q_head + n_adm) % n, q_len=st.q_len - n_adm,
                                  q_tokens=st.q_tokens - jnp.sum(jnp.where(admit, st.prompt[hid], 0), axis=1),
@@ -475,7 +505,7 @@ class DecodeModel(sim.Model):
         # ---- 4. pooled binding (BalanceRoute's two stages, or a baseline's worker choice, oldest first)
         # into what the local queues left: only ranks whose local queue is empty may take new requests.
         def admit_pooled(st):
-            free_p = jnp.where((st.q_len == 0) & ~preempted_now, free, 0)
+            free_p = jnp.where((st.q_len == 0) & ~preempted_now & use, free, 0)
             valid = st.pool >= 0
             pid = jnp.maximum(st.pool, 0)
             pool_s = jnp.where(valid, st.prompt[pid], 0).astype(jnp.float32)
@@ -493,27 +523,35 @@ class DecodeModel(sim.Model):
                                              st.rr_next, free_p, room, g * self.r_max, pool_need=pool_need)
 
             assign, rr = jax.lax.cond(is_br, br, fifo, None)
+            bound_local = (assign >= 0) & st.local[pid] & (st.worker_of[pid] < 0)
+            local_tok = jnp.zeros((g,), jnp.int32).at[jnp.where(bound_local, assign, g)].add(st.prompt[pid], mode="drop")
             st = self.place(st, jnp.where(assign >= 0, st.pool, -1), assign)
             left = jnp.where(assign >= 0, -1, st.pool)
-            return dataclasses.replace(st, pool=compact(left), rr_next=rr)
+            return dataclasses.replace(st, pool=compact(left), rr_next=rr), local_tok
 
-        st = jax.lax.cond(pooled, admit_pooled, lambda st: st, st)
+        st, pooled_local = jax.lax.cond(pooled, admit_pooled, lambda st: (st, jnp.zeros((g,), jnp.int32)), st)
+        prefill_now = prefill_now + pooled_local
 
         # ---- 5. one decode step (or a jump to the next arrival when idle)
         active = st.slot_req >= 0
         n_act = jnp.sum(active, axis=1)
         load = self.loads(st, wl)
         any_active = jnp.any(active)
-        barrier, per_worker = cost_models.dp_step_times(wl.cost, n_act.astype(jnp.float32), load, recompute.astype(jnp.float32))
+        barrier, per_worker = cost_models.dp_step_times(wl.cost, n_act.astype(jnp.float32), load,
+                                                        prefill_now.astype(jnp.float32))
+        per_worker = jnp.where(use, per_worker, 0.0)
+        if params.n_active is not None:  # independent ranks (check_params): the barrier of the ranks in use
+            barrier = jnp.max(per_worker)
         dt = jnp.where(any_active, barrier + wl.collective_s, 0.0)
         t_end = st.t + dt
         gen = st.slot_gen + active
         out_len = st.output[jnp.maximum(st.slot_req, 0)]
         fin = active & (gen >= out_len)
         fin_ids = jnp.where(fin, st.slot_req, n).reshape(-1)
-        m_load = jnp.max(load)
-        imb = m_load - jnp.min(load)
-        idle = g * m_load - jnp.sum(load)
+        m_load = jnp.max(load)  # ranks not in use hold nothing
+        imb = m_load - jnp.min(jnp.where(use, load, jnp.inf))
+        idle = g_use * m_load - jnp.sum(load)
+        first_ids = jnp.where(active & (st.slot_gen == 0), st.slot_req, n).reshape(-1)  # first token ever
         blocks_after = jnp.sum(jnp.where(active, self.blocks(st.prompt[jnp.maximum(st.slot_req, 0)] + gen), 0), axis=1)
         emitted = jnp.sum(active).astype(jnp.int32)
 
@@ -541,7 +579,8 @@ class DecodeModel(sim.Model):
             tokens_out=st.tokens_out + emitted,
             sum_imb=st.sum_imb + w * imb,
             sum_idle=st.sum_idle + w * idle,
-            sum_load=st.sum_load + w * jnp.mean(load),
+            sum_load=st.sum_load + w * jnp.sum(load) / g_use,
+            first_t=st.first_t.at[first_ids].set(t_end, mode="drop"),
             sum_imb_loaded=st.sum_imb_loaded + jnp.where(all_in, 0.0, w * imb),
             steps_loaded=st.steps_loaded + (any_active & ~all_in).astype(jnp.int32),
             busy_s=st.busy_s + jnp.where(any_active, per_worker, 0.0),
@@ -570,6 +609,7 @@ class DecodeModel(sim.Model):
         tok_err = jnp.abs(st.tokens_out - (out_done + jnp.sum(st.slot_gen) + waiting_gen))
         incomplete = ~jnp.all(done)
         util = st.busy_s / jnp.maximum(st.barrier_s, 1e-12)
+        use = self.in_use(params)
         loaded_t = jnp.where(st.all_admitted_t > 0, st.all_admitted_t, makespan)
         loaded_tok = jnp.where(st.all_admitted_t > 0, st.tokens_loaded, st.tokens_out)
         loaded_steps = jnp.where(st.all_admitted_t > 0, st.steps_loaded, st.steps)
@@ -592,8 +632,8 @@ class DecodeModel(sim.Model):
             "makespan_s": makespan,
             "steps": st.steps,
             "mean_step_s": st.barrier_s / steps,
-            "util_mean": jnp.mean(util),
-            "util_min": jnp.min(util),
+            "util_mean": jnp.sum(jnp.where(use, util, 0.0)) / self.n_in_use(params),
+            "util_min": jnp.min(jnp.where(use, util, jnp.inf)),
             "worker_util": util,
             "completed": jnp.sum(done).astype(jnp.int32),
             "overflow_kv": st.kv_overflow,
@@ -603,6 +643,7 @@ class DecodeModel(sim.Model):
             "request_worker": st.worker_of,
             "request_admit_s": st.admit_t,
             "request_finish_s": jnp.where(done, st.finish_t, -1.0),
+            "request_first_s": jnp.where(done, st.first_t, -1.0),
             "trace_kv": st.trace_kv,
             "trace_t": st.trace_t,
         }

@@ -58,13 +58,13 @@ def subset_matrix(window: int) -> np.ndarray:
 
 
 def score_weights(policy: jax.Array, alpha, beta, gamma, n_workers: int, horizon: int):
-    """(α, β, d [H+1]) for the BalanceRoute scorer: br0 uses (1, G, e_0), brh its traced α, β, γ."""
+    """(α, β, d [H+1]) for the BalanceRoute scorer: br0 uses (1, G, e_0) (G may be traced: the ranks in use), brh its traced α, β, γ."""
     h = jnp.arange(horizon + 1, dtype=jnp.float32)
     d_brh = jnp.power(jnp.asarray(gamma, jnp.float32), h)
     is_br0 = policy == BR0
     d = jnp.where(is_br0, (h == 0).astype(jnp.float32), d_brh)
     a = jnp.where(is_br0, 1.0, jnp.asarray(alpha, jnp.float32))
-    b = jnp.where(is_br0, float(n_workers), jnp.asarray(beta, jnp.float32))
+    b = jnp.where(is_br0, jnp.asarray(n_workers, jnp.float32), jnp.asarray(beta, jnp.float32))
     return a, b, d
 
 
