@@ -172,8 +172,9 @@ def bar_plot(records: Sequence[Record], metric_names: Sequence[str], path: str |
 
 
 def line_plot(panels: Mapping[str, Sequence[dict]], path: str | Path, *, xlabel: str, ylabel: str,
-              title: str | None = None, sharey: bool = False) -> Path:
+              title: str | None = None, sharey: bool = False, xticks: tuple | None = None) -> Path:
     """PNG line chart: one panel per title; each line is a dict of `ax.plot` keywords plus x and y.
+    xticks: (positions, labels) for every panel (e.g. categorical x values).
 
     A line with `vline` instead of x and y is a vertical marker at that x; one with `lo` and `hi`
     also shades that band (e.g. a 95 % CI) in its colour.
@@ -192,6 +193,8 @@ def line_plot(panels: Mapping[str, Sequence[dict]], path: str | Path, *, xlabel:
                     ax.fill_between(kw["x"], lo, hi, color=drawn.get_color(), alpha=0.15, lw=0)
         ax.set_title(name, fontsize=9)
         ax.set_xlabel(xlabel)
+        if xticks is not None:
+            ax.set_xticks(*xticks)
         if any("label" in line for line in lines):
             ax.legend(fontsize=8)
     axes[0][0].set_ylabel(ylabel)

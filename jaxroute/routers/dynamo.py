@@ -30,6 +30,8 @@ the lowest cost, ties uniformly at random (reservoir sampling over tied minima) 
 on -cost. Temperature T > 0 (`softmax_sample_entries`): uniform when all costs are equal, else
 p_g proportional to exp(-(cost_g - min) / ((max - min) x T)) (costs min-max scaled before the softmax).
 Older versions broke exact ties by the smallest radix-tree size and compared with a 1e-5 epsilon.
+On a partial cluster (`view.active`) the min, max, argmin and both draws are over the active workers
+only; inactive workers are never chosen and the picks equal a cluster of the active workers' (`parts.py`).
 
 B = `dyn_block_tokens` (default 16, vLLM's default `--block-size`; Dynamo takes the engine's).
 
@@ -116,18 +118,20 @@ def costs(s: State, view: RouterView, req: Request, p: Params) -> jax.Array:
     return p.dyn_overlap_weight * prefill_blocks + decode_blocks
 
 
-def pick(cost: jax.Array, key: jax.Array, temperature: jax.Array) -> jax.Array:
-    """Dynamo's selection: T = 0 -> lowest cost, ties at random; T > 0 -> softmax on min-max scaled costs."""
-    lo, hi = jnp.min(cost), jnp.max(cost)
+def pick(cost: jax.Array, key: jax.Array, temperature: jax.Array, active: jax.Array | None = None) -> jax.Array:
+    """Dynamo's selection: T = 0 -> lowest cost, ties at random; T > 0 -> softmax on min-max scaled costs.
+    `active` [G] bool: only those workers (min, max and both draws over them; None = all); the draws
+    then equal a cluster of the active workers' (`parts.py`)."""
+    lo, hi = parts.masked_min(cost, active), parts.masked_max(cost, active)
     span = jnp.where(hi > lo, hi - lo, 1.0)
     t = jnp.where(temperature > 0, temperature, 1.0)
-    logits = jnp.where(hi > lo, -((cost - lo) / (span * t)), 0.0)
+    logits = parts.keep(jnp.where(hi > lo, -((cost - lo) / (span * t)), 0.0), active)
     hot = jax.random.categorical(key, logits).astype(jnp.int32)
-    return jnp.where(temperature > 0, hot, parts.random_among_ties(-cost, key))
+    return jnp.where(temperature > 0, hot, parts.random_among_ties(parts.keep(-cost, active), key))
 
 
 def choose(s: State, view: RouterView, req: Request, p, key) -> jax.Array:
-    return pick(costs(s, view, req, p), key, p.dyn_temperature)
+    return pick(costs(s, view, req, p), key, p.dyn_temperature, view.active)
 
 
 def on_dispatch(s: State, view: RouterView, req: Request, g: jax.Array, active: jax.Array, p: Params) -> State:

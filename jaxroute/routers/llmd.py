@@ -122,7 +122,7 @@ def precise_score(view: RouterView, req: Request, p) -> jax.Array:
     matched = view.cached_match.astype(jnp.int32) // B
     absolute = jnp.where(total > 0, jnp.minimum(matched.astype(jnp.float32) / jnp.maximum(total, 1).astype(jnp.float32),
                                                 1.0), 0.0)
-    hit = matched > 0
+    hit = parts.among(matched > 0, view.active)  # min-max over the active pods with a hit
     m = matched.astype(jnp.float32)
     lo = jnp.min(jnp.where(hit, m, jnp.inf))
     hi = jnp.max(jnp.where(hit, m, -jnp.inf))
@@ -137,9 +137,11 @@ def _scores(view: RouterView, req: Request, prefix: jax.Array, load_threshold) -
 
 def scheduler(view: RouterView, req: Request, p, key) -> jax.Array:
     """Stateless llm-d profile (`llmd_precise`, `llmd_load`, `llmd_load_aware`): weights . scorers with the
-    precise prefix scorer in the prefix row, then `p.picker` (max-score = random among ties)."""
+    precise prefix scorer in the prefix row, then `p.picker` (max-score = random among ties). On a partial
+    cluster (`view.active`) every scorer normalises over the active pods and inactive ones score -inf: the
+    same decisions and draws as a cluster of the active pods (`parts.py`)."""
     scores = _scores(view, req, precise_score(view, req, p), p.load_threshold)
-    return parts.pick(p.picker, parts.weighted_sum(p.weights, scores), key, p.temperature)
+    return parts.pick(p.picker, parts.keep(parts.weighted_sum(p.weights, scores), view.active), key, p.temperature)
 
 
 # ----------------------------------------------------------------------------- the approximate index

@@ -3,6 +3,16 @@
 A scorer returns `[G]` float32 (higher is better); a filter returns a `[G]` bool mask; a picker turns
 scores into one replica index. Weights are traced (`RouterParams.weights`), so a sweep over them
 is one compilation. Every picker states its tie rule.
+
+Partial clusters (`RouterView.active`, the first n_active of G replicas; None = all): a router that
+supports one (`prefix.PARTIAL_OK`) gives inactive replicas -inf with `keep(score, view.active)` before
+its picker and takes every normalisation over the active replicas only (`spread(x, view.active)`,
+`masked_max` / `masked_min`, `n_active`). With `active` None these helpers compute exactly what they did
+before the mask existed. The random pickers then draw what a cluster of n_active replicas draws: with
+JAX's partitionable Threefry (`jax_threefry_partitionable`, the default since JAX 0.5) the first k
+entries of `uniform(key, (G,))` / `gumbel(key, (G,))` are `uniform(key, (k,))` / `gumbel(key, (k,))`,
+so `random_among_ties` and `softmax` (and `jax.random.categorical`) over [G] with -inf on the inactive
+replicas pick what they pick over [k] (tests/test_replicas_active.py checks the prefix property).
 """
 
 from __future__ import annotations
@@ -15,9 +25,29 @@ from jaxroute.routers.view import Request, RouterView
 # ----------------------------------------------------------------------------- filters
 
 
-def keep(score: jax.Array, mask: jax.Array) -> jax.Array:
-    """Filter: replicas outside `mask` can never be picked."""
-    return jnp.where(mask, score, -jnp.inf)
+def keep(score: jax.Array, mask: jax.Array | None) -> jax.Array:
+    """Filter: replicas outside `mask` can never be picked (None = keep all: `score` unchanged)."""
+    return score if mask is None else jnp.where(mask, score, -jnp.inf)
+
+
+def among(mask: jax.Array, active: jax.Array | None) -> jax.Array:
+    """`mask` restricted to the active replicas (None = all)."""
+    return mask if active is None else mask & active
+
+
+def n_active(view: RouterView) -> jax.Array | int:
+    """Replicas the router may choose: G (static) or the traced count of `view.active`."""
+    return view.inflight.shape[0] if view.active is None else jnp.sum(view.active, dtype=jnp.int32)
+
+
+def masked_max(x: jax.Array, active: jax.Array | None) -> jax.Array:
+    """max of `x` over the active replicas (None = all)."""
+    return jnp.max(x) if active is None else jnp.max(jnp.where(active, x, -jnp.inf))
+
+
+def masked_min(x: jax.Array, active: jax.Array | None) -> jax.Array:
+    """min of `x` over the active replicas (None = all)."""
+    return jnp.min(x) if active is None else jnp.min(jnp.where(active, x, jnp.inf))
 
 
 def imbalanced(load: jax.Array, abs_thr: jax.Array, rel_thr: jax.Array) -> jax.Array:
@@ -30,9 +60,9 @@ def imbalanced(load: jax.Array, abs_thr: jax.Array, rel_thr: jax.Array) -> jax.A
 
 
 def turn(view: RouterView, req: Request) -> jax.Array:
-    """1 for the replica whose turn it is (round robin over routed requests), else 0."""
+    """1 for the replica whose turn it is (round robin over routed requests and the active replicas), else 0."""
     G = view.inflight.shape[0]
-    return (jnp.arange(G) == req.id % G).astype(jnp.float32)
+    return (jnp.arange(G) == req.id % n_active(view)).astype(jnp.float32)
 
 
 def fewest_requests(view: RouterView, req: Request) -> jax.Array:
@@ -54,9 +84,10 @@ def prefix_above(view: RouterView, req: Request, theta: jax.Array) -> jax.Array:
     return jnp.where(m >= theta * req.prompt.astype(jnp.float32), m, 0.0)
 
 
-def spread(x: jax.Array) -> jax.Array:
-    """(max - x) / (max - min) in [0, 1] (1 everywhere when all equal): llm-d's queue-scorer normalisation."""
-    hi, lo = jnp.max(x), jnp.min(x)
+def spread(x: jax.Array, active: jax.Array | None = None) -> jax.Array:
+    """(max - x) / (max - min) in [0, 1] (1 everywhere when all equal): llm-d's queue-scorer normalisation.
+    max and min over the `active` replicas (None = all); inactive entries are left unnormalised (mask them)."""
+    hi, lo = masked_max(x, active), masked_min(x, active)
     return jnp.where(hi > lo, (hi - x) / jnp.where(hi > lo, hi - lo, 1.0), 1.0)
 
 
@@ -76,9 +107,11 @@ def score_matrix(view: RouterView, req: Request, prefix_match: jax.Array, load_t
     """[len(SCORERS), G] scores in [0, 1]: prefix match ratio (on the preset's own prefix source,
     `prefix_match` tokens), few requests in flight, few tokens in flight (router-side counters), short
     waiting queue (llm-d's queue scorer: min-max normalised), free KV (llm-d's kv-cache-utilization
-    scorer: 1 - usage), load-aware (llm-d)."""
+    scorer: 1 - usage), load-aware (llm-d). Min-max normalisations over the active replicas (`view.active`);
+    the scores of inactive ones are meaningless: `keep` the total."""
     ratio = prefix_match / jnp.maximum(req.prompt.astype(jnp.float32), 1.0)
-    return jnp.stack([ratio, spread(view.inflight), spread(view.tokens), spread(view.waiting),
+    a = view.active
+    return jnp.stack([ratio, spread(view.inflight, a), spread(view.tokens, a), spread(view.waiting, a),
                       1.0 - view.kv_usage, load_aware(view.waiting, load_threshold)])
 
 

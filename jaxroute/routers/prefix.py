@@ -33,6 +33,11 @@ module interface). The cluster model calls only the functions below; it knows no
 
 Scraped replica metrics (`waiting`, `running`, `kv_usage`, the caches as KV events report them) go
 stale with `--stale T` (e.g. 0.05 s, the 50 ms metrics refresh of llm-d's data layer and BLIS).
+
+Partial clusters (`ReplicaParams.n_active` < n_replicas: only the first n_active replicas are in use,
+`RouterView.active`): the presets of `PARTIAL_OK` never choose an inactive replica and decide exactly
+as a cluster of n_active replicas (ties, normalisations and random draws included, `parts.py`); the
+others are refused by `ReplicaModel.check_params`.
 """
 
 from __future__ import annotations
@@ -119,6 +124,10 @@ PRESETS: dict[str, Preset] = {
 REGISTRY = PolicyRegistry("replica-cluster router", tuple(PRESETS))
 PREFIX_POLICIES = REGISTRY.names
 LOAD_ONLY = ("rr", "least_load", "least_tokens")
+# presets that honour `RouterView.active` (a partial cluster: n_active < n_replicas), each deciding as a
+# cluster of the n_active replicas would; the model refuses the others on a partial cluster
+PARTIAL_OK = ("rr", "random", "least_load", "least_tokens", "affinity", "threshold", "weighted", "llmd_precise",
+              "llmd_load", "llmd_load_aware", "dynamo_kv")
 # modules that own router state, by short name (one state per module, shared by its presets)
 MODULES: dict[str, ModuleType] = {_module_name(m): m
                                   for m in dict.fromkeys(p.module for p in PRESETS.values() if p.module)}

@@ -63,3 +63,5 @@ class RouterView:
     kv_capacity: jax.Array  # [] int32 KV tokens per replica
     cost: cost_models.CostParams  # the replicas' cost model (routers that estimate GPU time use it)
     table: RequestTable  # segment catalogue (seg_len, seg_depth); rows of requests the router dispatched
+    active: jax.Array | None = None  # [G] bool replicas the router may choose (None = all); the first n_active
+    #                                 of a partial cluster: only the routers of `prefix.PARTIAL_OK` honour it

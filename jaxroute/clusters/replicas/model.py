@@ -30,6 +30,12 @@ router's state is one opaque field. With `stale_s` = T > 0 (needs `stale_view`) 
 record are snapshots refreshed every T seconds; dispatches since the snapshot are added at once.
 Routing is instantaneous, so a request's dispatch time is its arrival time.
 
+Active replicas: `params.n_active` (traced, <= the static n_replicas; None = all) keeps only the first
+n_active replicas in use, so a sweep over replica counts is one compilation. The router sees
+`RouterView.active` and never chooses an inactive replica (no requests, its clock stays +inf); only the
+routers of `routers.prefix.PARTIAL_OK` support it (`check_params` refuses the others), each deciding
+exactly as on a cluster of n_active replicas, so records equal a run with n_replicas = n_active.
+
 Capacities (each one has its own bool metric, OR-ed into `overflow`; grow it and rerun):
 - `max_queue` (Q), the local queue per replica: `queue_overflow` (also when a preempted request finds
   it full; with "lpm", holes left inside the ring count until its head passes them); `default_max_queue`
@@ -45,8 +51,9 @@ Capacities (each one has its own bool metric, OR-ed into `overflow`; grow it and
 
 Metrics over the makespan [first arrival, last finish]: `output_tokens_per_s` (output tokens of
 completed requests / makespan), `queue_mean` (requests waiting in a local queue, time average per
-replica) and `kv_usage_mean` (KV in use: locked cached segments + private tokens, / kv_capacity, time average over replicas; KV is
-integrated exactly, iteration by iteration, leaped ones included), and `preemptions` (count).
+replica in use) and `kv_usage_mean` (KV in use: locked cached segments + private tokens, / kv_capacity, time
+average over the replicas in use; KV is integrated exactly, iteration by iteration, leaped ones included),
+and `preemptions` (count).
 """
 
 from __future__ import annotations
@@ -90,11 +97,14 @@ _ROUTER_KEY = 0x7E57  # fold_in tag: the router's coin flips never reuse the wor
 
 def make_params(policy: str = "rr", rate: float = 1.0, stale_s: float = 0.0, kv_capacity: int | None = None,
                 gpu: str = "a6000", model: str = "mistral-7b", cost_model: str = "roofline", tp: int = 1,
-                **router_kw) -> ReplicaParams:
+                n_active: int | None = None, **router_kw) -> ReplicaParams:
     """Traced params of one row; router settings (`router_kw`) go to the router.
 
     Each replica is `tp` GPUs (tensor parallel). The KV capacity follows from GPU memory, tp and 90 %
     utilisation unless `kv_capacity` overrides it; either way the weights must fit on the tp GPUs.
+    `n_active`: replicas in use, the first n_active of the model's n_replicas (None = all; checked
+    against the model by `ReplicaModel.check_params`). Rows stacked into one batch must all set it or
+    all leave it None.
     """
     pid = routers.REGISTRY.id(policy)
     if stale_s < 0:
@@ -103,9 +113,12 @@ def make_params(policy: str = "rr", rate: float = 1.0, stale_s: float = 0.0, kv_
     cap = fits if kv_capacity is None else int(kv_capacity)
     if cap < 1:
         raise JaxrouteError(f"kv capacity must be >= 1 token, got {cap}")
+    if n_active is not None and not (float(n_active).is_integer() and n_active >= 1):
+        raise JaxrouteError(f"n_active (replicas in use) must be a whole number >= 1, got {n_active}")
     return ReplicaParams(jnp.int32(pid), jnp.float32(rate), jnp.float32(stale_s), jnp.int32(cap),
                          routers.router_params(policy, **router_kw),
-                         cost_models.cost_params(gpu, model, tp, kind=cost_model))
+                         cost_models.cost_params(gpu, model, tp, kind=cost_model),
+                         None if n_active is None else jnp.int32(int(n_active)))
 
 
 def default_max_queue(n_requests: int, n_replicas: int) -> int:
@@ -153,13 +166,28 @@ class ReplicaModel(sim.Model):
 
     def check_params(self, params: ReplicaParams, workload=None) -> None:
         """Refuse, before tracing: unknown policy ids, a policy the static sizes cannot run (a window
-        router with router_window = 0), and stale_s > 0 without stale_view (it would be ignored)."""
+        router with router_window = 0), stale_s > 0 without stale_view (it would be ignored), n_active
+        outside 1..n_replicas, and a partial cluster (n_active < n_replicas) for a router that does not
+        support one (not in `routers.PARTIAL_OK`)."""
         ids = np.asarray(params.policy).reshape(-1)
         routers.REGISTRY.check_id(ids)
         routers.check(self.router_static(1), {routers.REGISTRY.name(int(i)) for i in ids})
         if not self.stale_view and np.any(np.asarray(params.stale_s) > 0):
             raise JaxrouteError("stale_s > 0 needs a model built with stale_view=True "
                                 "(the router view would silently stay fresh)")
+        if params.n_active is not None:
+            G = self.n_replicas
+            n_act = np.asarray(params.n_active).reshape(-1)
+            if n_act.size and (n_act.min() < 1 or n_act.max() > G):
+                bad = int(n_act.max()) if n_act.max() > G else int(n_act.min())
+                raise JaxrouteError(f"n_active={bad} needs 1 <= n_active <= n_replicas={G} "
+                                    f"(build the model with n_replicas >= the largest replica count swept)")
+            ids_b, n_b = np.broadcast_arrays(ids, n_act)
+            partial = {routers.REGISTRY.name(int(i)) for i in ids_b[n_b < G]}
+            if refused := sorted(partial - set(routers.PARTIAL_OK)):
+                raise JaxrouteError(f"router '{refused[0]}' cannot run on a partial cluster (n_active < "
+                                    f"n_replicas={G}); use n_replicas=n_active instead, or a router that supports "
+                                    f"it: {', '.join(routers.PARTIAL_OK)}")
 
     def num_steps(self, workload) -> int:
         # Also a bound with on-demand admission: every iteration advances its replica's oldest running
@@ -189,7 +217,7 @@ class ReplicaModel(sim.Model):
             req=req, rep=rep, router=routers.init(self.router_static(m1)), key=jax.random.fold_in(key, _ROUTER_KEY),
             next_req=jnp.int32(0), now=jnp.float32(0), clock=f((G,), INF), n_admitted=jnp.int32(0),
             kv_used=i((G,), 0), queue_area=jnp.float32(0),
-            kv_area=jnp.float32(0),
+            kv_area=jnp.float32(0), busy_s=f((G,), 0.0),
             inflight=f((G,), 0.0), inflight_tok=f((G,), 0.0), view=view,
             cache_index=i((G, m1), -1), pending=i((G, m1), 0), pending_g=jnp.int32(0),
             pending_segs=i((B * (req.seg_ids.shape[1] + 1),), m1), pending_add=i((B * (req.seg_ids.shape[1] + 1),), 0),
@@ -226,10 +254,13 @@ class ReplicaModel(sim.Model):
             present = held | (pending[:, req.segs] > 0)
         _, match = leading_run(present, req.tok)
         _, cached_match = leading_run(held, req.tok)
+        # replicas the router may choose (None = all: the routers compute what they did without the mask)
+        active = None if params.n_active is None else jnp.arange(self.n_replicas) < params.n_active
         view = RouterView(now=a, inflight=seen.inflight, tokens=seen.tokens, record=seen.present,
                           locked=pending > 0, match_tokens=match.astype(jnp.float32), cached=seen.cached,
                           cached_match=cached_match.astype(jnp.float32), waiting=seen.waiting, running=seen.running,
-                          kv_usage=seen.kv_usage, kv_capacity=params.kv_capacity, cost=params.cost, table=s.req)
+                          kv_usage=seen.kv_usage, kv_capacity=params.kv_capacity, cost=params.cost, table=s.req,
+                          active=active)
         return view, snap
 
     def step(self, state: ReplicaState, workload, params: ReplicaParams) -> ReplicaState:
@@ -319,6 +350,7 @@ class ReplicaModel(sim.Model):
         # waiting requests (both kinds of event); KV in use integrated over the iteration(s)
         kv_used = s.kv_used.at[g].set(table.locked_tokens(r.seg_len) + jnp.sum(new_row.run_res))
         kv_area = s.kv_area + jnp.where(is_iter, side["kv_area"], 0.0)
+        busy_s = s.busy_s.at[g].add(jnp.where(is_iter, side["t_end"] - m, 0.0))
         # per-request records: point updates (out-of-range index n = no update); a readmission after a
         # preemption keeps the first admission's time and cached tokens
         nowhere = n
@@ -337,7 +369,7 @@ class ReplicaModel(sim.Model):
             next_req=s.next_req + is_route, n_admitted=jnp.where(is_iter, side["n_admitted"], s.n_admitted),
             inflight=s.inflight.at[g].add(d_inf), inflight_tok=s.inflight_tok.at[g].add(d_tok),
             queue_overflow=s.queue_overflow | (is_route & ~q_ok) | (is_iter & side["q_full"]),
-            kv_used=kv_used, queue_area=queue_area, kv_area=kv_area,
+            kv_used=kv_used, queue_area=queue_area, kv_area=kv_area, busy_s=busy_s,
             running_full=s.running_full | (is_iter & side["full"]),
             rec_replica=s.rec_replica.at[jnp.where(is_route, i, nowhere)].set(g, mode="drop"),
             rec_admit=s.rec_admit.at[admitted].set(m, mode="drop"),
@@ -374,6 +406,8 @@ class ReplicaModel(sim.Model):
         span = jnp.where(completed > 0, span, 0.0)
         per_s = lambda x: jnp.where(span > 0, x / jnp.where(span > 0, span, 1.0), 0.0)
         out_done = jnp.sum(jnp.where(done, r.out_tok, 0)).astype(jnp.float32)
+        # per-replica averages over the replicas in use
+        n_rep = self.n_replicas if params.n_active is None else params.n_active.astype(jnp.float32)
         for v in flags.values():
             overflow = overflow | v
         return {
@@ -389,8 +423,8 @@ class ReplicaModel(sim.Model):
             "max_replica_share": share,
             "output_tokens_per_s": per_s(out_done),
             "ttft_p90_s": mlib.masked_quantile(fin(ttft), done, 0.9),
-            "queue_mean": per_s(state.queue_area / self.n_replicas),
-            "kv_usage_mean": per_s(state.kv_area / (self.n_replicas * params.kv_capacity.astype(jnp.float32))),
+            "queue_mean": per_s(state.queue_area / n_rep),
+            "kv_usage_mean": per_s(state.kv_area / (n_rep * params.kv_capacity.astype(jnp.float32))),
             "preemptions": jnp.sum(state.rep.n_preempt),
             "completed": completed,
             "running_full": state.running_full,

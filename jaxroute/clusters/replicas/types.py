@@ -24,6 +24,7 @@ class ReplicaParams:
     kv_capacity: jax.Array  # [] int32 KV tokens per replica
     router: RouterParams
     cost: cost_models.CostParams
+    n_active: jax.Array | None = None  # [] int32 replicas in use (the first n_active; None = all n_replicas)
 
 
 @jax.tree_util.register_dataclass
@@ -107,5 +108,6 @@ class ReplicaState:
     rep_time: jax.Array  # [] float32 time with a non-empty cache
     queue_area: jax.Array  # [] float32 integral over time of the requests waiting in local queues (all replicas)
     kv_area: jax.Array  # [] float32 integral over time of KV tokens in use (kv_in_use, all replicas)
+    busy_s: jax.Array  # [G] float32 time each replica spent in iterations (leaped ones included)
     running_full: jax.Array  # [] bool admission ever waited only for a running slot (max_running)
     queue_overflow: jax.Array  # [] bool a request found its replica's local queue full (max_queue)

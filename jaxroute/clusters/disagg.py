@@ -1,0 +1,234 @@
+"""Prefill/decode disaggregation: a prefix-cache prefill tier, KV transfer links, a decode tier of DP ranks.
+
+One run is three batched programs, each compiled once per grid (P and D are traced counts under the
+static maxima, so a sweep over P:D ratios is one compilation of each):
+
+1. **Prefill tier** (`PrefillStage`): the replica engine of `clusters/replicas` (chunked prefill, a prefix
+   cache per replica, any prefix router preset), with `n_active` = P of its `n_replicas` replicas in use.
+   A replica runs prefill only: a request leaves it when its prompt's KV is complete (the end of the
+   iteration that computes its last prompt chunk). Its output is not cached there (`out_seg` = none).
+2. **KV transfer** (`transfer`): bytes = the KV bytes per token of one TP rank (`CostParams.
+   kv_bytes_per_token_gpu`) x prompt tokens; rank i of the prefill group sends to rank i of the decode
+   group over its own NIC, so a group's transfer takes bytes / bandwidth. Each prefill replica has one
+   link (its ranks' NICs in parallel), FIFO in order of prefill completion (ties: request order):
+   start = max(ready, link free), the link is busy bytes / bandwidth, and the KV lands `latency` after
+   that (a fixed per-transfer latency that does not occupy the link).
+3. **Decode tier** (`DecodeStage`): `dp_decode.DecodeModel`, D of its ranks in use, behind a barrier,
+   routed by any decode policy (random, rr, p2c, jsq, least_kv, BR-0, BR-H). A request arrives when its
+   KV lands; the first token the user sees is the decode rank's (vLLM's P/D connector: the prefill
+   instance's own token is dropped).
+
+The P/D decision (`threshold`, traced): a request is disaggregated when its uncached prompt is at least
+`threshold` tokens (llm-d's pd-profile-handler); below it the decode rank prefills it at admission (a
+prefill in that barrier step, `DecodeWorkload.local_prefill`). The handler measures "uncached" on the
+chosen decode pod's prefix cache; our decode ranks keep no prefix cache, so it is the whole prompt (the
+handler's own value when it finds no prefix state). threshold 0 = always disaggregate.
+
+Conservation: every request is in exactly one of the stages' books (`PrefillStage.metrics`,
+`DecodeStage.metrics` report it); each stage's capacities raise their own flags.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxroute import sim
+from jaxroute.clusters import dp_decode as dd
+from jaxroute.clusters import replicas
+from jaxroute.errors import JaxrouteError
+from jaxroute.workloads.prefix import RequestTable
+
+INF = jnp.inf
+
+
+@dataclasses.dataclass(frozen=True)
+class _Realized:
+    """A workload whose realisation is already made (the replica engine calls `realize`)."""
+
+    table: RequestTable
+
+    def realize(self, key, rate) -> RequestTable:
+        del key, rate
+        return self.table
+
+
+# ----------------------------------------------------------------------------- stage 1: the prefill tier
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class PrefillStageParams:
+    tier: replicas.ReplicaParams  # the prefill tier's router, rate, KV capacity, cost, n_active (= P)
+    threshold: jax.Array  # [] float32 disaggregate when the uncached prompt >= this many tokens (0 = always)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class PrefillStageState:
+    tier: replicas.ReplicaState  # requests in prefill order: the disaggregated ones first, by arrival
+    table: RequestTable  # this seed's requests in arrival order (what the decode tier gets)
+    order: jax.Array  # [N] int32 request (arrival index) at each prefill-table position
+    disagg: jax.Array  # [N] bool, by arrival index: sent to the prefill tier
+    n_disagg: jax.Array  # [] int32
+
+
+def prefill_table(table: RequestTable, disagg: jax.Array) -> tuple[RequestTable, jax.Array]:
+    """The prefill tier's requests: the disaggregated ones first (in arrival order), one output token
+    each, outputs not cached; the others last, never arriving (+inf). Returns (table, order)."""
+    order = jnp.argsort(~disagg, stable=True).astype(jnp.int32)
+    take = lambda x: x[order]
+    dummy = table.seg_len.shape[0] - 1
+    kept = disagg[order]
+    return dataclasses.replace(
+        table, arrival_s=jnp.where(kept, take(table.arrival_s), INF), seg_ids=take(table.seg_ids),
+        seg_tok=take(table.seg_tok), out_tok=jnp.ones_like(table.out_tok), out_seg=jnp.full_like(table.out_seg, dummy),
+        prompt_tok=take(table.prompt_tok), session=take(table.session)), order
+
+
+@dataclasses.dataclass(frozen=True)
+class PrefillStage(sim.Model):
+    """The prefill tier of a disaggregated cluster (static: the replica engine's shapes)."""
+
+    tier: replicas.ReplicaModel
+
+    def check_params(self, params: PrefillStageParams, workload=None) -> None:
+        self.tier.check_params(params.tier, workload)
+        if np.any(~np.isfinite(np.asarray(params.threshold))) or np.any(np.asarray(params.threshold) < 0):
+            raise JaxrouteError("the P/D threshold must be a finite number of tokens >= 0")
+
+    def num_steps(self, workload) -> int:
+        return self.tier.num_steps(workload)
+
+    def init(self, key, workload, params: PrefillStageParams) -> PrefillStageState:
+        table = workload.realize(key, params.tier.rate)
+        disagg = table.prompt_tok.astype(jnp.float32) >= params.threshold
+        ptable, order = prefill_table(table, disagg)
+        tier = self.tier.init(key, _Realized(ptable), params.tier)
+        return PrefillStageState(tier, table, order, disagg, jnp.sum(disagg).astype(jnp.int32))
+
+    def is_done(self, state: PrefillStageState) -> jax.Array:
+        return (state.tier.next_req >= state.n_disagg) & jnp.all(jnp.isinf(state.tier.clock))
+
+    def step(self, state: PrefillStageState, workload, params: PrefillStageParams) -> PrefillStageState:
+        new = self.tier.step(state.tier, None, params.tier)
+        done = self.is_done(state)
+        return dataclasses.replace(state, tier=jax.tree.map(lambda a, b: jnp.where(done, a, b), state.tier, new))
+
+    def metrics(self, state: PrefillStageState, workload, params: PrefillStageParams) -> dict[str, jax.Array]:
+        s, n = state.tier, state.order.shape[0]
+        back = lambda x, fill: jnp.full((n,), fill, x.dtype).at[state.order].set(x)  # prefill position -> arrival index
+        done = jnp.isfinite(s.rec_finish)
+        counts = self.tier.metrics(s, _Realized(s.req), params.tier)
+        flags = {k: counts[k] for k in counts if k in ("queue_overflow", "cache_full") or k.endswith("_overflow")}
+        completed = jnp.sum(done)
+        overflow = completed < state.n_disagg
+        for v in flags.values():
+            overflow = overflow | v
+        in_tier = jnp.sum(s.rep.q_count) + jnp.sum(s.rep.run_req >= 0)
+        return {
+            "arrival_s": state.table.arrival_s, "prompt": state.table.prompt_tok, "output": state.table.out_tok,
+            "disagg": state.disagg, "prefill_replica": back(s.rec_replica, -1),
+            "prefill_admit_s": back(s.rec_admit, INF), "prefill_done_s": back(s.rec_finish, INF),
+            "prefill_cached": back(s.rec_cached, 0),
+            "prefill_busy_s": s.busy_s,
+            **flags, "overflow": overflow,
+            "conservation_error": jnp.abs(s.next_req - (completed + in_tier)).astype(jnp.int32),
+        }
+
+
+# ----------------------------------------------------------------------------- stage 2: KV transfer
+
+
+def transfer(ready_s: jax.Array, replica: jax.Array, prompt: jax.Array, n_links: int, bytes_per_token: jax.Array,
+             link_bytes_per_s: jax.Array, latency_s: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """FIFO KV transfers on one link per prefill replica, in order of readiness (ties: request order).
+
+    ready_s [N] (+inf = not transferred), replica [N], prompt [N]. Returns (start [N], busy [N] link
+    seconds, delivered [N]); +inf for requests not transferred."""
+    order = jnp.lexsort((jnp.arange(ready_s.shape[0]), ready_s))
+    busy = bytes_per_token * prompt.astype(jnp.float32) / link_bytes_per_s
+
+    def one(free, i):
+        r, g = ready_s[i], replica[i]
+        go = jnp.isfinite(r)
+        start = jnp.maximum(r, free[jnp.maximum(g, 0)])
+        end = start + busy[i]
+        free = jnp.where(go, free.at[jnp.maximum(g, 0)].set(end), free)
+        return free, (jnp.where(go, start, INF), jnp.where(go, end + latency_s, INF))
+
+    _, (start, delivered) = jax.lax.scan(one, jnp.zeros((n_links,), jnp.float32), order)
+    place = lambda x: jnp.zeros_like(x).at[order].set(x)
+    return place(start), busy, place(delivered)
+
+
+# ----------------------------------------------------------------------------- stage 3: the decode tier
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class DecodeStageParams:
+    decode: dd.DecodeParams  # the decode policy, n_active (= D); arrival = trace
+    seed: jax.Array  # [] int32 the row's seed index (folded into the decode tier's coin flips)
+    wl: dd.DecodeWorkload  # this row's requests in decode-arrival order (landed KV, or arrival if local)
+    order: jax.Array  # [N] int32 request (arrival index) at each decode position
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeStage(sim.Model):
+    """The decode tier: one row's handed-off requests (in its params) on the decode DP model."""
+
+    tier: dd.DecodeModel
+
+    def check_params(self, params: DecodeStageParams, workload=None) -> None:
+        self.tier.check_params(params.decode, params.wl)
+
+    def num_steps(self, workload) -> int:
+        return self.tier.num_steps(workload)
+
+    def init(self, key, workload, params: DecodeStageParams) -> dd.DecodeState:
+        return self.tier.init(jax.random.fold_in(key, params.seed), params.wl, params.decode)
+
+    def is_done(self, state) -> jax.Array:
+        return self.tier.is_done(state)
+
+    def step(self, state, workload, params: DecodeStageParams):
+        return self.tier.step(state, params.wl, params.decode)
+
+    def metrics(self, state, workload, params: DecodeStageParams) -> dict[str, jax.Array]:
+        m = self.tier.metrics(state, params.wl, params.decode)
+        n = params.order.shape[0]
+        back = lambda x: jnp.zeros((n,), x.dtype).at[params.order].set(x)
+        keep = ("imbalance_tokens", "imbalance_loaded_tokens", "barrier_idle_tokens", "util_mean", "preemptions",
+                "recomputed_tokens", "steps", "mean_step_s", "overflow_kv", "overflow_steps", "overflow",
+                "conservation_error", "completed")
+        return {**{k: m[k] for k in keep}, "decode_worker": back(m["request_worker"]),
+                "decode_admit_s": back(m["request_admit_s"]), "first_token_s": back(m["request_first_s"]),
+                "finish_s": back(m["request_finish_s"]), "decode_busy_s": state.busy_s}
+
+
+def decode_handoff(arrival_s, prompt, output, disagg, delivered_s, collective_s, cost, bank=()):
+    """(DecodeWorkload in decode-arrival order, order): disaggregated requests arrive when their KV lands,
+    the others at their arrival, to be prefilled by their rank. Ties: request order."""
+    t = jnp.where(disagg, delivered_s, arrival_s)
+    order = jnp.lexsort((jnp.arange(t.shape[0]), t)).astype(jnp.int32)
+    wl = dd.DecodeWorkload(prompt=prompt[order].astype(jnp.int32), output=output[order].astype(jnp.int32),
+                           arrival_s=t[order].astype(jnp.float32), key_id=jnp.full(t.shape, -1, jnp.int32), cost=cost,
+                           collective_s=jnp.asarray(collective_s, jnp.float32), bank=tuple(bank),
+                           local_prefill=~disagg[order])
+    return wl, order
+
+
+def decode_step_bound(delivered_max_s: float, prompt: np.ndarray, output: np.ndarray, n_workers: int, slots: int,
+                      r_max: int, min_step_s: float = 1e-3) -> int:
+    """Events the decode tier can need: as `dp_decode.step_budget` for a replay whose last request lands at
+    `delivered_max_s`."""
+    from jaxroute.workloads.decode import DecodeRequests
+
+    n = len(prompt)
+    req = DecodeRequests("handoff", np.linspace(0.0, delivered_max_s, n), np.asarray(prompt), np.asarray(output),
+                         np.full(n, -1))
+    return dd.step_budget(req, n_workers, slots, r_max, "trace", min_step_s=min_step_s)

@@ -1,0 +1,364 @@
+"""Prefill/decode disaggregation experiments: rows of (prefill router, decode router, P:D) and colocated rows.
+
+`run_pd` runs every disaggregated row in three compiled grids (prefill tier, KV handoff, decode tier;
+`clusters/disagg.py`) and the colocated rows (the same GPUs as one replica cluster, no disaggregation)
+in one more, then computes the per-request metrics on the host (`request_metrics`), so SLOs can be
+changed without rerunning. Seed s is the same workload realisation in every row (common random numbers).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxroute import cost_models, report, sim
+from jaxroute.clusters import disagg, replicas
+from jaxroute.clusters import dp_decode as dd
+from jaxroute.errors import JaxrouteError
+from jaxroute.experiments.comparison import Results, Row
+from jaxroute.routers import balance
+from jaxroute.routers import prefix as prefix_routers
+from jaxroute.workloads import prefix as wl_prefix
+
+# NVIDIA's DGX H100/H200 reference design gives each GPU its own ConnectX-7 NIC at 400 Gb/s (the compute
+# fabric that NIXL / Mooncake transfer engines use for KV); a KV transfer also pays a fixed setup latency
+# (an RDMA round trip is a few microseconds; a transfer-engine request with its metadata, ~0.1 ms assumed).
+DEFAULT_LINK_GBPS = 400.0
+DEFAULT_LINK_LATENCY_MS = 0.1
+DEFAULT_SLO_TTFT_S = 2.0
+DEFAULT_SLO_TPOT_S = 0.1
+METRICS = ("goodput_rps", "slo_attainment", "ttft_mean_s", "ttft_p90_s", "ttft_p99_s", "tpot_mean_s", "tpot_p90_s",
+           "e2e_mean_s", "e2e_p99_s", "output_tokens_per_s", "prefill_queue_s", "prefill_s", "link_queue_s",
+           "transfer_s", "decode_wait_s", "prefill_hit_rate", "util_prefill", "util_decode", "util_link",
+           "decode_imbalance_tokens", "disagg_fraction", "completed")
+
+
+@dataclasses.dataclass(frozen=True)
+class PDRow:
+    """One configuration. colocated: the same n_prefill + n_decode groups as one cluster, routed by prefill_router."""
+
+    prefill_router: str
+    decode_router: str
+    n_prefill: int
+    n_decode: int
+    threshold: float = 0.0  # P/D decider: disaggregate when the uncached prompt >= threshold tokens (0 = always)
+    colocated: bool = False
+
+    @property
+    def label(self) -> str:
+        if self.colocated:
+            return f"colocated[{self.n_prefill + self.n_decode}] {self.prefill_router}"
+        pd = f"{self.n_prefill}:{self.n_decode}"
+        th = f" th={self.threshold:g}" if self.threshold > 0 else ""
+        return f"{pd} {self.prefill_router} > {self.decode_router}{th}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Deployment:
+    """Hardware, model and engine sizes shared by every row (each group = tp GPUs)."""
+
+    gpu: str = "H200"
+    model: str = "Llama-3.1-70B"
+    tp: int = 4
+    cost_model: str = "roofline"
+    chunk: int = 512  # prefill chunk per iteration (prefill tier and colocated replicas)
+    max_running: int = 64
+    decode_slots: int = 64
+    decode_pool: int = dd.DEFAULT_POOL
+    decode_window: int = dd.DEFAULT_WINDOW
+    decode_horizon: int = dd.DEFAULT_HORIZON
+    decode_r_max: int = dd.DEFAULT_R_MAX
+    block_size: int = dd.DEFAULT_BLOCK_SIZE
+    collective_s: float = 0.0  # independent decode ranks: no DP collective per step
+    link_gbps: float = DEFAULT_LINK_GBPS
+    link_latency_ms: float = DEFAULT_LINK_LATENCY_MS
+
+    def kv_capacity(self) -> int:
+        return cost_models.kv_capacity_tokens(self.gpu, self.model, self.tp)
+
+    def cost(self) -> cost_models.CostParams:
+        return cost_models.cost_params(self.gpu, self.model, self.tp, kind=self.cost_model)
+
+
+def parse_ratios(text: str) -> list[tuple[int, int]]:
+    """'2:6,4:4' -> [(2, 6), (4, 4)] (each count >= 1)."""
+    out = []
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        try:
+            a, b = (int(x) for x in part.split(":"))
+        except ValueError:
+            raise JaxrouteError(f"a P:D ratio is two integers like 4:4, got '{part}'") from None
+        if a < 1 or b < 1:
+            raise JaxrouteError(f"a P:D ratio needs at least one prefill and one decode group, got '{part}'")
+        out.append((a, b))
+    if not out:
+        raise JaxrouteError("--ratios is empty; give P:D pairs like 2:6,4:4")
+    return out
+
+
+def check_rows(rows: list[PDRow]) -> None:
+    """Refuse unknown routers and prefill routers that cannot run on part of the tier, before anything runs."""
+    if not rows:
+        raise JaxrouteError("no rows to run")
+    p_max = max(r.n_prefill for r in rows if not r.colocated) if any(not r.colocated for r in rows) else 0
+    g_max = max(r.n_prefill + r.n_decode for r in rows)
+    for r in rows:
+        prefix_routers.REGISTRY.id(r.prefill_router)
+        if not r.colocated:
+            balance.REGISTRY.id(r.decode_router)
+        size, tier = (r.n_prefill + r.n_decode, g_max) if r.colocated else (r.n_prefill, p_max)
+        if size < tier and r.prefill_router not in prefix_routers.PARTIAL_OK:
+            raise JaxrouteError(f"router '{r.prefill_router}' cannot run on {size} of {tier} replicas (a traced count); "
+                                f"run its P:D ratios one at a time, or choose from: {', '.join(prefix_routers.PARTIAL_OK)}")
+        if not (math.isfinite(r.threshold) and r.threshold >= 0):
+            raise JaxrouteError(f"the P/D threshold must be a finite number of tokens >= 0, got {r.threshold}")
+
+
+def _caps(workload, n_replicas: int, kv: int) -> dict[str, int]:
+    return {"max_queue": replicas.default_max_queue(workload.n_requests, n_replicas), "router_window": 0,
+            "cache_slots": replicas.slot_bound(workload.segment_lengths(), kv)}
+
+
+def _replica_model(dep: Deployment, workload, n_replicas: int, policies, kv: int) -> replicas.ReplicaModel:
+    caps = _caps(workload, n_replicas, kv)
+    return replicas.ReplicaModel(n_replicas=n_replicas, chunk=dep.chunk, max_running=dep.max_running,
+                                 max_queue=caps["max_queue"], cache_slots=caps["cache_slots"],
+                                 router_modules=prefix_routers.modules_for(policies))
+
+
+def _tier_params(dep: Deployment, router: str, rate: float, n_active: int) -> replicas.ReplicaParams:
+    return replicas.make_params(router, rate=rate, gpu=dep.gpu, model=dep.model, tp=dep.tp,
+                                cost_model=dep.cost_model, n_active=n_active)
+
+
+# ----------------------------------------------------------------------------- colocated rows
+
+
+@dataclasses.dataclass(frozen=True)
+class ColocatedStage(sim.Model):
+    """The same GPUs without disaggregation: one replica cluster; metrics are its per-request records."""
+
+    tier: replicas.ReplicaModel
+
+    def check_params(self, params, workload=None):
+        self.tier.check_params(params, workload)
+
+    def num_steps(self, workload):
+        return self.tier.num_steps(workload)
+
+    def init(self, key, workload, params):
+        return self.tier.init(key, workload, params)
+
+    def is_done(self, state):
+        return self.tier.is_done(state)
+
+    def step(self, state, workload, params):
+        return self.tier.step(state, workload, params)
+
+    def metrics(self, state, workload, params):
+        m = self.tier.metrics(state, workload, params)
+        r = state.req
+        return {"arrival_s": r.arrival_s, "prompt": r.prompt_tok, "output": r.out_tok, "admit_s": state.rec_admit,
+                "first_token_s": state.rec_first, "finish_s": state.rec_finish, "cached": state.rec_cached,
+                "busy_s": state.busy_s,
+                "overflow": m["overflow"], "conservation_error": m["conservation_error"],
+                "queue_overflow": m["queue_overflow"], "cache_full": m["cache_full"]}
+
+
+# ----------------------------------------------------------------------------- the run
+
+
+def _handoff_fn(n_links: int):
+    def one(arrival, prompt, output, sent, ready, replica, bytes_per_token, link_bps, latency, cost, collective_s):
+        start, busy, delivered = disagg.transfer(jnp.where(sent, ready, jnp.inf), replica, prompt, n_links,
+                                                 bytes_per_token, link_bps, latency)
+        wl, order = disagg.decode_handoff(arrival, prompt, output, sent, delivered, collective_s, cost)
+        return start, busy, delivered, wl, order
+
+    return jax.jit(jax.vmap(one, in_axes=(0,) * 6 + (None,) * 5))
+
+
+_HANDOFF: dict[int, object] = {}
+
+
+def run_disaggregated(rows: list[PDRow], workload, *, rate: float, seeds: int, dep: Deployment, seed: int = 0,
+                      progress: bool = False) -> dict[str, np.ndarray]:
+    """Per-request arrays [rows, seeds, N] (and per-row scalars [rows, seeds]) of the disaggregated rows."""
+    p_max, d_max = max(r.n_prefill for r in rows), max(r.n_decode for r in rows)
+    kv = dep.kv_capacity()
+    wl_prefix.check_fits(workload, kv)
+    pre_model = disagg.PrefillStage(_replica_model(dep, workload, p_max, {r.prefill_router for r in rows}, kv))
+    pre_params = sim.stack_params([
+        disagg.PrefillStageParams(_tier_params(dep, r.prefill_router, rate, r.n_prefill), jnp.float32(r.threshold))
+        for r in rows])
+    key = jax.random.key(seed)
+    a = sim.run_grid(pre_model, key, workload, pre_params, seeds, chunk=1000,
+                     progress="prefill tier" if progress else False).metrics
+    if np.any(a["overflow"]):
+        bad = [rows[c].label for c in range(len(rows)) if np.any(a["overflow"][c])]
+        raise JaxrouteError(f"the prefill tier overflowed a fixed capacity in rows: {', '.join(bad)} "
+                            f"(flags: {', '.join(k for k in a if k.endswith('overflow') or k == 'cache_full')})")
+    C, S, N = a["arrival_s"].shape
+    flat = lambda x: np.asarray(x).reshape((C * S,) + np.shape(x)[2:])
+    cost = dep.cost()
+    fn = _HANDOFF.setdefault(p_max, _handoff_fn(p_max))
+    start, busy, delivered, wl, order = fn(
+        flat(a["arrival_s"]), flat(a["prompt"]), flat(a["output"]), flat(a["disagg"]), flat(a["prefill_done_s"]),
+        flat(a["prefill_replica"]), cost.kv_bytes_per_token_gpu, jnp.float32(dep.link_gbps * 1e9 / 8),
+        jnp.float32(dep.link_latency_ms * 1e-3), cost, jnp.float32(dep.collective_s))
+    last = float(np.max(np.where(np.isfinite(np.asarray(wl.arrival_s)), np.asarray(wl.arrival_s), 0.0)))
+    out_tok = np.asarray(a["output"]).reshape(-1, N)[0]
+    bound = disagg.decode_step_bound(last, np.asarray(a["prompt"]).reshape(-1, N)[0], out_tok, min(r.n_decode for r in rows),
+                                     dep.decode_slots, dep.decode_r_max)
+    dec_model = disagg.DecodeStage(dd.DecodeModel(
+        n_workers=d_max, n_requests=N, max_steps=bound, slots=dep.decode_slots, pool=dep.decode_pool,
+        window=dep.decode_window, horizon=dep.decode_horizon, r_max=dep.decode_r_max, kv_capacity=kv,
+        block_size=dep.block_size, trace_points=8))
+    dec_rows = [dd.make_params(r.decode_router, n_workers=d_max, n_active=r.n_decode, arrival="trace") for r in rows]
+    dec_flat = jax.tree.map(lambda x: jnp.repeat(x, S, axis=0), sim.stack_params(dec_rows))
+    dec_params = disagg.DecodeStageParams(decode=dec_flat, seed=jnp.tile(jnp.arange(S, dtype=jnp.int32), C), wl=wl,
+                                           order=order)
+    b = sim.run_grid(dec_model, jax.random.fold_in(key, 1), None, dec_params, 1, chunk=2000,
+                     progress="decode tier" if progress else False).metrics
+    shape = lambda x: np.asarray(x).reshape((C, S) + np.shape(x)[2:])  # [C*S, 1, ...] -> [C, S, ...]
+    if np.any(b["overflow"]):
+        bad = sorted({rows[i // S].label for i in np.flatnonzero(np.asarray(b["overflow"]).reshape(-1))})
+        raise JaxrouteError(f"the decode tier overflowed (KV or step budget) in rows: {', '.join(bad)}")
+    rows_cs = lambda x: np.asarray(x).reshape((C, S) + np.shape(x)[1:])  # [C*S, N] -> [C, S, N]
+    return {**a, "link_start_s": rows_cs(start), "link_busy_s": rows_cs(busy), "delivered_s": rows_cs(delivered),
+            **{k: shape(v) for k, v in b.items()}, "prefill_conservation_error": a["conservation_error"], "n_prefill": np.array([[r.n_prefill] * S for r in rows]),
+            "n_decode": np.array([[r.n_decode] * S for r in rows])}
+
+
+def run_colocated(rows: list[PDRow], workload, *, rate: float, seeds: int, dep: Deployment, seed: int = 0,
+                  progress: bool = False) -> dict[str, np.ndarray]:
+    g_max = max(r.n_prefill + r.n_decode for r in rows)
+    kv = dep.kv_capacity()
+    wl_prefix.check_fits(workload, kv)
+    model = ColocatedStage(_replica_model(dep, workload, g_max, {r.prefill_router for r in rows}, kv))
+    params = sim.stack_params([_tier_params(dep, r.prefill_router, rate, r.n_prefill + r.n_decode) for r in rows])
+    m = sim.run_grid(model, jax.random.key(seed), workload, params, seeds, chunk=1000,
+                     progress="colocated" if progress else False).metrics
+    if np.any(m["overflow"]):
+        bad = [rows[c].label for c in range(len(rows)) if np.any(m["overflow"][c])]
+        raise JaxrouteError(f"the colocated cluster overflowed a fixed capacity in rows: {', '.join(bad)}")
+    S = m["arrival_s"].shape[1]
+    m["n_groups"] = np.array([[r.n_prefill + r.n_decode] * S for r in rows])
+    return m
+
+
+def _pct(x: np.ndarray, mask: np.ndarray, q: float) -> float:
+    return float(np.quantile(x[mask], q)) if np.any(mask) else 0.0
+
+
+def _mean(x: np.ndarray, mask: np.ndarray) -> float:
+    return float(np.mean(x[mask])) if np.any(mask) else 0.0
+
+
+def request_metrics(rec: dict[str, np.ndarray], c: int, s: int, slo_ttft: float, slo_tpot: float,
+                    colocated: bool) -> dict[str, float]:
+    """Metrics of one (row, seed) from its per-request records (see the module docstring)."""
+    g = lambda k: np.asarray(rec[k][c, s], np.float64)
+    arrival, out, prompt = g("arrival_s"), g("output"), g("prompt")
+    first, finish = g("first_token_s"), g("finish_s")
+    done = np.isfinite(finish) & (finish >= 0)
+    ttft, e2e = first - arrival, finish - arrival
+    tpot = np.where(out > 1, (finish - first) / np.maximum(out - 1, 1), 0.0)
+    ok = done & (ttft <= slo_ttft) & (tpot <= slo_tpot)
+    span = (np.max(finish[done]) - np.min(arrival)) if np.any(done) else 0.0
+    per_s = (lambda x: x / span) if span > 0 else (lambda x: 0.0)
+    multi = done & (out > 1)
+    m = {"goodput_rps": per_s(float(np.sum(ok))), "slo_attainment": float(np.mean(ok)),
+         "ttft_mean_s": _mean(ttft, done), "ttft_p90_s": _pct(ttft, done, 0.9), "ttft_p99_s": _pct(ttft, done, 0.99),
+         "tpot_mean_s": _mean(tpot, multi), "tpot_p90_s": _pct(tpot, multi, 0.9),
+         "e2e_mean_s": _mean(e2e, done), "e2e_p99_s": _pct(e2e, done, 0.99),
+         "output_tokens_per_s": per_s(float(np.sum(out[done]))), "completed": float(np.sum(done)),
+         # every stage's books: arrived = completed + in flight (prefill tier, decode tier), all requests done
+         "conservation_error": float(rec["conservation_error"][c, s] + np.sum(~done)
+                                     + (rec["prefill_conservation_error"][c, s] if "prefill_conservation_error" in rec else 0))}
+    if colocated:
+        admit = g("admit_s")
+        groups = float(rec["n_groups"][c, s])
+        util = float(np.sum(g("busy_s"))) / max(groups * span, 1e-30)
+        m.update(prefill_queue_s=_mean(admit - arrival, done), prefill_s=_mean(first - admit, done), link_queue_s=0.0,
+                 transfer_s=0.0, decode_wait_s=0.0, prefill_hit_rate=float(np.sum(g("cached")[done]) / max(np.sum(prompt[done]), 1)),
+                 util_prefill=util, util_decode=util, util_link=0.0, decode_imbalance_tokens=0.0, disagg_fraction=0.0)
+        return m
+    dis = g("disagg").astype(bool) & done
+    n_p, n_d = float(rec["n_prefill"][c, s]), float(rec["n_decode"][c, s])
+    admit, ready, start, delivered = g("prefill_admit_s"), g("prefill_done_s"), g("link_start_s"), g("delivered_s")
+    landed = np.where(g("disagg").astype(bool), delivered, arrival)
+    m.update(prefill_queue_s=_mean(admit - arrival, dis), prefill_s=_mean(ready - admit, dis),
+             link_queue_s=_mean(start - ready, dis), transfer_s=_mean(delivered - start, dis),
+             decode_wait_s=_mean(first - landed, done),
+             prefill_hit_rate=float(np.sum(g("prefill_cached")[dis]) / max(np.sum(prompt[dis]), 1)),
+             util_prefill=float(np.sum(g("prefill_busy_s"))) / max(n_p * span, 1e-30),
+             util_decode=float(np.sum(g("decode_busy_s"))) / max(n_d * span, 1e-30),
+             util_link=float(np.sum(g("link_busy_s")[dis])) / max(n_p * span, 1e-30),
+             decode_imbalance_tokens=float(rec["imbalance_tokens"][c, s]), disagg_fraction=float(np.mean(dis)))
+    return m
+
+
+def run_pd(rows: list[PDRow], workload, *, rate: float, seeds: int, dep: Deployment = Deployment(),
+           slo_ttft: float = DEFAULT_SLO_TTFT_S, slo_tpot: float = DEFAULT_SLO_TPOT_S, seed: int = 0,
+           progress: bool = False) -> tuple[Results, dict[str, dict[str, np.ndarray]]]:
+    """Every row on the same seeds: (Results with a record per row, the raw per-request records by kind)."""
+    check_rows(rows)
+    if not (slo_ttft > 0 and slo_tpot > 0):
+        raise JaxrouteError(f"SLOs must be positive seconds, got ttft {slo_ttft}, tpot {slo_tpot}")
+    kinds = {"disaggregated": [r for r in rows if not r.colocated], "colocated": [r for r in rows if r.colocated]}
+    raw, per_row = {}, {}
+    for kind, sub in kinds.items():
+        if not sub:
+            continue
+        run = run_colocated if kind == "colocated" else run_disaggregated
+        rec = raw[kind] = run(sub, workload, rate=rate, seeds=seeds, dep=dep, seed=seed, progress=progress)
+        for c, r in enumerate(sub):
+            ms = [request_metrics(rec, c, s, slo_ttft, slo_tpot, kind == "colocated") for s in range(seeds)]
+            per_row[r] = {k: np.array([m[k] for m in ms]) for k in (*METRICS, "conservation_error")}
+    grid = sim.GridResult(metrics={k: np.stack([per_row[r][k] for r in rows]) for k in METRICS},
+                          n_configs=len(rows), n_seeds=seeds)
+    grid.metrics["overflow"] = np.zeros((len(rows), seeds), bool)  # an overflow is an error above
+    grid.metrics["conservation_error"] = np.stack([per_row[r]["conservation_error"] for r in rows])
+    infos = [dict(dataclasses.asdict(r), rate=rate, slo_ttft_s=slo_ttft, slo_tpot_s=slo_tpot, gpu=dep.gpu,
+                  model=dep.model, tp=dep.tp, link_gbps=dep.link_gbps, link_latency_ms=dep.link_latency_ms) for r in rows]
+    records = report.records_from_grid(grid, [(r.label, info) for r, info in zip(rows, infos, strict=True)], METRICS)
+    return Results([Row(r.label, None, info) for r, info in zip(rows, infos, strict=True)], grid, records, None), raw
+
+
+def rows_for(prefill_routers, decode_routers, ratios, *, thresholds=(0.0,), colocated: bool = False) -> list[PDRow]:
+    """Every (prefill router, decode router, P:D, threshold) combination, then a colocated row per prefill router
+    and distinct group count when asked."""
+    rows = [PDRow(p, d, a, b, th) for p in prefill_routers for d in decode_routers for a, b in ratios for th in thresholds]
+    if colocated:
+        for total in sorted({a + b for a, b in ratios}):
+            rows += [PDRow(p, "-", total, 0, colocated=True) for p in prefill_routers]
+    return rows
+
+
+def ratio_plot(results: Results, rows: list[PDRow], path, title: str) -> None:
+    """Goodput, TTFT p90 and TPOT p90 against the P:D ratio (one line per router pair, 95 % CI bands);
+    colocated rows as dashed horizontal lines."""
+    panels = {"goodput (requests/s within both SLOs)": "goodput_rps", "TTFT p90 (s)": "ttft_p90_s",
+              "TPOT p90 (s)": "tpot_p90_s"}
+    out: dict[str, list[dict]] = {name: [] for name in panels}
+    dis = [r for r in rows if not r.colocated]
+    ratios = sorted({(r.n_prefill, r.n_decode) for r in dis})
+    xs = list(range(len(ratios)))
+    for name, metric in panels.items():
+        for key in dict.fromkeys((r.prefill_router, r.decode_router, r.threshold) for r in dis):
+            pts = [(ratios.index((r.n_prefill, r.n_decode)), results.record(r.label).metrics[metric]) for r in dis
+                   if (r.prefill_router, r.decode_router, r.threshold) == key]
+            pts.sort(key=lambda p: p[0])
+            th = f" th={key[2]:g}" if key[2] > 0 else ""
+            out[name].append(dict(x=[p[0] for p in pts], y=[p[1].mean for p in pts], lo=[p[1].lo for p in pts],
+                                  hi=[p[1].hi for p in pts], marker="o", label=f"{key[0]} > {key[1]}{th}"))
+        for r in (r for r in rows if r.colocated):
+            s = results.record(r.label).metrics[metric]
+            out[name].append(dict(x=[xs[0], xs[-1]] if xs else [0, 1], y=[s.mean, s.mean], ls="--", label=r.label))
+    report.line_plot(out, path, xlabel="prefill:decode groups", ylabel="value (units in each title)", title=title,
+                     xticks=(xs, [f"{a}:{b}" for a, b in ratios]))
