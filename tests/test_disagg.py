@@ -51,7 +51,7 @@ def test_pipeline_matches_reference(raw, row):
         pol = balance.policy_id(r.decode_router)
         want = ref.simulate(
             table, n_prefill=r.n_prefill, prefill_router=r.prefill_router, cap=DEP.kv_capacity(), cost=cost,
-            chunk=DEP.chunk, B=DEP.max_running, Q=pd._caps(wl, 3, DEP.kv_capacity())["max_queue"],
+            chunk=DEP.chunk, B=DEP.max_running, Q=wl.n_requests,
             router_key=seed_keys[s], threshold=r.threshold, bytes_per_token=float(cost.kv_bytes_per_token_gpu),
             link_bytes_per_s=np.float32(DEP.link_gbps * 1e9 / 8), latency_s=np.float32(DEP.link_latency_ms * 1e-3),
             decode_key=jax.random.fold_in(dec_key, s), n_decode=r.n_decode, decode_policy=pol, decode_width=3,

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import argparse
 import time
 
 from jaxroute import cost_models as cm
 from jaxroute import report
 from jaxroute.commands._common import (
     add_grid_args,
+    check_conservation,
     choose,
     csv_list,
     list_of,
@@ -29,6 +31,14 @@ DEFAULT_REQUESTS = 400
 TABLE = ("goodput_rps", "slo_attainment", "ttft_p90_s", "tpot_p90_s", "e2e_mean_s", "output_tokens_per_s",
          "prefill_hit_rate", "util_prefill", "util_decode", "util_link", "decode_imbalance_tokens")
 SPLIT = ("ttft_mean_s", "prefill_queue_s", "prefill_s", "link_queue_s", "transfer_s", "decode_wait_s", "disagg_fraction")
+
+
+def _ratios(text: str) -> list[tuple[int, int]]:
+    """argparse type for --ratios (the message of a bad pair, as a usage error)."""
+    try:
+        return pd.parse_ratios(text)
+    except JaxrouteError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def register(subparsers) -> None:
@@ -57,7 +67,7 @@ def register(subparsers) -> None:
                    "to this mean rate (default: replay as recorded)")
     p.add_argument("--prefill", type=positive_int, default=4, metavar="P", help="prefill groups (default 4)")
     p.add_argument("--decode", type=positive_int, default=4, metavar="D", help="decode groups (default 4)")
-    p.add_argument("--ratios", type=pd.parse_ratios, default=None, metavar="P:D,...",
+    p.add_argument("--ratios", type=_ratios, default=None, metavar="P:D,...",
                    help="P:D ratios to compare in one grid, e.g. 2:6,3:5,4:4,5:3,6:2 (default: --prefill:--decode)")
     p.add_argument("--prefill-router", default="llmd_precise", metavar="LIST",
                    help=f"comma-separated prefix routers for the prefill tier from: {', '.join(PREFIX_POLICIES)}; with "
@@ -119,8 +129,10 @@ def run(args) -> int:
     workload = build_workload(name, args.requests, args.trace)
     start = time.perf_counter()
     results, _ = pd.run_pd(rows, workload, rate=rate, seeds=args.seeds, dep=dep, slo_ttft=args.slo_ttft,
-                           slo_tpot=args.slo_tpot, seed=args.seed, progress=show_progress(args))
+                           slo_tpot=args.slo_tpot, seed=args.seed, progress=show_progress(args),
+                           allow_overflow=args.allow_overflow)
     elapsed = time.perf_counter() - start
+    check_conservation(results)
     rate_txt = "recorded times" if rate <= 0 else f"{rate:g} req/s"
     title = (f"pd: {name}, {rate_txt}, {model} on {args.tp}x{gpu} per group, KV link {args.kv_link_gbps:g} Gb/s + "
              f"{args.kv_link_latency_ms:g} ms; SLOs TTFT {args.slo_ttft:g} s, TPOT {args.slo_tpot:g} s; "

@@ -19,6 +19,7 @@ from jaxroute import cost_models, report, sim
 from jaxroute.clusters import disagg, replicas
 from jaxroute.clusters import dp_decode as dd
 from jaxroute.errors import JaxrouteError
+from jaxroute.experiments.cluster import initial_capacities
 from jaxroute.experiments.comparison import Results, Row
 from jaxroute.routers import balance
 from jaxroute.routers import prefix as prefix_routers
@@ -118,16 +119,24 @@ def check_rows(rows: list[PDRow]) -> None:
             raise JaxrouteError(f"the P/D threshold must be a finite number of tokens >= 0, got {r.threshold}")
 
 
-def _caps(workload, n_replicas: int, kv: int) -> dict[str, int]:
-    return {"max_queue": replicas.default_max_queue(workload.n_requests, n_replicas), "router_window": 0,
-            "cache_slots": replicas.slot_bound(workload.segment_lengths(), kv)}
-
-
-def _replica_model(dep: Deployment, workload, n_replicas: int, policies, kv: int) -> replicas.ReplicaModel:
-    caps = _caps(workload, n_replicas, kv)
+def _replica_model(dep: Deployment, workload, params: list[replicas.ReplicaParams]) -> replicas.ReplicaModel:
+    """A tier of replicas sized so that no capacity can overflow: a local queue of every request, a cache
+    table of the most segments the KV can hold, Preble's ring as `jaxroute cluster` sizes it."""
+    n_replicas = max(int(p.n_active) for p in params)
+    caps = initial_capacities(workload, params, n_replicas)
+    names = {prefix_routers.REGISTRY.name(int(p.policy)) for p in params}
     return replicas.ReplicaModel(n_replicas=n_replicas, chunk=dep.chunk, max_running=dep.max_running,
-                                 max_queue=caps["max_queue"], cache_slots=caps["cache_slots"],
-                                 router_modules=prefix_routers.modules_for(policies))
+                                 max_queue=workload.n_requests, cache_slots=caps["cache_slots"],
+                                 router_window=caps["router_window"], router_modules=prefix_routers.modules_for(names))
+
+
+def _overflowed(m: dict, rows: list[PDRow], tier: str, allow: bool, n_seeds: int) -> np.ndarray:
+    """[rows] bool: a row whose run overflowed a fixed capacity (an error unless `allow`)."""
+    bad = np.asarray(m["overflow"]).reshape(len(rows), n_seeds, -1).any(axis=(1, 2))
+    if bad.any() and not allow:
+        raise JaxrouteError(f"the {tier} overflowed a fixed capacity in rows: {', '.join(r.label for r, b in zip(rows, bad, strict=True) if b)} "
+                            "(pass --allow-overflow to print the table anyway)")
+    return bad
 
 
 def _tier_params(dep: Deployment, router: str, rate: float, n_active: int) -> replicas.ReplicaParams:
@@ -186,22 +195,19 @@ _HANDOFF: dict[int, object] = {}
 
 
 def run_disaggregated(rows: list[PDRow], workload, *, rate: float, seeds: int, dep: Deployment, seed: int = 0,
-                      progress: bool = False) -> dict[str, np.ndarray]:
-    """Per-request arrays [rows, seeds, N] (and per-row scalars [rows, seeds]) of the disaggregated rows."""
+                      progress: bool = False, allow_overflow: bool = False, max_tries: int = 3) -> dict[str, np.ndarray]:
+    """Per-request arrays [rows, seeds, N] (and per-row scalars [rows, seeds]) of the disaggregated rows.
+    The decode tier's step budget is doubled (the tier rerun) while a run did not finish, up to max_tries."""
     p_max, d_max = max(r.n_prefill for r in rows), max(r.n_decode for r in rows)
     kv = dep.kv_capacity()
     wl_prefix.check_fits(workload, kv)
-    pre_model = disagg.PrefillStage(_replica_model(dep, workload, p_max, {r.prefill_router for r in rows}, kv))
-    pre_params = sim.stack_params([
-        disagg.PrefillStageParams(_tier_params(dep, r.prefill_router, rate, r.n_prefill), jnp.float32(r.threshold))
-        for r in rows])
+    tier = [_tier_params(dep, r.prefill_router, rate, r.n_prefill) for r in rows]
+    pre_model = disagg.PrefillStage(_replica_model(dep, workload, tier))
+    pre_params = sim.stack_params([disagg.PrefillStageParams(p, jnp.float32(r.threshold)) for p, r in zip(tier, rows, strict=True)])
     key = jax.random.key(seed)
     a = sim.run_grid(pre_model, key, workload, pre_params, seeds, chunk=1000,
                      progress="prefill tier" if progress else False).metrics
-    if np.any(a["overflow"]):
-        bad = [rows[c].label for c in range(len(rows)) if np.any(a["overflow"][c])]
-        raise JaxrouteError(f"the prefill tier overflowed a fixed capacity in rows: {', '.join(bad)} "
-                            f"(flags: {', '.join(k for k in a if k.endswith('overflow') or k == 'cache_full')})")
+    bad = _overflowed(a, rows, "prefill tier", allow_overflow, seeds)
     C, S, N = a["arrival_s"].shape
     flat = lambda x: np.asarray(x).reshape((C * S,) + np.shape(x)[2:])
     cost = dep.cost()
@@ -214,39 +220,38 @@ def run_disaggregated(rows: list[PDRow], workload, *, rate: float, seeds: int, d
     out_tok = np.asarray(a["output"]).reshape(-1, N)[0]
     bound = disagg.decode_step_bound(last, np.asarray(a["prompt"]).reshape(-1, N)[0], out_tok, min(r.n_decode for r in rows),
                                      dep.decode_slots, dep.decode_r_max)
-    dec_model = disagg.DecodeStage(dd.DecodeModel(
-        n_workers=d_max, n_requests=N, max_steps=bound, slots=dep.decode_slots, pool=dep.decode_pool,
-        window=dep.decode_window, horizon=dep.decode_horizon, r_max=dep.decode_r_max, kv_capacity=kv,
-        block_size=dep.block_size, trace_points=8))
     dec_rows = [dd.make_params(r.decode_router, n_workers=d_max, n_active=r.n_decode, arrival="trace") for r in rows]
     dec_flat = jax.tree.map(lambda x: jnp.repeat(x, S, axis=0), sim.stack_params(dec_rows))
     dec_params = disagg.DecodeStageParams(decode=dec_flat, seed=jnp.tile(jnp.arange(S, dtype=jnp.int32), C), wl=wl,
                                            order=order)
-    b = sim.run_grid(dec_model, jax.random.fold_in(key, 1), None, dec_params, 1, chunk=2000,
-                     progress="decode tier" if progress else False).metrics
+    for _ in range(max_tries):
+        dec_model = disagg.DecodeStage(dd.DecodeModel(
+            n_workers=d_max, n_requests=N, max_steps=bound, slots=dep.decode_slots, pool=dep.decode_pool,
+            window=dep.decode_window, horizon=dep.decode_horizon, r_max=dep.decode_r_max, kv_capacity=kv,
+            block_size=dep.block_size, trace_points=8))
+        b = sim.run_grid(dec_model, jax.random.fold_in(key, 1), None, dec_params, 1, chunk=2000,
+                         progress="decode tier" if progress else False).metrics
+        if not np.any(b["overflow_steps"]):
+            break
+        bound *= 2
     shape = lambda x: np.asarray(x).reshape((C, S) + np.shape(x)[2:])  # [C*S, 1, ...] -> [C, S, ...]
-    if np.any(b["overflow"]):
-        bad = sorted({rows[i // S].label for i in np.flatnonzero(np.asarray(b["overflow"]).reshape(-1))})
-        raise JaxrouteError(f"the decode tier overflowed (KV or step budget) in rows: {', '.join(bad)}")
+    bad = bad | _overflowed({"overflow": shape(b["overflow"])}, rows, "decode tier", allow_overflow, S)
     rows_cs = lambda x: np.asarray(x).reshape((C, S) + np.shape(x)[1:])  # [C*S, N] -> [C, S, N]
     return {**a, "link_start_s": rows_cs(start), "link_busy_s": rows_cs(busy), "delivered_s": rows_cs(delivered),
             **{k: shape(v) for k, v in b.items()}, "prefill_conservation_error": a["conservation_error"], "n_prefill": np.array([[r.n_prefill] * S for r in rows]),
-            "n_decode": np.array([[r.n_decode] * S for r in rows])}
+            "n_decode": np.array([[r.n_decode] * S for r in rows]), "row_overflow": bad}
 
 
 def run_colocated(rows: list[PDRow], workload, *, rate: float, seeds: int, dep: Deployment, seed: int = 0,
-                  progress: bool = False) -> dict[str, np.ndarray]:
-    g_max = max(r.n_prefill + r.n_decode for r in rows)
-    kv = dep.kv_capacity()
-    wl_prefix.check_fits(workload, kv)
-    model = ColocatedStage(_replica_model(dep, workload, g_max, {r.prefill_router for r in rows}, kv))
-    params = sim.stack_params([_tier_params(dep, r.prefill_router, rate, r.n_prefill + r.n_decode) for r in rows])
-    m = sim.run_grid(model, jax.random.key(seed), workload, params, seeds, chunk=1000,
+                  progress: bool = False, allow_overflow: bool = False) -> dict[str, np.ndarray]:
+    """Per-request records [rows, seeds, N] of the colocated rows (one replica cluster of P + D groups each)."""
+    wl_prefix.check_fits(workload, dep.kv_capacity())
+    tier = [_tier_params(dep, r.prefill_router, rate, r.n_prefill + r.n_decode) for r in rows]
+    model = ColocatedStage(_replica_model(dep, workload, tier))
+    m = sim.run_grid(model, jax.random.key(seed), workload, sim.stack_params(tier), seeds, chunk=1000,
                      progress="colocated" if progress else False).metrics
-    if np.any(m["overflow"]):
-        bad = [rows[c].label for c in range(len(rows)) if np.any(m["overflow"][c])]
-        raise JaxrouteError(f"the colocated cluster overflowed a fixed capacity in rows: {', '.join(bad)}")
     S = m["arrival_s"].shape[1]
+    m["row_overflow"] = _overflowed(m, rows, "colocated cluster", allow_overflow, S)
     m["n_groups"] = np.array([[r.n_prefill + r.n_decode] * S for r in rows])
     return m
 
@@ -262,6 +267,11 @@ def _mean(x: np.ndarray, mask: np.ndarray) -> float:
 def request_metrics(rec: dict[str, np.ndarray], c: int, s: int, slo_ttft: float, slo_tpot: float,
                     colocated: bool) -> dict[str, float]:
     """Metrics of one (row, seed) from its per-request records (see the module docstring)."""
+    with np.errstate(invalid="ignore"):  # inf - inf of requests a stage never saw: masked out below
+        return _request_metrics(rec, c, s, slo_ttft, slo_tpot, colocated)
+
+
+def _request_metrics(rec, c, s, slo_ttft, slo_tpot, colocated) -> dict[str, float]:
     g = lambda k: np.asarray(rec[k][c, s], np.float64)
     arrival, out, prompt = g("arrival_s"), g("output"), g("prompt")
     first, finish = g("first_token_s"), g("finish_s")
@@ -305,7 +315,7 @@ def request_metrics(rec: dict[str, np.ndarray], c: int, s: int, slo_ttft: float,
 
 def run_pd(rows: list[PDRow], workload, *, rate: float, seeds: int, dep: Deployment = Deployment(),
            slo_ttft: float = DEFAULT_SLO_TTFT_S, slo_tpot: float = DEFAULT_SLO_TPOT_S, seed: int = 0,
-           progress: bool = False) -> tuple[Results, dict[str, dict[str, np.ndarray]]]:
+           progress: bool = False, allow_overflow: bool = False) -> tuple[Results, dict[str, dict[str, np.ndarray]]]:
     """Every row on the same seeds: (Results with a record per row, the raw per-request records by kind)."""
     check_rows(rows)
     if not (slo_ttft > 0 and slo_tpot > 0):
@@ -316,14 +326,16 @@ def run_pd(rows: list[PDRow], workload, *, rate: float, seeds: int, dep: Deploym
         if not sub:
             continue
         run = run_colocated if kind == "colocated" else run_disaggregated
-        rec = raw[kind] = run(sub, workload, rate=rate, seeds=seeds, dep=dep, seed=seed, progress=progress)
+        rec = raw[kind] = run(sub, workload, rate=rate, seeds=seeds, dep=dep, seed=seed, progress=progress,
+                              allow_overflow=allow_overflow)
         for c, r in enumerate(sub):
             ms = [request_metrics(rec, c, s, slo_ttft, slo_tpot, kind == "colocated") for s in range(seeds)]
             per_row[r] = {k: np.array([m[k] for m in ms]) for k in (*METRICS, "conservation_error")}
+            per_row[r]["overflow"] = np.full(seeds, bool(rec["row_overflow"][c]))
     grid = sim.GridResult(metrics={k: np.stack([per_row[r][k] for r in rows]) for k in METRICS},
                           n_configs=len(rows), n_seeds=seeds)
-    grid.metrics["overflow"] = np.zeros((len(rows), seeds), bool)  # an overflow is an error above
-    grid.metrics["conservation_error"] = np.stack([per_row[r]["conservation_error"] for r in rows])
+    for k in ("overflow", "conservation_error"):
+        grid.metrics[k] = np.stack([per_row[r][k] for r in rows])
     infos = [dict(dataclasses.asdict(r), rate=rate, slo_ttft_s=slo_ttft, slo_tpot_s=slo_tpot, gpu=dep.gpu,
                   model=dep.model, tp=dep.tp, link_gbps=dep.link_gbps, link_latency_ms=dep.link_latency_ms) for r in rows]
     records = report.records_from_grid(grid, [(r.label, info) for r, info in zip(rows, infos, strict=True)], METRICS)
