@@ -19,9 +19,12 @@ F32 = np.float32
 
 
 def simulate(table, *, n_prefill, prefill_router, cap, cost, chunk, B, Q, router_key, threshold, bytes_per_token,
-             link_bytes_per_s, latency_s, decode_key, n_decode, decode_policy, decode_width, decode_kw):
+             link_bytes_per_s, latency_s, decode_key, n_decode, decode_policy, decode_width=None, decode_kw=None,
+             decode_tier="dp"):
     """Per-request records in arrival order: prefill replica/admit/done, link start, delivered, decode
-    worker, first token, finish. decode_width: the jitted decode tier's rank count (its random draws span it)."""
+    worker, first token, finish. decode_tier "dp": `reference_dp_decode` (decode_policy an id, decode_width the
+    jitted tier's rank count: its random draws span it); "replicas": `reference_replicas` on the requests in
+    landing order, the transferred ones with their KV landed (decode_policy a preset name, decode_kw its B, Q)."""
     prompt = np.asarray(table.prompt_tok)
     out = np.asarray(table.out_tok)
     arrival = np.asarray(table.arrival_s, F32)
@@ -53,11 +56,23 @@ def simulate(table, *, n_prefill, prefill_router, cap, cost, chunk, B, Q, router
         rec["delivered"][i] = F32(free[g] + F32(latency_s))
     land = np.where(disagg, rec["delivered"], arrival).astype(F32)
     order = sorted(range(n), key=lambda i: (land[i], i))
+    back = lambda x: np.asarray(x)[np.argsort(order)]
+    if decode_tier == "replicas":
+        o = np.asarray(order)
+        landed = dataclasses.replace(
+            table, arrival_s=land[o], seg_ids=np.asarray(table.seg_ids)[o], seg_tok=np.asarray(table.seg_tok)[o],
+            out_tok=out[o], out_seg=np.asarray(table.out_seg)[o], prompt_tok=prompt[o], session=np.asarray(table.session)[o],
+            landed=disagg[o])
+        dec, violations = reference_replicas.simulate(landed, G=n_decode, cap=cap, policy=decode_policy, cost=cost,
+                                                      chunk=chunk, router_key=decode_key, **decode_kw)
+        assert violations == []
+        rec.update(disagg=disagg, decode_worker=back(dec["replica"]), first_token=back(dec["first"]),
+                   finish=back(dec["finish"]), done=np.isfinite(back(dec["finish"])), decode_cached=back(dec["cached"]))
+        return rec
     dec = reference_dp_decode.simulate(decode_key, [int(prompt[i]) for i in order], [int(out[i]) for i in order],
                                        [float(land[i]) for i in order], n_workers=n_decode, cost=cost,
                                        policy=decode_policy, arrival=2, local=[not disagg[i] for i in order],
                                        draw_width=decode_width, **decode_kw)
-    back = lambda x: np.asarray(x)[np.argsort(order)]
     rec.update(disagg=disagg, decode_worker=back(dec["worker"]), first_token=back(dec["first_t"]),
                finish=back(dec["finish_t"]), done=back(dec["done"]), imbalance_tokens=dec["imbalance_tokens"])
     return rec

@@ -205,6 +205,7 @@ def simulate(table, *, G, cap, policy, cost, chunk=512, B=64, Q=256, max_admit=4
               e2_overload_window_s=180.0)
     rp.update(router or {})
     arrival = np.asarray(table.arrival_s, np.float32)
+    landed = None if getattr(table, "landed", None) is None else np.asarray(table.landed)
     seg_ids, seg_tok = np.asarray(table.seg_ids), np.asarray(table.seg_tok)
     out_tok, out_seg = np.asarray(table.out_tok), np.asarray(table.out_seg)
     seg_len, seg_depth = np.asarray(table.seg_len), np.asarray(table.seg_depth)
@@ -439,6 +440,8 @@ def simulate(table, *, G, cap, policy, cost, chunk=512, B=64, Q=256, max_admit=4
             mtok = sum(n.tokens for n in path)
             tgt = prompt[cand] + saved_gen[cand]
             start = min(mtok, tgt - 1)  # a fully cached prompt recomputes its last token (vLLM)
+            if landed is not None and landed[cand]:  # its KV was transferred in: only the last token is computed
+                start = tgt - 1
             pending_prefill = sum(s.tgt - s.pos for s in rep.slots if s is not None)
             if pending_prefill >= chunk:
                 break

@@ -111,9 +111,46 @@ def test_bad_rows_are_refused():
     with pytest.raises(JaxrouteError, match="at least one"):
         pd.parse_ratios("0:8")
     assert pd.parse_ratios("2:6, 4:4") == [(2, 6), (4, 4)]
-    with pytest.raises(JaxrouteError, match="cannot run on 2 of 3"):
+    with pytest.raises(JaxrouteError, match="prefill router .sglang_cache_aware. cannot run on 2 of 3"):
         pd.check_rows([pd.PDRow("sglang_cache_aware", "jsq", 2, 2), pd.PDRow("sglang_cache_aware", "jsq", 3, 1)])
-    with pytest.raises(JaxrouteError, match="unknown"):
+    with pytest.raises(JaxrouteError, match="unknown decode router"):
         pd.check_rows([pd.PDRow("rr", "nope", 2, 2)])
     with pytest.raises(JaxrouteError, match="threshold"):
         pd.check_rows([pd.PDRow("rr", "jsq", 2, 2, threshold=-1.0)])
+
+
+# independent decode replicas: (prefill router, decode router, P, D, threshold)
+REPLICA_ROWS = [pd.PDRow("rr", "least_load", 2, 2), pd.PDRow("random", "llmd_precise", 1, 3, 1200.0),
+                pd.PDRow("least_tokens", "rr", 3, 1)]
+
+
+def test_independent_decode_replicas_match_reference():
+    """The decode tier as replicas with continuous batching: landed KV computes only its last prompt token,
+    then is cached; requests kept local are prefilled there. Equal to the reference request by request."""
+    import dataclasses
+
+    dep = dataclasses.replace(DEP, decode_tier="replicas")
+    wl = _workload()
+    raw = pd.run_disaggregated(REPLICA_ROWS, wl, rate=RATE, seeds=1, dep=dep, seed=4)
+    seed_key = jax.random.split(jax.random.key(4), 1)[0]
+    dec_key = jax.random.fold_in(jax.random.split(jax.random.fold_in(jax.random.key(4), 1), 1)[0], 0)
+    cost = dep.cost()
+    for row, r in enumerate(REPLICA_ROWS):
+        want = ref.simulate(
+            wl.realize(seed_key, np.float32(RATE)), n_prefill=r.n_prefill, prefill_router=r.prefill_router,
+            cap=dep.kv_capacity(), cost=cost, chunk=dep.chunk, B=dep.max_running, Q=wl.n_requests, router_key=seed_key,
+            threshold=r.threshold, bytes_per_token=float(cost.kv_bytes_per_token_gpu),
+            link_bytes_per_s=np.float32(dep.link_gbps * 1e9 / 8), latency_s=np.float32(dep.link_latency_ms * 1e-3),
+            decode_key=dec_key, n_decode=r.n_decode, decode_policy=r.decode_router, decode_tier="replicas",
+            decode_kw=dict(B=dep.decode_slots, Q=wl.n_requests))
+        got = {k: np.asarray(v[row, 0]) for k, v in raw.items() if np.ndim(v) >= 2}
+        np.testing.assert_array_equal(got["prefill_replica"], want["prefill_replica"])
+        np.testing.assert_array_equal(got["decode_worker"], want["decode_worker"])
+        np.testing.assert_array_equal(got["decode_cached"], want["decode_cached"])
+        assert want["done"].all() and int(got["completed"]) == wl.n_requests
+        for mine, theirs in (("delivered_s", "delivered"), ("first_token_s", "first_token"), ("finish_s", "finish")):
+            np.testing.assert_allclose(got[mine], want[theirs], rtol=1e-5, atol=1e-6, err_msg=f"{r.label} {mine}")
+        assert int(got["conservation_error"]) == 0
+        assert got["decode_worker"].max() < r.n_decode
+    # landed prompts are cached on the decode replicas: later requests of a tool hit there
+    assert raw["decode_cached"][0, 0].sum() > 0

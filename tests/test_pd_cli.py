@@ -44,6 +44,17 @@ def test_pd_threshold_keeps_short_prompts_on_the_decode_tier(capsys):
     assert len(lines) == 4 and any("th=100000" in ln for ln in lines)  # both tables, two rows each
 
 
+def test_pd_independent_decode_replicas(tmp_path, capsys):
+    out = tmp_path / "r.json"
+    rc = main(["pd", *SMALL, "--ratios", "1:3,3:1", "--prefill-router", "rr", "--decode-tier", "replicas",
+               "--decode-router", "least_load,random", "--out", str(out)])
+    assert rc == 0
+    assert "decode tier replicas" in capsys.readouterr().out
+    res = json.loads(out.read_text())
+    assert res["config"]["decode_tier"] == "replicas" and len(res["results"]) == 4
+    assert {r["params"]["decode_router"] for r in res["results"]} == {"least_load", "random"}
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--ratios", "4-4"], "P:D ratio"),
     (["--ratios", "0:4"], "at least one"),
@@ -52,6 +63,10 @@ def test_pd_threshold_keeps_short_prompts_on_the_decode_tier(capsys):
     (["--ratios", "1:1,2:2", "--prefill-router", "sglang_cache_aware"], "cannot run on 1 of 2"),
     (["--ratios", "1:1", "--prefill", "2"], "either --ratios or --prefill"),
     (["--workload", "nope"], "unknown workload"),
+    (["--decode-tier", "nope"], "unknown decode tier"),
+    (["--decode-tier", "replicas", "--decode-router", "br0"], "unknown decode router"),
+    (["--decode-tier", "replicas", "--ratios", "1:1,1:2", "--decode-router", "sglang_cache_aware"],
+     "decode router 'sglang_cache_aware' cannot run on 1 of 2"),
     (["--model", "nope"], "unknown model"),
     (["--slo-ttft", "-1"], None),
     (["--kv-link-gbps", "0"], None),
@@ -84,6 +99,6 @@ def test_help_lists_every_flag(capsys):
         main(["pd", "--help"])
     text = capsys.readouterr().out
     for flag in ("--prefill ", "--decode ", "--ratios", "--prefill-router", "--decode-router", "--pd-threshold",
-                 "--colocated", "--kv-link-gbps", "--kv-link-latency-ms", "--slo-ttft", "--slo-tpot", "--out", "--plot"):
+                 "--colocated", "--decode-tier", "--kv-link-gbps", "--kv-link-latency-ms", "--slo-ttft", "--slo-tpot", "--out", "--plot"):
         assert flag in text
     assert str(pd.DEFAULT_LINK_GBPS).rstrip("0").rstrip(".") in text

@@ -13,10 +13,12 @@ static maxima, so a sweep over P:D ratios is one compilation of each):
    link (its ranks' NICs in parallel), FIFO in order of prefill completion (ties: request order):
    start = max(ready, link free), the link is busy bytes / bandwidth, and the KV lands `latency` after
    that (a fixed per-transfer latency that does not occupy the link).
-3. **Decode tier** (`DecodeStage`): `dp_decode.DecodeModel`, D of its ranks in use, behind a barrier,
-   routed by any decode policy (random, rr, p2c, jsq, least_kv, BR-0, BR-H). A request arrives when its
-   KV lands; the first token the user sees is the decode rank's (vLLM's P/D connector: the prefill
-   instance's own token is dropped).
+3. **Decode tier**, D of its workers in use; a request arrives when its KV lands, and the first token the
+   user sees is the decode worker's (vLLM's P/D connector: the prefill instance's own token is dropped).
+   Either DP ranks behind a barrier (`DecodeStage`: `dp_decode.DecodeModel`, any decode policy: random, rr,
+   p2c, jsq, least_kv, BR-0, BR-H), or independent replicas with continuous batching (`DecodeReplicasStage`:
+   the replica engine again, any prefix router preset; `RequestTable.landed` marks the transferred KV, held
+   privately until the request's last prompt token is computed, then cached like any prefill).
 
 The P/D decision (`threshold`, traced): a request is disaggregated when its uncached prompt is at least
 `threshold` tokens (llm-d's pd-profile-handler); below it the decode rank prefills it at admission (a
@@ -129,7 +131,10 @@ class PrefillStage(sim.Model):
         for v in flags.values():
             overflow = overflow | v
         in_tier = jnp.sum(s.rep.q_count) + jnp.sum(s.rep.run_req >= 0)
+        t = state.table
         return {
+            "seg_ids": t.seg_ids, "seg_tok": t.seg_tok, "out_seg": t.out_seg, "session": t.session,
+            "seg_len": t.seg_len, "seg_depth": t.seg_depth,
             "arrival_s": state.table.arrival_s, "prompt": state.table.prompt_tok, "output": state.table.out_tok,
             "disagg": state.disagg, "prefill_replica": back(s.rec_replica, -1),
             "prefill_admit_s": back(s.rec_admit, INF), "prefill_done_s": back(s.rec_finish, INF),
@@ -232,3 +237,66 @@ def decode_step_bound(delivered_max_s: float, prompt: np.ndarray, output: np.nda
     req = DecodeRequests("handoff", np.linspace(0.0, delivered_max_s, n), np.asarray(prompt), np.asarray(output),
                          np.full(n, -1))
     return dd.step_budget(req, n_workers, slots, r_max, "trace", min_step_s=min_step_s)
+
+
+# ----------------------------------------------------------------------------- stage 3': independent decode replicas
+
+
+def landed_table(table: RequestTable, disagg: jax.Array, delivered_s: jax.Array) -> tuple[RequestTable, jax.Array]:
+    """(the decode replicas' requests in landing order, order): a disaggregated request arrives when its KV
+    lands, with it (`landed`); the others at their arrival, to be prefilled there. Ties: request order."""
+    t = jnp.where(disagg, delivered_s, table.arrival_s)
+    order = jnp.lexsort((jnp.arange(t.shape[0]), t)).astype(jnp.int32)
+    take = lambda x: x[order]
+    return dataclasses.replace(table, arrival_s=take(t).astype(jnp.float32), seg_ids=take(table.seg_ids),
+                               seg_tok=take(table.seg_tok), out_tok=take(table.out_tok), out_seg=take(table.out_seg),
+                               prompt_tok=take(table.prompt_tok), session=take(table.session),
+                               landed=take(disagg)), order
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class DecodeReplicasParams:
+    tier: replicas.ReplicaParams  # the decode router, n_active (= D), KV capacity, cost
+    seed: jax.Array  # [] int32 the row's seed index (folded into the router's coin flips)
+    table: RequestTable  # this row's requests in landing order (`landed_table`)
+    order: jax.Array  # [N] int32 request (arrival index) at each decode position
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeReplicasStage(sim.Model):
+    """The decode tier as independent replicas: one row's landed requests (in its params) on the replica engine."""
+
+    tier: replicas.ReplicaModel
+    bound: int  # events one run can need (the workload's step bound)
+
+    def check_params(self, params: DecodeReplicasParams, workload=None) -> None:
+        self.tier.check_params(params.tier, None)
+        if self.tier.admission != "reserve":
+            raise JaxrouteError("a decode tier of replicas needs admission 'reserve' (landed KV is held from admission)")
+
+    def num_steps(self, workload) -> int:
+        return self.bound
+
+    def init(self, key, workload, params: DecodeReplicasParams) -> replicas.ReplicaState:
+        return self.tier.init(jax.random.fold_in(key, params.seed), _Realized(params.table), params.tier)
+
+    def is_done(self, state) -> jax.Array:
+        return self.tier.is_done(state)
+
+    def step(self, state, workload, params: DecodeReplicasParams):
+        return self.tier.step(state, None, params.tier)
+
+    def metrics(self, state, workload, params: DecodeReplicasParams) -> dict[str, jax.Array]:
+        m = self.tier.metrics(state, None, params.tier)
+        n = params.order.shape[0]
+        back = lambda x: jnp.zeros((n,), x.dtype).at[params.order].set(x)
+        done = jnp.isfinite(state.rec_finish)
+        load = state.busy_s
+        use = jnp.arange(self.tier.n_replicas) < params.tier.n_active
+        return {"imbalance_tokens": jnp.float32(0.0), "util_mean": jnp.float32(0.0),
+                "busy_spread_s": jnp.max(jnp.where(use, load, -INF)) - jnp.min(jnp.where(use, load, INF)),
+                "overflow": m["overflow"], "conservation_error": m["conservation_error"], "completed": jnp.sum(done),
+                "decode_worker": back(state.rec_replica), "decode_admit_s": back(state.rec_admit),
+                "first_token_s": back(state.rec_first), "finish_s": back(jnp.where(done, state.rec_finish, -1.0)),
+                "decode_cached": back(state.rec_cached), "decode_busy_s": state.busy_s}

@@ -12,7 +12,7 @@ from jaxroute.errors import JaxrouteError
 from jaxroute.report import warn
 
 __all__ = [
-    "add_grid_args", "add_output_args", "at_least", "check_conservation", "check_overflow", "choose", "csv_list",
+    "add_grid_args", "add_output_args", "add_shared_prefix_args", "shared_prefix_settings", "at_least", "check_conservation", "check_overflow", "choose", "csv_list",
     "finite_float", "fraction", "key_values", "list_of", "non_negative_float", "non_negative_int", "off_or", "positive_float",
     "positive_fraction", "positive_int", "probability", "rate_stages", "save_outputs", "show_progress", "warn",
 ]
@@ -163,6 +163,28 @@ def add_grid_args(p: argparse.ArgumentParser, *, seeds: int, requests: int | Non
                        help=f"requests per run (default {requests})")
     p.add_argument("--seed", type=non_negative_int, default=0, metavar="INT", help="base PRNG seed (default 0)")
     add_output_args(p)
+
+
+# --sp-* flag (dest) -> shared-prefix setting (defaults: inference-perf's, `workloads.prefix.SP_DEFAULTS`)
+SP_FLAGS = {"sp_groups": ("groups", "shared system prompts (groups)"),
+            "sp_prompts_per_group": ("prompts_per_group", "questions per group"),
+            "sp_system_len": ("system_tokens", "system prompt tokens"),
+            "sp_question_len": ("question_tokens", "question tokens"),
+            "sp_output_len": ("output_tokens", "output tokens")}
+
+
+def add_shared_prefix_args(p: argparse.ArgumentParser) -> None:
+    """The --sp-* flags of the shared-prefix workload."""
+    from jaxroute.workloads.prefix import SP_DEFAULTS
+
+    for dest, (key, what) in SP_FLAGS.items():
+        p.add_argument("--" + dest.replace("_", "-"), type=positive_int, default=None, metavar="N",
+                       help=f"shared-prefix only: {what} (default {SP_DEFAULTS[key]}, inference-perf's)")
+
+
+def shared_prefix_settings(args) -> dict:
+    """{shared-prefix setting: value} of the --sp-* flags given."""
+    return {key: getattr(args, dest) for dest, (key, _) in SP_FLAGS.items() if getattr(args, dest, None) is not None}
 
 
 def show_progress(args) -> bool:

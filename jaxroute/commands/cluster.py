@@ -10,6 +10,7 @@ from jaxroute import report
 from jaxroute.clusters.replicas.model import ADMISSIONS, LOCAL_ORDERS
 from jaxroute.commands._common import (
     add_grid_args,
+    add_shared_prefix_args,
     at_least,
     check_conservation,
     check_overflow,
@@ -26,6 +27,7 @@ from jaxroute.commands._common import (
     probability,
     rate_stages,
     save_outputs,
+    shared_prefix_settings,
     show_progress,
     warn,
 )
@@ -46,13 +48,6 @@ from jaxroute.workloads import prefix as wl_prefix
 
 DEFAULT_POLICIES = "rr,least_load,affinity,threshold,cache_guard,sglang_cache_aware"
 DEFAULT_REQUESTS = 2000
-# --sp-* flag -> shared-prefix setting (defaults: inference-perf, see wl_prefix.SP_DEFAULTS)
-SP_FLAGS = {"sp_groups": "groups", "sp_prompts_per_group": "prompts_per_group", "sp_system_len": "system_tokens",
-            "sp_question_len": "question_tokens", "sp_output_len": "output_tokens"}
-
-
-def _sp_settings(args) -> dict:
-    return {key: getattr(args, flag) for flag, key in SP_FLAGS.items() if getattr(args, flag, None) is not None}
 PLOT_METRICS = ("mean_latency_s", "p99_latency_s", "hit_rate", "max_replica_share")
 
 
@@ -147,14 +142,7 @@ def register(subparsers) -> None:
                    "10:60,20:60,40:60: the rate is piecewise constant over the stages and stays at the last "
                    "stage's rate after it. --requests defaults to the expected stage total round(sum rate x "
                    "seconds); fewer end the run early. Not with --rate or a trace (default: one --rate)")
-    sp = wl_prefix.SP_DEFAULTS
-    for flag, key, what in (("--sp-groups", "groups", "shared system prompts (groups)"),
-                            ("--sp-prompts-per-group", "prompts_per_group", "questions per group"),
-                            ("--sp-system-len", "system_tokens", "system prompt tokens"),
-                            ("--sp-question-len", "question_tokens", "question tokens"),
-                            ("--sp-output-len", "output_tokens", "output tokens")):
-        p.add_argument(flag, type=positive_int, default=None, metavar="N",
-                       help=f"shared-prefix only: {what} (default {sp[key]}, inference-perf's)")
+    add_shared_prefix_args(p)
     p.add_argument("--chunk", type=positive_int, default=512, metavar="TOKENS", help="prefill tokens per iteration (default 512)")
     p.add_argument("--max-running", type=positive_int, default=64, metavar="B",
                    help="max running requests per replica, like SGLang's --max-running-requests: requests wait "
@@ -195,7 +183,7 @@ def run(args) -> int:
     rate = args.rate if args.rate is not None else (0.0 if is_trace else 1.0)  # 0: replay recorded times
     if seeds < 2:
         warn("one seed gives no confidence interval")
-    workload = build_workload(name, requests, args.trace, args.hot_tool, shared_prefix=_sp_settings(args),
+    workload = build_workload(name, requests, args.trace, args.hot_tool, shared_prefix=shared_prefix_settings(args),
                               rate_stages=stages)
     if stages:
         rate = workload.stage_mean_rate  # realize() runs the stages as given at their mean rate
@@ -245,7 +233,7 @@ def run(args) -> int:
     if stages:
         config["rate_stages"] = [{"rate": r, "seconds": d} for r, d in stages]
     if name == "shared-prefix":
-        config["shared_prefix"] = {**wl_prefix.SP_DEFAULTS, **_sp_settings(args)}
+        config["shared_prefix"] = {**wl_prefix.SP_DEFAULTS, **shared_prefix_settings(args)}
     if local == "priority":
         config["priority_groups"] = args.priority_groups
     if set(policies) & set(PREBLE_PRESETS):

@@ -9,6 +9,7 @@ from jaxroute import cost_models as cm
 from jaxroute import report
 from jaxroute.commands._common import (
     add_grid_args,
+    add_shared_prefix_args,
     check_conservation,
     choose,
     csv_list,
@@ -17,6 +18,7 @@ from jaxroute.commands._common import (
     positive_float,
     positive_int,
     save_outputs,
+    shared_prefix_settings,
     show_progress,
     warn,
 )
@@ -72,9 +74,14 @@ def register(subparsers) -> None:
     p.add_argument("--prefill-router", default="llmd_precise", metavar="LIST",
                    help=f"comma-separated prefix routers for the prefill tier from: {', '.join(PREFIX_POLICIES)}; with "
                    f"several ratios only those that run on part of a tier: {', '.join(PARTIAL_OK)} (default llmd_precise)")
-    p.add_argument("--decode-router", default="br0", metavar="LIST",
-                   help=f"comma-separated decode policies from: {', '.join(balance.POLICIES)} (br0/brh bind from a "
-                   "prompt pool; brh uses the oracle predictor here) (default br0)")
+    p.add_argument("--decode-tier", default="dp", metavar="KIND",
+                   help="decode tier: dp (data-parallel ranks stepping behind a barrier, BalanceRoute's setting) or "
+                   "replicas (independent replicas with continuous batching, the replica engine; landed KV is "
+                   "cached there) (default dp)")
+    p.add_argument("--decode-router", default=None, metavar="LIST",
+                   help=f"comma-separated decode routers: for --decode-tier dp from {', '.join(balance.POLICIES)} "
+                   "(br0/brh bind from a prompt pool; brh uses the oracle predictor here) (default br0); for "
+                   f"replicas any prefix router, with several ratios one of {', '.join(PARTIAL_OK)} (default least_load)")
     p.add_argument("--pd-threshold", type=list_of(non_negative_float), default=[0.0], metavar="TOKENS[,...]",
                    help="llm-d's P/D decider: disaggregate only when the uncached prompt is at least this many tokens; "
                    "shorter ones are prefilled by their decode rank (0 = always disaggregate; several values give "
@@ -102,6 +109,7 @@ def register(subparsers) -> None:
                    help="running requests per prefill replica (default 64)")
     p.add_argument("--decode-slots", type=positive_int, default=64, metavar="S",
                    help="running requests per decode rank (default 64)")
+    add_shared_prefix_args(p)
     add_grid_args(p, seeds=8, requests=DEFAULT_REQUESTS)
     p.set_defaults(func=run)
 
@@ -110,7 +118,9 @@ def run(args) -> int:
     name = choose([args.workload], WORKLOADS, "workload")[0]
     cost_model = choose([args.cost_model], ("roofline", "preble"), "cost model")[0]
     prefill_routers = choose(csv_list(args.prefill_router), PREFIX_POLICIES, "prefill router")
-    decode_routers = choose(csv_list(args.decode_router), balance.POLICIES, "decode router")
+    tier = choose([args.decode_tier], pd.DECODE_TIERS, "decode tier")[0]
+    default_decode = "br0" if tier == "dp" else "least_load"
+    decode_routers = choose(csv_list(args.decode_router or default_decode), pd.decode_routers(tier), "decode router")
     ratios = args.ratios or [(args.prefill, args.decode)]
     if args.ratios and (args.prefill != 4 or args.decode != 4):
         raise JaxrouteError("give either --ratios or --prefill/--decode, not both")
@@ -123,10 +133,10 @@ def run(args) -> int:
     gpu, model = cm.get_gpu(args.gpu).name, cm.get_model(args.model).name
     dep = pd.Deployment(gpu=gpu, model=model, tp=args.tp, cost_model=cost_model, chunk=args.chunk,
                         max_running=args.max_running, decode_slots=args.decode_slots, link_gbps=args.kv_link_gbps,
-                        link_latency_ms=args.kv_link_latency_ms)
+                        link_latency_ms=args.kv_link_latency_ms, decode_tier=tier)
     rows = pd.rows_for(prefill_routers, decode_routers, ratios, thresholds=args.pd_threshold, colocated=args.colocated)
-    pd.check_rows(rows)
-    workload = build_workload(name, args.requests, args.trace)
+    pd.check_rows(rows, tier)
+    workload = build_workload(name, args.requests, args.trace, shared_prefix=shared_prefix_settings(args))
     start = time.perf_counter()
     results, _ = pd.run_pd(rows, workload, rate=rate, seeds=args.seeds, dep=dep, slo_ttft=args.slo_ttft,
                            slo_tpot=args.slo_tpot, seed=args.seed, progress=show_progress(args),
@@ -134,7 +144,7 @@ def run(args) -> int:
     elapsed = time.perf_counter() - start
     check_conservation(results)
     rate_txt = "recorded times" if rate <= 0 else f"{rate:g} req/s"
-    title = (f"pd: {name}, {rate_txt}, {model} on {args.tp}x{gpu} per group, KV link {args.kv_link_gbps:g} Gb/s + "
+    title = (f"pd: {name}, {rate_txt}, decode tier {tier}, {model} on {args.tp}x{gpu} per group, KV link {args.kv_link_gbps:g} Gb/s + "
              f"{args.kv_link_latency_ms:g} ms; SLOs TTFT {args.slo_ttft:g} s, TPOT {args.slo_tpot:g} s; "
              f"{args.seeds} seeds x {args.requests} requests")
     print(title)
@@ -145,10 +155,12 @@ def run(args) -> int:
     print(f"simulated {n_sim:,} requests in {elapsed:.1f} s ({n_sim / elapsed:,.0f} requests/s, compilation included)")
     config = {"workload": name, "trace": args.trace, "rate": rate, "seeds": args.seeds, "requests": args.requests,
               "ratios": [f"{a}:{b}" for a, b in ratios], "prefill_routers": prefill_routers,
-              "decode_routers": decode_routers, "pd_thresholds": args.pd_threshold, "colocated": args.colocated,
+              "decode_routers": decode_routers, "decode_tier": tier, "pd_thresholds": args.pd_threshold, "colocated": args.colocated,
               "gpu": gpu, "model": model, "tp": args.tp, "cost_model": cost_model, "chunk": args.chunk,
               "max_running": args.max_running, "decode_slots": args.decode_slots, "kv_link_gbps": args.kv_link_gbps,
               "kv_link_latency_ms": args.kv_link_latency_ms, "slo_ttft_s": args.slo_ttft, "slo_tpot_s": args.slo_tpot,
               "seed": args.seed, "elapsed_s": elapsed}
+    if name == "shared-prefix":
+        config["shared_prefix"] = {**wl_prefix.SP_DEFAULTS, **shared_prefix_settings(args)}
     save_outputs(args, "pd", config, results.records, lambda path: pd.ratio_plot(results, rows, path, title))
     return 0

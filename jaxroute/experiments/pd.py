@@ -77,6 +77,7 @@ class Deployment:
     collective_s: float = 0.0  # independent decode ranks: no DP collective per step
     link_gbps: float = DEFAULT_LINK_GBPS
     link_latency_ms: float = DEFAULT_LINK_LATENCY_MS
+    decode_tier: str = "dp"  # "dp": ranks behind a barrier (dp_decode); "replicas": independent, continuous batching
 
     def kv_capacity(self) -> int:
         return cost_models.kv_capacity_tokens(self.gpu, self.model, self.tp)
@@ -101,31 +102,54 @@ def parse_ratios(text: str) -> list[tuple[int, int]]:
     return out
 
 
-def check_rows(rows: list[PDRow]) -> None:
-    """Refuse unknown routers and prefill routers that cannot run on part of the tier, before anything runs."""
+DECODE_TIERS = ("dp", "replicas")
+
+
+def decode_routers(tier: str) -> tuple[str, ...]:
+    """The decode routers a decode tier takes: decode policies (dp) or prefix router presets (replicas)."""
+    if tier not in DECODE_TIERS:
+        raise JaxrouteError(f"unknown decode tier '{tier}'; choose from: {', '.join(DECODE_TIERS)}")
+    return balance.POLICIES if tier == "dp" else prefix_routers.PREFIX_POLICIES
+
+
+def _check_partial(router: str, size: int, tier_size: int, what: str) -> None:
+    if size < tier_size and router not in prefix_routers.PARTIAL_OK:
+        raise JaxrouteError(f"{what} router '{router}' cannot run on {size} of {tier_size} replicas (a traced count); "
+                            f"run its P:D ratios one at a time, or choose from: {', '.join(prefix_routers.PARTIAL_OK)}")
+
+
+def check_rows(rows: list[PDRow], decode_tier: str = "dp") -> None:
+    """Refuse unknown routers and replica routers that cannot run on part of their tier, before anything runs."""
     if not rows:
         raise JaxrouteError("no rows to run")
-    p_max = max(r.n_prefill for r in rows if not r.colocated) if any(not r.colocated for r in rows) else 0
+    allowed = decode_routers(decode_tier)
+    dis = [r for r in rows if not r.colocated]
+    p_max = max((r.n_prefill for r in dis), default=0)
+    d_max = max((r.n_decode for r in dis), default=0)
     g_max = max(r.n_prefill + r.n_decode for r in rows)
     for r in rows:
         prefix_routers.REGISTRY.id(r.prefill_router)
-        if not r.colocated:
-            balance.REGISTRY.id(r.decode_router)
-        size, tier = (r.n_prefill + r.n_decode, g_max) if r.colocated else (r.n_prefill, p_max)
-        if size < tier and r.prefill_router not in prefix_routers.PARTIAL_OK:
-            raise JaxrouteError(f"router '{r.prefill_router}' cannot run on {size} of {tier} replicas (a traced count); "
-                                f"run its P:D ratios one at a time, or choose from: {', '.join(prefix_routers.PARTIAL_OK)}")
+        if r.colocated:
+            _check_partial(r.prefill_router, r.n_prefill + r.n_decode, g_max, "colocated")
+            continue
+        if r.decode_router not in allowed:
+            raise JaxrouteError(f"unknown decode router '{r.decode_router}' for the {decode_tier} decode tier; "
+                                f"choose from: {', '.join(allowed)}")
+        _check_partial(r.prefill_router, r.n_prefill, p_max, "prefill")
+        if decode_tier == "replicas":
+            _check_partial(r.decode_router, r.n_decode, d_max, "decode")
         if not (math.isfinite(r.threshold) and r.threshold >= 0):
             raise JaxrouteError(f"the P/D threshold must be a finite number of tokens >= 0, got {r.threshold}")
 
 
-def _replica_model(dep: Deployment, workload, params: list[replicas.ReplicaParams]) -> replicas.ReplicaModel:
+def _replica_model(dep: Deployment, workload, params: list[replicas.ReplicaParams],
+                   max_running: int | None = None) -> replicas.ReplicaModel:
     """A tier of replicas sized so that no capacity can overflow: a local queue of every request, a cache
     table of the most segments the KV can hold, Preble's ring as `jaxroute cluster` sizes it."""
     n_replicas = max(int(p.n_active) for p in params)
     caps = initial_capacities(workload, params, n_replicas)
     names = {prefix_routers.REGISTRY.name(int(p.policy)) for p in params}
-    return replicas.ReplicaModel(n_replicas=n_replicas, chunk=dep.chunk, max_running=dep.max_running,
+    return replicas.ReplicaModel(n_replicas=n_replicas, chunk=dep.chunk, max_running=max_running or dep.max_running,
                                  max_queue=workload.n_requests, cache_slots=caps["cache_slots"],
                                  router_window=caps["router_window"], router_modules=prefix_routers.modules_for(names))
 
@@ -181,26 +205,77 @@ class ColocatedStage(sim.Model):
 # ----------------------------------------------------------------------------- the run
 
 
-def _handoff_fn(n_links: int):
-    def one(arrival, prompt, output, sent, ready, replica, bytes_per_token, link_bps, latency, cost, collective_s):
-        start, busy, delivered = disagg.transfer(jnp.where(sent, ready, jnp.inf), replica, prompt, n_links,
-                                                 bytes_per_token, link_bps, latency)
-        wl, order = disagg.decode_handoff(arrival, prompt, output, sent, delivered, collective_s, cost)
-        return start, busy, delivered, wl, order
-
-    return jax.jit(jax.vmap(one, in_axes=(0,) * 6 + (None,) * 5))
+@jax.jit
+def _transfers(ready, replica, prompt, sent, n_links_row, bytes_per_token, link_bps, latency):
+    """Every row's KV transfers (vmapped `disagg.transfer`); n_links_row [R, P_max] only sets the link count."""
+    one = lambda r, g, p, s, nl: disagg.transfer(jnp.where(s, r, jnp.inf), g, p, nl.shape[0], bytes_per_token,
+                                                 link_bps, latency)
+    return jax.vmap(one)(ready, replica, prompt, sent, n_links_row)
 
 
-_HANDOFF: dict[int, object] = {}
+@jax.jit
+def _dp_handoff(arrival, prompt, output, sent, delivered, cost, collective_s):
+    one = lambda a, p, o, s, d: disagg.decode_handoff(a, p, o, s, d, collective_s, cost)
+    return jax.vmap(one)(arrival, prompt, output, sent, delivered)
+
+
+@jax.jit
+def _replica_handoff(table: wl_prefix.RequestTable, sent, delivered):
+    return jax.vmap(disagg.landed_table)(table, sent, delivered)
+
+
+def _decode_dp(rows, a, delivered, dep: Deployment, key, progress, max_tries):
+    """Stage 3 on DP ranks behind a barrier: metrics [C*S, 1, ...]; the step budget doubles while a run is unfinished."""
+    C, S, N = a["arrival_s"].shape
+    flat = lambda x: np.asarray(x).reshape((C * S,) + np.shape(x)[2:])
+    d_max = max(r.n_decode for r in rows)
+    wl, order = _dp_handoff(flat(a["arrival_s"]), flat(a["prompt"]), flat(a["output"]), flat(a["disagg"]), delivered,
+                            dep.cost(), jnp.float32(dep.collective_s))
+    last = float(np.max(np.where(np.isfinite(np.asarray(wl.arrival_s)), np.asarray(wl.arrival_s), 0.0)))
+    bound = disagg.decode_step_bound(last, flat(a["prompt"])[0], flat(a["output"])[0], min(r.n_decode for r in rows),
+                                     dep.decode_slots, dep.decode_r_max)
+    dec_rows = [dd.make_params(r.decode_router, n_workers=d_max, n_active=r.n_decode, arrival="trace") for r in rows]
+    dec_flat = jax.tree.map(lambda x: jnp.repeat(x, S, axis=0), sim.stack_params(dec_rows))
+    params = disagg.DecodeStageParams(decode=dec_flat, seed=jnp.tile(jnp.arange(S, dtype=jnp.int32), C), wl=wl,
+                                      order=order)
+    for _ in range(max_tries):
+        model = disagg.DecodeStage(dd.DecodeModel(
+            n_workers=d_max, n_requests=N, max_steps=bound, slots=dep.decode_slots, pool=dep.decode_pool,
+            window=dep.decode_window, horizon=dep.decode_horizon, r_max=dep.decode_r_max, kv_capacity=dep.kv_capacity(),
+            block_size=dep.block_size, trace_points=8))
+        b = sim.run_grid(model, jax.random.fold_in(key, 1), None, params, 1, chunk=2000,
+                         progress="decode tier" if progress else False).metrics
+        if not np.any(b["overflow_steps"]):
+            return b
+        bound *= 2
+    return b
+
+
+def _decode_replicas(rows, a, delivered, dep: Deployment, key, progress, workload, rate):
+    """Stage 3 on independent replicas (the replica engine with landed KV): metrics [C*S, 1, ...]."""
+    C, S, N = a["arrival_s"].shape
+    flat = lambda x: jnp.asarray(np.asarray(x).reshape((C * S,) + np.shape(x)[2:]))
+    table = wl_prefix.RequestTable(
+        arrival_s=flat(a["arrival_s"]), seg_ids=flat(a["seg_ids"]), seg_tok=flat(a["seg_tok"]), out_tok=flat(a["output"]),
+        out_seg=flat(a["out_seg"]), seg_len=flat(a["seg_len"]), seg_depth=flat(a["seg_depth"]), prompt_tok=flat(a["prompt"]),
+        session=flat(a["session"]))
+    landed, order = _replica_handoff(table, flat(a["disagg"]), delivered)
+    tier = [_tier_params(dep, r.decode_router, rate, r.n_decode) for r in rows]
+    model = disagg.DecodeReplicasStage(_replica_model(dep, workload, tier, max_running=dep.decode_slots),
+                                       bound=int(workload.step_bound(dep.chunk)))
+    params = disagg.DecodeReplicasParams(
+        tier=jax.tree.map(lambda x: jnp.repeat(x, S, axis=0), sim.stack_params(tier)),
+        seed=jnp.tile(jnp.arange(S, dtype=jnp.int32), C), table=landed, order=order)
+    return sim.run_grid(model, jax.random.fold_in(key, 1), None, params, 1, chunk=2000,
+                        progress="decode tier" if progress else False).metrics
 
 
 def run_disaggregated(rows: list[PDRow], workload, *, rate: float, seeds: int, dep: Deployment, seed: int = 0,
                       progress: bool = False, allow_overflow: bool = False, max_tries: int = 3) -> dict[str, np.ndarray]:
     """Per-request arrays [rows, seeds, N] (and per-row scalars [rows, seeds]) of the disaggregated rows.
-    The decode tier's step budget is doubled (the tier rerun) while a run did not finish, up to max_tries."""
-    p_max, d_max = max(r.n_prefill for r in rows), max(r.n_decode for r in rows)
-    kv = dep.kv_capacity()
-    wl_prefix.check_fits(workload, kv)
+    A DP decode tier's step budget is doubled (the tier rerun) while a run did not finish, up to max_tries."""
+    p_max = max(r.n_prefill for r in rows)
+    wl_prefix.check_fits(workload, dep.kv_capacity())
     tier = [_tier_params(dep, r.prefill_router, rate, r.n_prefill) for r in rows]
     pre_model = disagg.PrefillStage(_replica_model(dep, workload, tier))
     pre_params = sim.stack_params([disagg.PrefillStageParams(p, jnp.float32(r.threshold)) for p, r in zip(tier, rows, strict=True)])
@@ -211,34 +286,19 @@ def run_disaggregated(rows: list[PDRow], workload, *, rate: float, seeds: int, d
     C, S, N = a["arrival_s"].shape
     flat = lambda x: np.asarray(x).reshape((C * S,) + np.shape(x)[2:])
     cost = dep.cost()
-    fn = _HANDOFF.setdefault(p_max, _handoff_fn(p_max))
-    start, busy, delivered, wl, order = fn(
-        flat(a["arrival_s"]), flat(a["prompt"]), flat(a["output"]), flat(a["disagg"]), flat(a["prefill_done_s"]),
-        flat(a["prefill_replica"]), cost.kv_bytes_per_token_gpu, jnp.float32(dep.link_gbps * 1e9 / 8),
-        jnp.float32(dep.link_latency_ms * 1e-3), cost, jnp.float32(dep.collective_s))
-    last = float(np.max(np.where(np.isfinite(np.asarray(wl.arrival_s)), np.asarray(wl.arrival_s), 0.0)))
-    out_tok = np.asarray(a["output"]).reshape(-1, N)[0]
-    bound = disagg.decode_step_bound(last, np.asarray(a["prompt"]).reshape(-1, N)[0], out_tok, min(r.n_decode for r in rows),
-                                     dep.decode_slots, dep.decode_r_max)
-    dec_rows = [dd.make_params(r.decode_router, n_workers=d_max, n_active=r.n_decode, arrival="trace") for r in rows]
-    dec_flat = jax.tree.map(lambda x: jnp.repeat(x, S, axis=0), sim.stack_params(dec_rows))
-    dec_params = disagg.DecodeStageParams(decode=dec_flat, seed=jnp.tile(jnp.arange(S, dtype=jnp.int32), C), wl=wl,
-                                           order=order)
-    for _ in range(max_tries):
-        dec_model = disagg.DecodeStage(dd.DecodeModel(
-            n_workers=d_max, n_requests=N, max_steps=bound, slots=dep.decode_slots, pool=dep.decode_pool,
-            window=dep.decode_window, horizon=dep.decode_horizon, r_max=dep.decode_r_max, kv_capacity=kv,
-            block_size=dep.block_size, trace_points=8))
-        b = sim.run_grid(dec_model, jax.random.fold_in(key, 1), None, dec_params, 1, chunk=2000,
-                         progress="decode tier" if progress else False).metrics
-        if not np.any(b["overflow_steps"]):
-            break
-        bound *= 2
+    start, busy, delivered = _transfers(flat(a["prefill_done_s"]), flat(a["prefill_replica"]), flat(a["prompt"]),
+                                        flat(a["disagg"]), jnp.zeros((C * S, p_max)), cost.kv_bytes_per_token_gpu,
+                                        jnp.float32(dep.link_gbps * 1e9 / 8), jnp.float32(dep.link_latency_ms * 1e-3))
+    if dep.decode_tier == "dp":
+        b = _decode_dp(rows, a, delivered, dep, key, progress, max_tries)
+    else:
+        b = _decode_replicas(rows, a, delivered, dep, key, progress, workload, rate)
     shape = lambda x: np.asarray(x).reshape((C, S) + np.shape(x)[2:])  # [C*S, 1, ...] -> [C, S, ...]
     bad = bad | _overflowed({"overflow": shape(b["overflow"])}, rows, "decode tier", allow_overflow, S)
     rows_cs = lambda x: np.asarray(x).reshape((C, S) + np.shape(x)[1:])  # [C*S, N] -> [C, S, N]
     return {**a, "link_start_s": rows_cs(start), "link_busy_s": rows_cs(busy), "delivered_s": rows_cs(delivered),
-            **{k: shape(v) for k, v in b.items()}, "prefill_conservation_error": a["conservation_error"], "n_prefill": np.array([[r.n_prefill] * S for r in rows]),
+            **{k: shape(v) for k, v in b.items()}, "prefill_conservation_error": a["conservation_error"],
+            "n_prefill": np.array([[r.n_prefill] * S for r in rows]),
             "n_decode": np.array([[r.n_decode] * S for r in rows]), "row_overflow": bad}
 
 
@@ -317,29 +377,45 @@ def run_pd(rows: list[PDRow], workload, *, rate: float, seeds: int, dep: Deploym
            slo_ttft: float = DEFAULT_SLO_TTFT_S, slo_tpot: float = DEFAULT_SLO_TPOT_S, seed: int = 0,
            progress: bool = False, allow_overflow: bool = False) -> tuple[Results, dict[str, dict[str, np.ndarray]]]:
     """Every row on the same seeds: (Results with a record per row, the raw per-request records by kind)."""
-    check_rows(rows)
+    check_rows(rows, dep.decode_tier)
+    check_slos(slo_ttft, slo_tpot)
+    raw = {}
+    for kind, sub in _by_kind(rows).items():
+        run = run_colocated if kind == "colocated" else run_disaggregated
+        raw[kind] = run(sub, workload, rate=rate, seeds=seeds, dep=dep, seed=seed, progress=progress,
+                        allow_overflow=allow_overflow)
+    info = dict(rate=rate, gpu=dep.gpu, model=dep.model, tp=dep.tp, decode_tier=dep.decode_tier, link_gbps=dep.link_gbps,
+                link_latency_ms=dep.link_latency_ms)
+    return summarize(rows, raw, seeds, slo_ttft, slo_tpot, info), raw
+
+
+def check_slos(slo_ttft: float, slo_tpot: float) -> None:
     if not (slo_ttft > 0 and slo_tpot > 0):
         raise JaxrouteError(f"SLOs must be positive seconds, got ttft {slo_ttft}, tpot {slo_tpot}")
+
+
+def _by_kind(rows: list[PDRow]) -> dict[str, list[PDRow]]:
     kinds = {"disaggregated": [r for r in rows if not r.colocated], "colocated": [r for r in rows if r.colocated]}
-    raw, per_row = {}, {}
-    for kind, sub in kinds.items():
-        if not sub:
-            continue
-        run = run_colocated if kind == "colocated" else run_disaggregated
-        rec = raw[kind] = run(sub, workload, rate=rate, seeds=seeds, dep=dep, seed=seed, progress=progress,
-                              allow_overflow=allow_overflow)
+    return {k: v for k, v in kinds.items() if v}
+
+
+def summarize(rows: list[PDRow], raw: dict, seeds: int, slo_ttft: float, slo_tpot: float, info: dict) -> Results:
+    """Records (means, 95 % CIs over seeds) of every row from the raw per-request records, under these SLOs
+    (the SLOs enter only here: other SLOs need no rerun)."""
+    check_slos(slo_ttft, slo_tpot)
+    per_row = {}
+    for kind, sub in _by_kind(rows).items():
+        rec = raw[kind]
         for c, r in enumerate(sub):
             ms = [request_metrics(rec, c, s, slo_ttft, slo_tpot, kind == "colocated") for s in range(seeds)]
             per_row[r] = {k: np.array([m[k] for m in ms]) for k in (*METRICS, "conservation_error")}
             per_row[r]["overflow"] = np.full(seeds, bool(rec["row_overflow"][c]))
-    grid = sim.GridResult(metrics={k: np.stack([per_row[r][k] for r in rows]) for k in METRICS},
+    grid = sim.GridResult(metrics={k: np.stack([per_row[r][k] for r in rows]) for k in (*METRICS, "overflow",
+                                                                                          "conservation_error")},
                           n_configs=len(rows), n_seeds=seeds)
-    for k in ("overflow", "conservation_error"):
-        grid.metrics[k] = np.stack([per_row[r][k] for r in rows])
-    infos = [dict(dataclasses.asdict(r), rate=rate, slo_ttft_s=slo_ttft, slo_tpot_s=slo_tpot, gpu=dep.gpu,
-                  model=dep.model, tp=dep.tp, link_gbps=dep.link_gbps, link_latency_ms=dep.link_latency_ms) for r in rows]
-    records = report.records_from_grid(grid, [(r.label, info) for r, info in zip(rows, infos, strict=True)], METRICS)
-    return Results([Row(r.label, None, info) for r, info in zip(rows, infos, strict=True)], grid, records, None), raw
+    infos = [dict(dataclasses.asdict(r), slo_ttft_s=slo_ttft, slo_tpot_s=slo_tpot, **info) for r in rows]
+    records = report.records_from_grid(grid, [(r.label, i) for r, i in zip(rows, infos, strict=True)], METRICS)
+    return Results([Row(r.label, None, i) for r, i in zip(rows, infos, strict=True)], grid, records, None)
 
 
 def rows_for(prefill_routers, decode_routers, ratios, *, thresholds=(0.0,), colocated: bool = False) -> list[PDRow]:

@@ -255,6 +255,10 @@ def iterate_row(model, row: Replica, ring: Ring, entries: Entries, cache: SlotTa
         # a fully cached prompt still computes its last token, whose logits give the first output token
         # (vLLM kv_cache_manager.get_computed_blocks: at most num_tokens - 1 tokens come from the cache)
         start = jnp.minimum(mtok, tgt - 1)
+        if r.landed is not None:  # KV transferred in (held privately, as an uncached prompt would be)
+            if on_demand:
+                raise ValueError("requests whose KV lands with them need admission 'reserve'")
+            start = jnp.where(r.landed[cand] & ~resumed, tgt - 1, start)
         if on_demand:
             # room for this step's tokens only (scheduler.py:1346; allocate_slots at 1435-1452); a request
             # that does not fit blocks the queue (1454-1461), as in "reserve"

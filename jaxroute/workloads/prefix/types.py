@@ -30,6 +30,8 @@ class RequestTable:
     seg_depth: jax.Array  # [n_segments + 1] int32 position of each id in any prompt (tree depth)
     prompt_tok: jax.Array  # [N] int32 prompt tokens (sum of seg_tok)
     session: jax.Array  # [N] int32 session (conversation, agent run, sample group) id; -1 = none recorded
+    landed: jax.Array | None = None  # [N] bool the prompt's KV arrives with the request (a disaggregated decode
+    #                                 tier): only its last prompt token is computed (None = none)
 
 
 def request_steps(prompt_tok: int, out_tok: int, chunk: int) -> int:
