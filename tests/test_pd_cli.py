@@ -8,6 +8,7 @@ from jaxroute.cli import main
 from jaxroute.commands import pd as pd_cmd
 from jaxroute.experiments import pd
 from tests.cli_helpers import cli
+from tests.data_paths import MOONCAKE
 
 SMALL = ["--workload", "toolbench", "--requests", "40", "--seeds", "2", "--rate", "20", "--model", "Llama-3-8B",
          "--tp", "1", "--no-progress"]
@@ -44,6 +45,15 @@ def test_pd_threshold_keeps_short_prompts_on_the_decode_tier(capsys):
     assert len(lines) == 4 and any("th=100000" in ln for ln in lines)  # both tables, two rows each
 
 
+def test_pd_brh_with_a_fitted_predictor(tmp_path, capsys):
+    out = tmp_path / "brh.json"
+    rc = main(["pd", *SMALL, "--prefill", "2", "--decode", "2", "--decode-router", "br0,brh", "--predictor", "survival",
+               "--out", str(out)])
+    assert rc == 0
+    res = json.loads(out.read_text())
+    assert res["config"]["predictor"] == "survival" and len(res["results"]) == 2
+
+
 def test_pd_independent_decode_replicas(tmp_path, capsys):
     out = tmp_path / "r.json"
     rc = main(["pd", *SMALL, "--ratios", "1:3,3:1", "--prefill-router", "rr", "--decode-tier", "replicas",
@@ -64,6 +74,10 @@ def test_pd_independent_decode_replicas(tmp_path, capsys):
     (["--ratios", "1:1", "--prefill", "2"], "either --ratios or --prefill"),
     (["--workload", "nope"], "unknown workload"),
     (["--decode-tier", "nope"], "unknown decode tier"),
+    (["--decode-router", "brh", "--predictor", "nope"], "unknown predictor"),
+    (["--workload", "mooncake", "--trace", str(MOONCAKE), "--requests", "3000", "--decode-router", "brh",
+      "--predictor", "survival"],
+     "too few to fit a predictor"),
     (["--decode-tier", "replicas", "--decode-router", "br0"], "unknown decode router"),
     (["--decode-tier", "replicas", "--ratios", "1:1,1:2", "--decode-router", "sglang_cache_aware"],
      "decode router 'sglang_cache_aware' cannot run on 1 of 2"),

@@ -80,8 +80,13 @@ def register(subparsers) -> None:
                    "cached there) (default dp)")
     p.add_argument("--decode-router", default=None, metavar="LIST",
                    help=f"comma-separated decode routers: for --decode-tier dp from {', '.join(balance.POLICIES)} "
-                   "(br0/brh bind from a prompt pool; brh uses the oracle predictor here) (default br0); for "
+                   "(br0/brh bind from a prompt pool; brh uses --predictor) (default br0); for "
                    f"replicas any prefix router, with several ratios one of {', '.join(PARTIAL_OK)} (default least_load)")
+    p.add_argument("--predictor", default="oracle", metavar="SPEC",
+                   help="BR-H's horizon predictor: none, oracle, survival, exact or learned:DIR (a checkpoint of "
+                   "`jaxroute train-predictor`); survival and exact are fitted on requests other than the simulated "
+                   "ones (a trace's next --requests rows, or another draw of a synthetic workload); without prompt "
+                   "keys exact predicts as survival (default oracle)")
     p.add_argument("--pd-threshold", type=list_of(non_negative_float), default=[0.0], metavar="TOKENS[,...]",
                    help="llm-d's P/D decider: disaggregate only when the uncached prompt is at least this many tokens; "
                    "shorter ones are prefilled by their decode rank (0 = always disaggregate; several values give "
@@ -131,7 +136,11 @@ def run(args) -> int:
     if is_trace and args.seeds > 1:
         warn("trace workloads replay the same requests on every seed: the CIs are zero-width")
     gpu, model = cm.get_gpu(args.gpu).name, cm.get_model(args.model).name
-    dep = pd.Deployment(gpu=gpu, model=model, tp=args.tp, cost_model=cost_model, chunk=args.chunk,
+    bank, predictor = (), 1
+    if "brh" in decode_routers and tier == "dp":
+        train = pd.train_lengths(name, args.requests, args.trace, shared_prefix_settings(args), args.seed)
+        bank, predictor = pd.predictor_bank(args.predictor, train)
+    dep = pd.Deployment(predictor=predictor, bank=bank, gpu=gpu, model=model, tp=args.tp, cost_model=cost_model, chunk=args.chunk,
                         max_running=args.max_running, decode_slots=args.decode_slots, link_gbps=args.kv_link_gbps,
                         link_latency_ms=args.kv_link_latency_ms, decode_tier=tier)
     rows = pd.rows_for(prefill_routers, decode_routers, ratios, thresholds=args.pd_threshold, colocated=args.colocated)
@@ -155,7 +164,7 @@ def run(args) -> int:
     print(f"simulated {n_sim:,} requests in {elapsed:.1f} s ({n_sim / elapsed:,.0f} requests/s, compilation included)")
     config = {"workload": name, "trace": args.trace, "rate": rate, "seeds": args.seeds, "requests": args.requests,
               "ratios": [f"{a}:{b}" for a, b in ratios], "prefill_routers": prefill_routers,
-              "decode_routers": decode_routers, "decode_tier": tier, "pd_thresholds": args.pd_threshold, "colocated": args.colocated,
+              "decode_routers": decode_routers, "decode_tier": tier, "predictor": args.predictor, "pd_thresholds": args.pd_threshold, "colocated": args.colocated,
               "gpu": gpu, "model": model, "tp": args.tp, "cost_model": cost_model, "chunk": args.chunk,
               "max_running": args.max_running, "decode_slots": args.decode_slots, "kv_link_gbps": args.kv_link_gbps,
               "kv_link_latency_ms": args.kv_link_latency_ms, "slo_ttft_s": args.slo_ttft, "slo_tpot_s": args.slo_tpot,

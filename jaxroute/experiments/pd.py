@@ -19,7 +19,7 @@ from jaxroute import cost_models, report, sim
 from jaxroute.clusters import disagg, replicas
 from jaxroute.clusters import dp_decode as dd
 from jaxroute.errors import JaxrouteError
-from jaxroute.experiments.cluster import initial_capacities
+from jaxroute.experiments.cluster import build_workload, initial_capacities
 from jaxroute.experiments.comparison import Results, Row
 from jaxroute.routers import balance
 from jaxroute.routers import prefix as prefix_routers
@@ -78,6 +78,8 @@ class Deployment:
     link_gbps: float = DEFAULT_LINK_GBPS
     link_latency_ms: float = DEFAULT_LINK_LATENCY_MS
     decode_tier: str = "dp"  # "dp": ranks behind a barrier (dp_decode); "replicas": independent, continuous batching
+    predictor: int = 1  # BR-H's predictor kind id (`predictors.base.kind_names()`; 1 = oracle); its table is in `bank`
+    bank: tuple = ()  # fitted predictor tables (`predictor_bank`)
 
     def kv_capacity(self) -> int:
         return cost_models.kv_capacity_tokens(self.gpu, self.model, self.tp)
@@ -214,8 +216,8 @@ def _transfers(ready, replica, prompt, sent, n_links_row, bytes_per_token, link_
 
 
 @jax.jit
-def _dp_handoff(arrival, prompt, output, sent, delivered, cost, collective_s):
-    one = lambda a, p, o, s, d: disagg.decode_handoff(a, p, o, s, d, collective_s, cost)
+def _dp_handoff(arrival, prompt, output, sent, delivered, cost, collective_s, bank):
+    one = lambda a, p, o, s, d: disagg.decode_handoff(a, p, o, s, d, collective_s, cost, bank)
     return jax.vmap(one)(arrival, prompt, output, sent, delivered)
 
 
@@ -230,11 +232,12 @@ def _decode_dp(rows, a, delivered, dep: Deployment, key, progress, max_tries):
     flat = lambda x: np.asarray(x).reshape((C * S,) + np.shape(x)[2:])
     d_max = max(r.n_decode for r in rows)
     wl, order = _dp_handoff(flat(a["arrival_s"]), flat(a["prompt"]), flat(a["output"]), flat(a["disagg"]), delivered,
-                            dep.cost(), jnp.float32(dep.collective_s))
+                            dep.cost(), jnp.float32(dep.collective_s), dep.bank)
     last = float(np.max(np.where(np.isfinite(np.asarray(wl.arrival_s)), np.asarray(wl.arrival_s), 0.0)))
     bound = disagg.decode_step_bound(last, flat(a["prompt"])[0], flat(a["output"])[0], min(r.n_decode for r in rows),
                                      dep.decode_slots, dep.decode_r_max)
-    dec_rows = [dd.make_params(r.decode_router, n_workers=d_max, n_active=r.n_decode, arrival="trace") for r in rows]
+    dec_rows = [dd.make_params(r.decode_router, n_workers=d_max, n_active=r.n_decode, arrival="trace",
+                               predictor=dep.predictor) for r in rows]
     dec_flat = jax.tree.map(lambda x: jnp.repeat(x, S, axis=0), sim.stack_params(dec_rows))
     params = disagg.DecodeStageParams(decode=dec_flat, seed=jnp.tile(jnp.arange(S, dtype=jnp.int32), C), wl=wl,
                                       order=order)
@@ -268,6 +271,38 @@ def _decode_replicas(rows, a, delivered, dep: Deployment, key, progress, workloa
         seed=jnp.tile(jnp.arange(S, dtype=jnp.int32), C), table=landed, order=order)
     return sim.run_grid(model, jax.random.fold_in(key, 1), None, params, 1, chunk=2000,
                         progress="decode tier" if progress else False).metrics
+
+
+def predictor_bank(spec: str, train, horizon: int = dd.DEFAULT_HORIZON) -> tuple[tuple, int]:
+    """(bank, kind id) for BR-H's predictor `spec` (none, oracle, survival, exact, learned:DIR); deployable ones are
+    fitted on `train` (`train_lengths`: requests distinct from the simulated ones). The pipeline keeps no prompt
+    keys, so `exact` predicts as `survival` does."""
+    from jaxroute.predictors import bank as bank_lib
+
+    bank, _, ids = bank_lib.build_bank([spec], train, horizon)
+    return bank, int(ids[0])
+
+
+def train_lengths(name: str, requests: int, trace: str | None = None, shared_prefix: dict | None = None,
+                  seed: int = 0):
+    """Prompt and output lengths to fit BR-H's predictors on, distinct from the simulated requests: a trace's
+    next `requests` rows, or another realisation of a synthetic workload (a key no simulated seed uses)."""
+    from jaxroute.predictors.data import LengthData
+    from jaxroute.workloads import traces
+
+    if name in wl_prefix.TRACE_WORKLOADS:
+        path = trace or wl_prefix.DEFAULT_TRACE_PATHS[name]
+        t = traces.load_mooncake_jsonl(path) if name == "mooncake" else traces.load_azure_csv(path)
+        if len(t) < 2 * requests:
+            raise JaxrouteError(f"the trace has {len(t)} requests: too few to fit a predictor on requests other than "
+                                f"the {requests} simulated; use --requests {len(t) // 2} or fewer")
+        prompt, out = t.prompt_tokens[requests:2 * requests], t.output_tokens[requests:2 * requests]
+    else:
+        wl = build_workload(name, requests, None, shared_prefix=shared_prefix)
+        table = wl.realize(jax.random.fold_in(jax.random.key(seed), 0x7A11), jnp.float32(1.0))
+        prompt, out = np.asarray(table.prompt_tok), np.asarray(table.out_tok)
+    n = len(out)
+    return LengthData(f"{name}-train", np.asarray(prompt, np.int64), np.asarray(out, np.int64), np.full(n, -1, np.int64))
 
 
 def run_disaggregated(rows: list[PDRow], workload, *, rate: float, seeds: int, dep: Deployment, seed: int = 0,

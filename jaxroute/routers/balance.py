@@ -8,6 +8,12 @@ BalanceRoute:
   brh  F_g(Q) = α (1ᵀd) Δs(Q) - β ((Δs(Q) 1 - m_g)_+)ᵀ d over predicted loads L_g(k+h), h = 0..H,
        d = (1, γ, ..., γ^H). br0 is brh with α = 1, β = G, d = (1, 0, ..., 0), so both run
        through one scorer (`penalty_tables` / `score`), checked against cost_models.br0/brh_score.
+Cache-aware (CACHE_POLICIES; they need ranks with prefix caches, `DecodeModel.prefix_cache_tokens`):
+  br_cache  BR-0's F_g(Q) - w Σ_{i in Q} miss_{i,g}: miss_{i,g} = the prompt tokens rank g would
+            prefill for i (prompt - leading cached tokens on g, at most prompt - 1 cached), w the
+            traced `cache_weight`; pooled like br0 (immediate: choose_worker on the penalised singles).
+  cache     cache-only routing on arrival: the rank with the most cached leading prompt tokens
+            (ties: fewest requests, running + queued, then lowest index).
 
 Pooled two-stage dispatch (`balance_dispatch`, one barrier step):
   Stage rule: stage 1 when capacity is ample, i.e. the free slots this step
@@ -29,10 +35,15 @@ import numpy as np
 
 from jaxroute.registry import PolicyRegistry
 
-POLICIES = ("random", "rr", "p2c", "jsq", "least_kv", "br0", "brh")
-REGISTRY = PolicyRegistry("decode", POLICIES)
+POLICIES = ("random", "rr", "p2c", "jsq", "least_kv", "br0", "brh")  # run on every decode model
+# Appended after POLICIES (existing ids unchanged); kept out of POLICIES, which callers iterate as "every
+# policy a model runs", because these need per-rank prefix caches (check_params refuses them otherwise).
+CACHE_POLICIES = ("br_cache", "cache")
+ALL_POLICIES = POLICIES + CACHE_POLICIES
+REGISTRY = PolicyRegistry("decode", ALL_POLICIES)
 PAPER_BASELINES = ("random", "rr", "p2c", "jsq")
-RANDOM, RR, P2C, JSQ, LEAST_KV, BR0, BRH = range(len(POLICIES))
+RANDOM, RR, P2C, JSQ, LEAST_KV, BR0, BRH, BR_CACHE, CACHE = range(len(ALL_POLICIES))
+CACHE_IDS = (BR_CACHE, CACHE)
 IMMEDIATE, POOLED = 0, 1
 DISPATCH_MODES = ("immediate", "pooled")
 DISPATCH_REGISTRY = PolicyRegistry("decode", DISPATCH_MODES, what="dispatch mode")
@@ -45,7 +56,7 @@ def policy_id(name: str) -> int:
 
 def default_dispatch(policy: str) -> int:
     """BalanceRoute binds from the prompt pool; baselines send on arrival (vLLM router / engine DP balancers)."""
-    return POOLED if policy in ("br0", "brh") else IMMEDIATE
+    return POOLED if policy in ("br0", "brh", "br_cache") else IMMEDIATE
 
 
 def subset_matrix(window: int) -> np.ndarray:
@@ -58,10 +69,11 @@ def subset_matrix(window: int) -> np.ndarray:
 
 
 def score_weights(policy: jax.Array, alpha, beta, gamma, n_workers: int, horizon: int):
-    """(α, β, d [H+1]) for the BalanceRoute scorer: br0 uses (1, G, e_0) (G may be traced: the ranks in use), brh its traced α, β, γ."""
+    """(α, β, d [H+1]) for the BalanceRoute scorer: br0 and br_cache use (1, G, e_0) (G may be traced: the ranks
+    in use), brh its traced α, β, γ."""
     h = jnp.arange(horizon + 1, dtype=jnp.float32)
     d_brh = jnp.power(jnp.asarray(gamma, jnp.float32), h)
-    is_br0 = policy == BR0
+    is_br0 = (policy == BR0) | (policy == BR_CACHE)
     d = jnp.where(is_br0, (h == 0).astype(jnp.float32), d_brh)
     a = jnp.where(is_br0, 1.0, jnp.asarray(alpha, jnp.float32))
     b = jnp.where(is_br0, jnp.asarray(n_workers, jnp.float32), jnp.asarray(beta, jnp.float32))
@@ -115,11 +127,13 @@ def first_positions(mask: jax.Array, n: int) -> tuple[jax.Array, jax.Array]:
 # --------------------------------------------------------------------------- one-request decisions
 
 
-def choose_worker(policy, key, counts, kv, rr_next, eligible, single_scores) -> jax.Array:
+def choose_worker(policy, key, counts, kv, rr_next, eligible, single_scores, cached=None) -> jax.Array:
     """Pick a worker for one request among `eligible` [G] (at least one must be eligible).
 
     counts [G]: running + queued requests; kv [G]: KV tokens (running + queued prompts);
-    single_scores [G]: F_g({i}) for br0/brh. Ties: lowest index, except random and p2c draws.
+    single_scores [G]: F_g({i}) for br0/brh/br_cache (br_cache's already less its miss penalty);
+    cached [G]: the request's leading prompt tokens cached on each worker (`cache`; None = none cached).
+    Ties: lowest index, except random and p2c draws; `cache` breaks ties on the fewest requests first.
     """
     g = counts.shape[0]
     idx = jnp.arange(g)
@@ -150,20 +164,29 @@ def choose_worker(policy, key, counts, kv, rr_next, eligible, single_scores) -> 
     def balance(_):
         return jnp.argmax(jnp.where(eligible, single_scores, -inf))
 
-    return REGISTRY.switch(policy, [rand, rr, p2c, jsq, least_kv, balance, balance], None).astype(jnp.int32)
+    def cache(_):
+        hit = jnp.zeros((g,), jnp.float32) if cached is None else jnp.asarray(cached, jnp.float32)
+        hit = jnp.where(eligible, hit, -inf)
+        cand = eligible & (hit == jnp.max(hit))
+        return jnp.argmin(jnp.where(cand, counts, inf))
+
+    return REGISTRY.switch(policy, [rand, rr, p2c, jsq, least_kv, balance, balance, balance, cache],
+                           None).astype(jnp.int32)
 
 
 # --------------------------------------------------------------------------- pooled dispatch
 
 
 def balance_dispatch(pool_s, pool_valid, loads_h, free, kv_room, alpha, beta, d, window: int, max_iters: int,
-                     pool_need=None):
+                     pool_need=None, miss=None, miss_weight=1.0):
     """BalanceRoute's two-stage binding of pool entries to workers for one barrier step.
 
     pool_s [P] float: prompt tokens of pool entries (oldest first); pool_valid [P] bool;
     loads_h [G, H+1]: predicted loads (h = 0 is the current load); free [G] int: slots this
     worker may still take this step (min(S - active, R_max)); kv_room [G]: KV tokens left;
-    pool_need [P]: KV room each entry takes (default its prompt; whole blocks in the paged model).
+    pool_need [P]: KV room each entry takes (default its prompt; whole blocks in the paged model);
+    miss [P, G] (br_cache; None = no penalty): prompt tokens worker g would prefill for entry i; a
+    single's score is less miss_weight * miss[i, g], a subset's less miss_weight * its members' sum.
     Margins are measured against the envelope M_h at the start of the step; a worker's own
     bindings in this step lower its margins by what it took.
     Returns assign [P] int32 (worker, or -1 when the entry stays in the pool).
@@ -197,7 +220,10 @@ def balance_dispatch(pool_s, pool_valid, loads_h, free, kv_room, alpha, beta, d,
         it, assign, free_, room, took, blocked = c
         g, _ = pick_worker(free_, took, (free_ > 0) & ~blocked)
         ok = pool_valid & (assign < 0) & (need <= room[g])
-        f = jnp.where(ok, score(pool_s, table, g, took[g], alpha, beta, sum_d), ninf)
+        f = score(pool_s, table, g, took[g], alpha, beta, sum_d)
+        if miss is not None:
+            f = f - miss_weight * miss[:, g]
+        f = jnp.where(ok, f, ninf)
         best = jnp.argmax(f)
         found = ok[best]
         s = jnp.where(found, pool_s[best], 0.0)
@@ -217,7 +243,10 @@ def balance_dispatch(pool_s, pool_valid, loads_h, free, kv_room, alpha, beta, d,
         dn = subsets.astype(jnp.float32) @ jnp.where(w_ok, need[pos], 0.0)
         uses_missing = jnp.any(subsets & ~w_ok[None, :], axis=1)
         feasible = ~uses_missing & (sizes <= free_[g]) & (dn <= room[g])
-        f = jnp.where(feasible, score(ds, table, g, took[g], alpha, beta, sum_d), ninf)
+        f = score(ds, table, g, took[g], alpha, beta, sum_d)
+        if miss is not None:
+            f = f - miss_weight * (subsets.astype(jnp.float32) @ jnp.where(w_ok, miss[pos, g], 0.0))
+        f = jnp.where(feasible, f, ninf)
         best = jnp.argmax(f)
         single = jnp.argmax(jnp.where(feasible & (sizes == 1), f, ninf))
         use = jnp.where(f[best] > 0, best, single)
@@ -243,10 +272,10 @@ def balance_dispatch(pool_s, pool_valid, loads_h, free, kv_room, alpha, beta, d,
 
 
 def fifo_dispatch(policy, key, pool_s, pool_valid, counts, kv, rr_next, free, kv_room, max_iters: int,
-                  pool_need=None):
+                  pool_need=None, cached=None):
     """A baseline in pooled mode: the oldest waiting request goes to the worker the baseline picks
     among those with a free slot this step (and KV room for pool_need, default its prompt), repeated
-    while possible.
+    while possible. cached [P, G]: each entry's leading cached prompt tokens per worker (`cache`).
 
     Returns (assign [P] int32, rr_next).
     """
@@ -268,7 +297,7 @@ def fifo_dispatch(policy, key, pool_s, pool_valid, counts, kv, rr_next, free, kv
         head = jnp.argmax(waiting)
         s = pool_s[head]
         elig = (free_ > 0) & (need[head] <= room)
-        g = choose_worker(policy, sub, counts_, kv_, rr, elig, zeros)
+        g = choose_worker(policy, sub, counts_, kv_, rr, elig, zeros, None if cached is None else cached[head])
         assign = assign.at[head].set(g)
         return (it + 1, assign, counts_.at[g].add(1), kv_.at[g].add(s), free_.at[g].add(-1),
                 room.at[g].add(-need[head]),
