@@ -4,7 +4,8 @@ It follows the rules in jaxroute/clusters/dp_decode.py and jaxroute/routers/bala
 step by step with Python lists, so the jitted model can be checked against it exactly on
 small cases. Random draws (router coin flips, Poisson gaps) come from the same JAX keys;
 time is accumulated in float32 like the model; per-worker step times come from the shared
-cost model. BR-0/BR-H scores are computed directly from their definitions.
+cost model. BR-0/BR-H scores are computed directly from their definitions. Per-rank prefix caches
+are a dict per rank (segment id -> last use), LRU by (last use, segment id).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ def _score(x, margins_g, took_g, alpha, beta, d):
     return alpha * sum(d) * x - beta * pen
 
 
-def _choose(policy, key, counts, kv, rr_next, eligible, single, draw_width=None):
+def _choose(policy, key, counts, kv, rr_next, eligible, single, draw_width=None, cached=None):
     g = len(counts)
     if policy in (balance.RANDOM, balance.P2C):
         u = np.asarray(jax.random.uniform(key, (draw_width or g,)))[:g]  # a model with more ranks than in use
@@ -44,6 +45,9 @@ def _choose(policy, key, counts, kv, rr_next, eligible, single, draw_width=None)
         return min(elig, key=lambda i: (counts[i], i))
     if policy == balance.LEAST_KV:
         return min(elig, key=lambda i: (kv[i], i))
+    if policy == balance.CACHE:  # most cached leading tokens, then fewest requests, then lowest index
+        hit = [0.0] * g if cached is None else cached
+        return min(elig, key=lambda i: (-hit[i], counts[i], i))
     best = max(single[i] for i in elig)
     return min(i for i in elig if single[i] == best)
 
@@ -58,10 +62,13 @@ def _pick_worker(free, took, m0, allowed):
     return min(g for g in cands if m0[g] - took[g] == best)
 
 
-def balance_dispatch_ref(pool_s, loads_h, free, room, alpha, beta, d, window, max_iters, needs=None):
+def balance_dispatch_ref(pool_s, loads_h, free, room, alpha, beta, d, window, max_iters, needs=None, miss=None,
+                         weight=0.0):
     """Two-stage BalanceRoute binding. pool_s: list of prompt sizes (oldest first); needs: KV room each
-    takes (default its size). Returns assign list."""
+    takes (default its size); miss[i][g]: prefill tokens g would compute for entry i (br_cache's penalty,
+    weight per token, summed over a subset). Returns assign list."""
     needs = list(pool_s) if needs is None else list(needs)
+    miss = [[0.0] * len(loads_h) for _ in pool_s] if miss is None else miss
     g_n = len(loads_h)
     hzn = len(d)
     env = [max(loads_h[g][h] for g in range(g_n)) for h in range(hzn)]
@@ -78,7 +85,7 @@ def balance_dispatch_ref(pool_s, loads_h, free, room, alpha, beta, d, window, ma
             best, best_f = None, -np.inf
             for i, s in enumerate(pool_s):
                 if assign[i] < 0 and needs[i] <= room[g]:
-                    f = _score(s, margins[g], took[g], alpha, beta, d)
+                    f = _score(s, margins[g], took[g], alpha, beta, d) - weight * miss[i][g]
                     if f > best_f:
                         best, best_f = i, f
             if best is None:
@@ -104,7 +111,7 @@ def balance_dispatch_ref(pool_s, loads_h, free, room, alpha, beta, d, window, ma
             ds = sum(pool_s[i] for i in members)
             if len(members) > free[g] or sum(needs[i] for i in members) > room[g]:
                 continue
-            f = _score(ds, margins[g], took[g], alpha, beta, d)
+            f = _score(ds, margins[g], took[g], alpha, beta, d) - weight * sum(miss[i][g] for i in members)
             if f > best_f:
                 best, best_f = tuple(members), f
             if len(members) == 1 and f > single_f:
@@ -157,7 +164,8 @@ def _rank_times(cost, batch, kv, prefill):
 
 def simulate(key, prompt, output, trace_arrival, *, n_workers, slots, pool, window, horizon, r_max, kv_capacity,
              max_steps, cost, collective_s, policy, dispatch, predictor=1, alpha=1.0, beta=None, gamma=0.95,
-             arrival=0, rate=1.0, block_size=128, preempt=True, cap_immediate=False, local=None, draw_width=None):
+             arrival=0, rate=1.0, block_size=128, preempt=True, cap_immediate=False, local=None, draw_width=None,
+             segs=None, seg_len=None, cache_tokens=0, cache_weight=1.0):
     """Run the reference; returns per-request (worker, admit_t, finish_t, done) and metrics.
 
     One step: intake (pooled: fill the pool up to P; immediate: route every arrived request to a
@@ -166,8 +174,16 @@ def simulate(key, prompt, output, trace_arrival, *, n_workers, slots, pool, wind
     rank that just preempted), pooled binding into what is left, one decode step.
     local[i]: request i is prefilled by its rank at its first admission (a prefill in that step).
     draw_width: the model's rank count when it has more ranks than n_workers in use (random draws span it).
+    segs[i]: request i's prompt segments [(segment id, tokens), ...] in prompt order; seg_len[id] their
+    lengths; cache_tokens > 0: per-rank prefix caches of that budget. A local request's first admission
+    on rank g prefills prompt - hit (hit: leading cached tokens on g, at most prompt - 1), read on the
+    cache at the step's start; after binding its segments are inserted (last use = the step's start),
+    then each rank evicts LRU (last use, then segment id), sparing this step's, while over its budget.
+    cache_weight: br_cache's weight on those missed tokens.
     """
     local = [False] * len(prompt) if local is None else list(local)
+    caching = cache_tokens > 0
+    segs = [[] for _ in prompt] if segs is None else [list(x) for x in segs]
     n, g_n = len(prompt), n_workers
     n_blocks = kv_capacity // block_size
     beta = float(n_workers) if beta is None else beta
@@ -177,11 +193,12 @@ def simulate(key, prompt, output, trace_arrival, *, n_workers, slots, pool, wind
         prompt = [prompt[i] for i in perm]
         output = [output[i] for i in perm]
         local = [local[i] for i in perm]
+        segs = [segs[i] for i in perm]
     gaps = jax.random.exponential(k_arr, (n,)) / max(rate, 1e-12)
     poisson_t = np.asarray(jax.numpy.cumsum(gaps) - gaps[0], np.float32)
     arr = [F32(0.0)] * n if arrival == 0 else ([F32(x) for x in poisson_t] if arrival == 1 else
                                                [F32(x) for x in trace_arrival])
-    if policy == balance.BR0:
+    if policy in (balance.BR0, balance.BR_CACHE):
         a, b, d = 1.0, float(n_workers), [1.0] + [0.0] * horizon
     else:
         a, b, d = alpha, beta, [float(F32(gamma) ** F32(h)) for h in range(horizon + 1)]
@@ -197,6 +214,23 @@ def simulate(key, prompt, output, trace_arrival, *, n_workers, slots, pool, wind
     sum_imb = sum_idle = 0.0
     kv_overflow = False
     pooled = dispatch == balance.POOLED
+    w_cache = float(F32(cache_weight)) if policy == balance.BR_CACHE else 0.0
+    cache: list[dict[int, float]] = [{} for _ in range(g_n)]  # segment id -> last use, per rank
+    prefill_tokens = hit_tokens = first_prompt = evictions = 0
+
+    def hit(r, g):
+        """Leading cached prompt tokens of r on g (at most prompt - 1)."""
+        tok = 0
+        for sid, k in segs[r]:
+            if k == 0:
+                continue
+            if sid not in cache[g]:
+                break
+            tok += k
+        return min(tok, max(prompt[r] - 1, 0))
+
+    def miss(r, g):
+        return float(prompt[r] - hit(r, g)) if (local[r] and worker_of[r] < 0) else 0.0
 
     def loads():
         return [float(sum(prompt[r] + gen[r] for r in running[g])) for g in range(g_n)]
@@ -242,7 +276,11 @@ def simulate(key, prompt, output, trace_arrival, *, n_workers, slots, pool, wind
                 rid = next_in + i
                 s = float(prompt[rid])
                 single = [_score(s, margins[g], took[g], a, b, d) for g in range(g_n)]
-                gi = _choose(policy, sub, counts, kv, rr, [True] * g_n, single, draw_width)
+                cached = None
+                if caching:
+                    single = [single[g] - w_cache * miss(rid, g) for g in range(g_n)]
+                    cached = [float(hit(rid, g)) for g in range(g_n)]
+                gi = _choose(policy, sub, counts, kv, rr, [True] * g_n, single, draw_width, cached)
                 queues[gi].append(rid)
                 counts[gi] += 1
                 kv[gi] += s
@@ -268,6 +306,7 @@ def simulate(key, prompt, output, trace_arrival, *, n_workers, slots, pool, wind
         # FCFS admission from the local queue (head-of-line blocking)
         recompute = [0] * g_n
         prefill = [0] * g_n  # first admissions prefilled on their rank (local)
+        inserts = []  # (request, rank) first local admissions: their segments enter the rank's cache
         free = []
         free_blocks = []
         for g in range(g_n):
@@ -283,7 +322,11 @@ def simulate(key, prompt, output, trace_arrival, *, n_workers, slots, pool, wind
                 if gen[rid] > 0:
                     recompute[g] += prompt[rid] + gen[rid]
                 elif local[rid] and worker_of[rid] < 0:
-                    prefill[g] += prompt[rid]
+                    h = hit(rid, g) if caching else 0
+                    prefill[g] += prompt[rid] - h
+                    hit_tokens += h
+                    first_prompt += prompt[rid]
+                    inserts.append((rid, g))
             if queues[g] and _blocks(prompt[queues[g][0]] + gen[queues[g][0]] + 1, block_size) > n_blocks:
                 kv_overflow = True
             recomputed += recompute[g]
@@ -298,8 +341,10 @@ def simulate(key, prompt, output, trace_arrival, *, n_workers, slots, pool, wind
             room = [float(fb * block_size) for fb in free_blocks]
             sizes = [float(prompt[r]) for r in pool_ids]
             needs = [float(_blocks(prompt[r] + 1, block_size) * block_size) for r in pool_ids]
-            if policy in (balance.BR0, balance.BRH):
-                assign = balance_dispatch_ref(sizes, lh, free, room, a, b, d, window, g_n * r_max, needs)
+            pool_miss = [[miss(r, g) for g in range(g_n)] for r in pool_ids] if caching else None
+            if policy in (balance.BR0, balance.BRH, balance.BR_CACHE):
+                assign = balance_dispatch_ref(sizes, lh, free, room, a, b, d, window, g_n * r_max, needs, pool_miss,
+                                              w_cache)
             else:
                 assign = [-1] * len(pool_ids)
                 counts = [float(len(running[g])) for g in range(g_n)]
@@ -311,7 +356,8 @@ def simulate(key, prompt, output, trace_arrival, *, n_workers, slots, pool, wind
                     if not any(elig):
                         break
                     k, sub = jax.random.split(k)
-                    gi = _choose(policy, sub, counts, kv, rr, elig, [0.0] * g_n, draw_width)
+                    cached = [float(hit(pool_ids[head], g)) for g in range(g_n)] if caching else None
+                    gi = _choose(policy, sub, counts, kv, rr, elig, [0.0] * g_n, draw_width, cached)
                     assign[head] = gi
                     counts[gi] += 1
                     kv[gi] += sizes[head]
@@ -322,9 +368,28 @@ def simulate(key, prompt, output, trace_arrival, *, n_workers, slots, pool, wind
             chosen = [(r, w) for r, w in zip(pool_ids, assign, strict=True) if w >= 0]
             for r, w in chosen:
                 if local[r] and worker_of[r] < 0:
-                    prefill[w] += prompt[r]
+                    h = hit(r, w) if caching else 0
+                    prefill[w] += prompt[r] - h
+                    hit_tokens += h
+                    first_prompt += prompt[r]
+                    inserts.append((r, w))
             place([r for r, _ in chosen], [w for _, w in chosen])
             pool_ids = [r for r, w in zip(pool_ids, assign, strict=True) if w < 0]
+        prefill_tokens += sum(prefill)
+        if caching:  # insert this step's admissions, then LRU eviction to the budget (sparing this step's)
+            new = [set() for _ in range(g_n)]
+            for r, g in inserts:
+                for sid, k in segs[r]:
+                    if k > 0:
+                        cache[g][sid] = float(t)
+                        new[g].add(sid)
+            for g in range(g_n):
+                while sum(seg_len[s] for s in cache[g]) > cache_tokens:
+                    cands = [s for s in cache[g] if s not in new[g]]
+                    if not cands:
+                        break
+                    del cache[g][min(cands, key=lambda s, g=g: (cache[g][s], s))]
+                    evictions += 1
         # decode
         n_act = [len(running[g]) for g in range(g_n)]
         load = loads()
@@ -365,6 +430,8 @@ def simulate(key, prompt, output, trace_arrival, *, n_workers, slots, pool, wind
         "tpot_p95_s": float(np.percentile(tp, 95)) if len(tp) else 0.0,
         "throughput_tok_s": tokens_out / max(makespan, 1e-9), "kv_overflow": kv_overflow,
         "preemptions": preemptions, "recomputed_tokens": recomputed,
+        "prefill_tokens": prefill_tokens, "hit_rate": hit_tokens / max(first_prompt, 1),
+        "cache_evictions": evictions,
     }
 
 

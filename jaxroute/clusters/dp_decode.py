@@ -25,11 +25,31 @@ plus tokens generated so far). One step, in the order of vLLM's scheduler:
    read and recompute prefill; independent replicas or DP-attention + EP MoE) + collective
    overhead. When nothing runs the clock jumps to the next arrival (no barrier step).
 
+Per-rank prefix caches (SGLang DP attention: every rank has its own radix cache and prefills its
+own requests; static `DecodeModel.prefix_cache_tokens` > 0, 0 = none). A workload with segments
+(`make_prefix_workload`: seg_ids/seg_tok per request, seg_len per id; a segment id always has the
+same parent, so the leading cached segments are a prefix match) sets `cached` [G, M+1] and
+`last_use` [G, M+1] per rank. At a request's first admission on rank g (local queue admission or
+pooled binding) that it prefills itself (local_prefill), it prefills prompt - hit tokens, hit = the
+leading cached tokens of its segments on g, at most prompt - 1 (a fully cached prompt still
+computes its last token, as vLLM). Hits are read on the cache as it was at the step's start:
+admissions and bindings within one step do not see each other's insertions (nor do the routers'
+estimates). After binding, every admitted request's segments are inserted on its rank with
+last_use = the step's start time; then, while a rank's cached tokens (Σ seg_len of its cached
+segments) exceed prefix_cache_tokens, its least recently used segment goes (ties: lowest segment
+id), never one inserted or touched in this step: when only those remain the cache stays over its
+budget until the next step's eviction. Simplifications: the cache's KV sits outside the block pool
+(its own budget; admission still takes blocks for the whole prompt); only locally prefilled
+requests read or fill it (landed KV and preemption recomputes do not), and outputs are not cached.
+Policies br_cache and cache (`routers.balance.CACHE_POLICIES`) route on these caches.
+
 Seeds: saturated and Poisson runs take the workload's requests in a per-seed random order
 (trace replays keep the trace order), so every seed is a different replay.
 Metrics average over barrier steps: imbalance_tokens (max - min load), barrier_idle_tokens
 (I = G*M - Σ L); per request TPOT = (finish - first admission) / output tokens; preemptions and
-recomputed tokens; output tokens per step. The loaded phase ends when the last request is admitted.
+recomputed tokens; output tokens per step; prefill_tokens (prefilled by the ranks at first
+admissions), hit_rate (cached prompt tokens at those admissions / their prompt tokens) and
+cache_evictions (segments evicted). The loaded phase ends when the last request is admitted.
 """
 
 from __future__ import annotations
@@ -42,6 +62,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxroute import cost_models, metrics, sim
+from jaxroute.clusters import prefix_cache
 from jaxroute.errors import JaxrouteError
 from jaxroute.predictors import base as predictors
 from jaxroute.registry import PolicyRegistry
@@ -85,6 +106,9 @@ class DecodeWorkload:
     bank: tuple = ()  # fitted predictor tables (predictors.base), one per registered deployable kind
     local_prefill: jax.Array | None = None  # [N] bool the rank prefills the prompt itself at first admission
     #                                         (a request a P/D decider kept off the prefill tier; None = none)
+    seg_ids: jax.Array | None = None  # [N, S] int32 prompt segment ids in prompt order (pad M; None = no segments)
+    seg_tok: jax.Array | None = None  # [N, S] int32 tokens of each (0 = pad)
+    seg_len: jax.Array | None = None  # [M+1] int32 tokens of each segment id (dummy M last, 0 tokens)
 
 
 @jax.tree_util.register_dataclass
@@ -101,14 +125,17 @@ class DecodeParams:
     arrival: jax.Array  # [] int32 id in ARRIVAL_REGISTRY (0 saturated, 1 poisson, 2 trace)
     rate: jax.Array  # [] float32 Poisson rate (requests/s)
     n_active: jax.Array | None = None  # [] int32 ranks in use, the first n_active (None = all n_workers)
+    cache_weight: jax.Array | None = None  # [] float32 br_cache's weight on missed prefill tokens (None = 1.0)
 
 
 def make_params(policy: str, *, n_workers: int, dispatch: str | None = None, predictor: int = 1,
                 alpha: float = DEFAULT_ALPHA, beta: float | None = None, gamma: float = DEFAULT_GAMMA,
-                arrival: str = "saturated", rate: float = 1.0, n_active: int | None = None) -> DecodeParams:
+                arrival: str = "saturated", rate: float = 1.0, n_active: int | None = None,
+                cache_weight: float = 1.0) -> DecodeParams:
     """Params for one row; beta defaults to G (the ranks in use); dispatch defaults to the policy's own mode.
 
     n_active: ranks in use of a model built for n_workers (a traced count: a sweep over it is one compilation).
+    cache_weight: br_cache's penalty per prompt token a rank would prefill (traced; other policies ignore it).
 
     predictor is a kind id (`predictors.base.kind_id(name)`); whether the workload's bank has
     its fitted table is checked where params and workload meet (`DecodeModel.check_params`).
@@ -125,12 +152,15 @@ def make_params(policy: str, *, n_workers: int, dispatch: str | None = None, pre
     for name, v in (("alpha", alpha), ("beta", beta), ("gamma", gamma)):
         if v is not None and not (math.isfinite(v) and v >= 0):
             raise JaxrouteError(f"BR-H {name} must be a finite non-negative number, got {v}")
+    if not (math.isfinite(cache_weight) and cache_weight >= 0):
+        raise JaxrouteError(f"cache weight must be a finite non-negative number, got {cache_weight}")
     disp = balance.default_dispatch(policy) if dispatch is None else balance.DISPATCH_MODES.index(dispatch)
     f32 = lambda x: jnp.asarray(x, jnp.float32)
     i32 = lambda x: jnp.asarray(x, jnp.int32)
     g = n_workers if n_active is None else n_active
     return DecodeParams(i32(pid), i32(disp), i32(predictor), f32(alpha), f32(g if beta is None else beta), f32(gamma),
-                        i32(ARRIVALS.index(arrival)), f32(rate), None if n_active is None else i32(n_active))
+                        i32(ARRIVALS.index(arrival)), f32(rate), None if n_active is None else i32(n_active),
+                        f32(cache_weight))
 
 
 def make_workload(req: DecodeRequests, cost: cost_models.CostParams, collective_s: float = DEFAULT_COLLECTIVE_S,
@@ -143,6 +173,28 @@ def make_workload(req: DecodeRequests, cost: cost_models.CostParams, collective_
         cost=cost,
         collective_s=jnp.asarray(collective_s, jnp.float32),
         bank=tuple(bank),
+    )
+
+
+def make_prefix_workload(table, cost: cost_models.CostParams, collective_s: float = DEFAULT_COLLECTIVE_S,
+                         bank: tuple = ()) -> DecodeWorkload:
+    """A DecodeWorkload from a prefix workload's realised `RequestTable` (workloads.prefix): colocated
+    prefill (every request is prefilled by its rank, local_prefill all True) and the prompt segments,
+    for a model with per-rank prefix caches (`DecodeModel.prefix_cache_tokens`). Output segments
+    (`out_seg`) are not cached; landed KV (`landed`) is ignored."""
+    n = table.prompt_tok.shape[0]
+    return DecodeWorkload(
+        prompt=jnp.asarray(table.prompt_tok, jnp.int32),
+        output=jnp.asarray(table.out_tok, jnp.int32),
+        arrival_s=jnp.asarray(table.arrival_s, jnp.float32),
+        key_id=jnp.full((n,), -1, jnp.int32),
+        cost=cost,
+        collective_s=jnp.asarray(collective_s, jnp.float32),
+        bank=tuple(bank),
+        local_prefill=jnp.ones((n,), bool),
+        seg_ids=jnp.asarray(table.seg_ids, jnp.int32),
+        seg_tok=jnp.asarray(table.seg_tok, jnp.int32),
+        seg_len=jnp.asarray(table.seg_len, jnp.int32),
     )
 
 
@@ -190,6 +242,14 @@ class DecodeState:
     tokens_loaded: jax.Array  # [] int32 tokens emitted up to then
     trace_kv: jax.Array  # [T, G] float32 sampled per-worker loads
     trace_t: jax.Array  # [T] float32 sample times
+    seg_ids: jax.Array  # [N, S] int32 prompt segments, in this run's arrival order ([N, 1] without caches)
+    seg_tok: jax.Array  # [N, S] int32 their tokens, same order
+    cached: jax.Array  # [G, M+1] bool segments in each rank's prefix cache ([G, 1] without caches)
+    last_use: jax.Array  # [G, M+1] float32 start of the step that last inserted or hit each
+    cache_evictions: jax.Array  # [] int32 segments evicted
+    prefill_tok: jax.Array  # [] int32 tokens prefilled by the ranks at first admissions (prompt - hit)
+    hit_tok: jax.Array  # [] int32 cached prompt tokens at those admissions
+    first_prompt_tok: jax.Array  # [] int32 prompt tokens of those admissions
 
 
 @dataclasses.dataclass(frozen=True)
@@ -209,6 +269,7 @@ class DecodeModel(sim.Model):
     block_size: int = DEFAULT_BLOCK_SIZE  # tokens per KV block (vLLM paged attention)
     preempt: bool = True  # preempt the newest requests (recompute) when a rank runs out of blocks
     cap_immediate: bool = False  # legacy: immediate dispatch also held to P waiting requests in total
+    prefix_cache_tokens: int = 0  # per-rank prefix cache budget in tokens (0 = no caches; outside the block pool)
 
     def __post_init__(self):
         for name in ("n_workers", "n_requests", "max_steps", "slots", "pool", "window", "r_max", "trace_points"):
@@ -225,6 +286,8 @@ class DecodeModel(sim.Model):
             raise JaxrouteError(f"KV block size must be a positive integer, got {self.block_size!r}")
         if self.kv_capacity < self.block_size:
             raise JaxrouteError(f"KV capacity {self.kv_capacity} tokens holds no block of {self.block_size} tokens")
+        if not isinstance(self.prefix_cache_tokens, int) or self.prefix_cache_tokens < 0:
+            raise JaxrouteError(f"prefix cache tokens must be a non-negative integer, got {self.prefix_cache_tokens!r}")
 
     @property
     def n_blocks(self) -> int:
@@ -248,8 +311,19 @@ class DecodeModel(sim.Model):
         Policy, dispatch mode and arrival mode ids must name an entry; a predictor id must
         name a predictor whose fitted table is in the workload's bank (a `learned` id with a
         bank that lacks the learned slot would otherwise run the last fitted predictor).
+        The cache-aware policies (br_cache, cache) need prefix caches, and caches need segments.
         """
         balance.REGISTRY.check_id(params.policy)
+        if not isinstance(params.policy, jax.core.Tracer):
+            ids = np.asarray(params.policy)
+            bad = sorted({balance.REGISTRY.names[i] for i in ids.ravel().tolist() if i in balance.CACHE_IDS})
+            if bad and self.prefix_cache_tokens == 0:
+                raise JaxrouteError(f"decode policy {', '.join(bad)} needs per-rank prefix caches: its id is out of "
+                                    "range for a model without them (set DecodeModel.prefix_cache_tokens > 0 and give "
+                                    "the workload its segments, e.g. make_prefix_workload)")
+        if self.prefix_cache_tokens > 0 and workload is not None and workload.seg_ids is None:
+            raise JaxrouteError("a decode model with prefix caches needs a workload with prompt segments "
+                                "(make_prefix_workload)")
         balance.DISPATCH_REGISTRY.check_id(params.dispatch)
         if params.n_active is not None:
             use = np.asarray(params.n_active)
@@ -265,6 +339,11 @@ class DecodeModel(sim.Model):
 
     def init(self, key, wl: DecodeWorkload, params: DecodeParams) -> DecodeState:
         n, g, s, p = self.n_requests, self.n_workers, self.slots, self.pool
+        caching = self.prefix_cache_tokens > 0
+        if caching and (wl.seg_ids is None or wl.seg_tok is None or wl.seg_len is None):
+            raise JaxrouteError("a decode model with prefix caches needs a workload with prompt segments "
+                                "(make_prefix_workload)")
+        m1 = wl.seg_len.shape[0] if caching else 1
         key, k_arr, k_perm = jax.random.split(key, 3)
         # Per-seed variation: saturated and Poisson runs take the requests in a random order;
         # trace replays keep the trace's order and timestamps.
@@ -292,9 +371,50 @@ class DecodeModel(sim.Model):
             kv_overflow=jnp.bool_(False), all_admitted_t=f0, tokens_loaded=i0,
             trace_kv=jnp.zeros((self.trace_points, g), jnp.float32),
             trace_t=jnp.zeros((self.trace_points,), jnp.float32),
+            seg_ids=wl.seg_ids[perm] if caching else jnp.zeros((n, 1), jnp.int32),
+            seg_tok=wl.seg_tok[perm] if caching else jnp.zeros((n, 1), jnp.int32),
+            cached=jnp.zeros((g, m1), bool), last_use=jnp.zeros((g, m1), jnp.float32), cache_evictions=i0,
+            prefill_tok=i0, hit_tok=i0, first_prompt_tok=i0,
         )
 
     # ------------------------------------------------------------------ helpers
+
+    def hits_from(self, st: DecodeState, cached: jax.Array, ids: jax.Array) -> jax.Array:
+        """Leading cached prompt tokens of requests ids [...] given their segments' flags cached [..., S],
+        at most prompt - 1 (a fully cached prompt still computes its last token)."""
+        _, tok = prefix_cache.leading_run(cached, st.seg_tok[ids])
+        return jnp.clip(tok, 0, jnp.maximum(st.prompt[ids] - 1, 0)).astype(jnp.int32)
+
+    def prefix_hits(self, st: DecodeState, ids: jax.Array) -> jax.Array:
+        """[G, ...] each rank's cached leading prompt tokens of requests ids [...] (valid ids)."""
+        return self.hits_from(st, st.cached[:, st.seg_ids[ids]], ids)
+
+    def inserted(self, st: DecodeState, ranks: jax.Array, ids: jax.Array, mask: jax.Array) -> jax.Array:
+        """[G, M+1] bool the segments of requests ids [K] on ranks [K] where mask [K] (pads left out)."""
+        seg = st.seg_ids[ids]
+        ok = mask[:, None] & (st.seg_tok[ids] > 0)
+        m1 = st.cached.shape[1]
+        rows = jnp.where(ok, ranks[:, None], self.n_workers)
+        return jnp.zeros(st.cached.shape, bool).at[rows, jnp.where(ok, seg, m1)].set(True, mode="drop")
+
+    def evict(self, cached: jax.Array, last_use: jax.Array, new: jax.Array, seg_len: jax.Array):
+        """(cached, segments evicted): on every rank over its budget, the least recently used cached
+        segment (ties: lowest id) goes, never one in `new` (this step's), until it fits or only those remain."""
+        g = self.n_workers
+        ranks = jnp.arange(g)
+
+        def need(c):
+            over = jnp.sum(jnp.where(c, seg_len[None, :], 0), axis=1) > self.prefix_cache_tokens
+            return over & jnp.any(c & ~new, axis=1)
+
+        def body(c):
+            cached, n_ev = c
+            go = need(cached)
+            lu = jnp.where(cached & ~new, last_use, jnp.inf)
+            k = jnp.argmax(cached & ~new & (lu == jnp.min(lu, axis=1, keepdims=True)), axis=1)  # lowest id
+            return cached.at[ranks, k].set(cached[ranks, k] & ~go), n_ev + jnp.sum(go).astype(jnp.int32)
+
+        return jax.lax.while_loop(lambda c: jnp.any(need(c[0])), body, (cached, jnp.int32(0)))
 
     def in_use(self, params: DecodeParams) -> jax.Array:
         """[G] bool ranks in use (the first params.n_active; the rest never get a request)."""
@@ -409,6 +529,11 @@ class DecodeModel(sim.Model):
         load = self.loads(st, wl)
         loads_h = self.predicted_loads(st, wl, params)
         rows = jnp.arange(g)[:, None]
+        # prefix caches (static): hits below are read on the cache at the step's start; this step's
+        # insertions are applied after binding. br_cache weighs missed prefill tokens (others: 0).
+        caching = self.prefix_cache_tokens > 0
+        weight = jnp.float32(1.0) if params.cache_weight is None else params.cache_weight
+        w_cache = jnp.where(params.policy == balance.BR_CACHE, weight, 0.0).astype(jnp.float32)
 
         # ---- 1. intake: pooled mode fills the prompt pool (capacity P; the rest wait in the prefill
         # tier, which holds their KV); immediate mode routes every prefill-completed request on arrival.
@@ -434,7 +559,12 @@ class DecodeModel(sim.Model):
                 rid = st.next_in + i
                 s_i = st.prompt[rid].astype(jnp.float32)
                 single = jax.vmap(lambda gg: balance.score(s_i, table, gg, took[gg], a, b, sum_d))(jnp.arange(g))
-                gi = balance.choose_worker(params.policy, sub, counts, kv, rr, use, single)
+                hit_i = None
+                if caching:
+                    hit_i = self.prefix_hits(st, rid).astype(jnp.float32)  # [G]
+                    miss_i = jnp.where(st.local[rid], s_i - hit_i, 0.0)
+                    single = single - w_cache * miss_i
+                gi = balance.choose_worker(params.policy, sub, counts, kv, rr, use, single, hit_i)
                 queue = queue.at[gi, (st.q_head[gi] + qlen[gi]) % n].set(rid)
                 return (i + 1, queue, qlen.at[gi].add(1), counts.at[gi].add(1.0), kv.at[gi].add(s_i),
                         took.at[gi].add(s_i), (gi + 1) % g_use, k, q_tok.at[gi].add(st.prompt[rid]))
@@ -494,7 +624,15 @@ class DecodeModel(sim.Model):
                    | jnp.any((st.pool >= 0) & (pool_need > self.n_blocks)))
         recompute = jnp.sum(jnp.where(admit & (h_gen > 0), st.prompt[hid] + h_gen, 0), axis=1)
         first_local = admit & st.local[hid] & (st.worker_of[hid] < 0)  # prefilled here, in this step
-        prefill_now = recompute + jnp.sum(jnp.where(first_local, st.prompt[hid], 0), axis=1)
+        if caching:  # each head entry's hit on its own rank
+            hit_q = jnp.where(first_local, self.hits_from(st, st.cached[rows[:, :, None], st.seg_ids[hid]], hid), 0)
+            ins = self.inserted(st, jnp.broadcast_to(rows, hid.shape).reshape(-1), hid.reshape(-1),
+                                first_local.reshape(-1))
+        else:
+            hit_q = jnp.zeros(hid.shape, jnp.int32)
+        prefill_first = jnp.sum(jnp.where(first_local, st.prompt[hid] - hit_q, 0), axis=1)
+        prefill_now = recompute + prefill_first
+        first_stats = (jnp.sum(hit_q), jnp.sum(jnp.where(first_local, st.prompt[hid], 0)))
         st = self.place(st, jnp.where(admit, head, -1).reshape(-1), jnp.where(admit, rows, -1).reshape(-1))
         st = dataclasses.replace(st, q_head=(st.q_head + n_adm) % n, q_len=st.q_len - n_adm,
                                  q_tokens=st.q_tokens - jnp.sum(jnp.where(admit, st.prompt[hid], 0), axis=1),
@@ -511,26 +649,51 @@ class DecodeModel(sim.Model):
             pool_s = jnp.where(valid, st.prompt[pid], 0).astype(jnp.float32)
             pool_need = jnp.where(valid, self.blocks(st.prompt[pid] + 1) * self.block_size, 0).astype(jnp.float32)
             room = (free_blocks * self.block_size).astype(jnp.float32)
-            is_br = (params.policy == balance.BR0) | (params.policy == balance.BRH)
+            is_br = (params.policy == balance.BR0) | (params.policy == balance.BRH) | (params.policy == balance.BR_CACHE)
             counts = n_active.astype(jnp.float32) + n_adm
+            first_p = valid & st.local[pid] & (st.worker_of[pid] < 0)
+            if caching:
+                hit_p = self.prefix_hits(st, pid).T  # [P, G] on the cache at the step's start
+                miss = jnp.where(first_p[:, None], st.prompt[pid][:, None] - hit_p, 0).astype(jnp.float32)
+            else:
+                hit_p = miss = None
 
             def br(_):
                 return balance.balance_dispatch(pool_s, valid, loads_h, free_p, room, a, b, d, self.window,
-                                                g * self.r_max, pool_need=pool_need), st.rr_next
+                                                g * self.r_max, pool_need=pool_need, miss=miss,
+                                                miss_weight=w_cache), st.rr_next
 
             def fifo(_):
                 return balance.fifo_dispatch(params.policy, k_out, pool_s, valid, counts, self.loads(st, wl),
-                                             st.rr_next, free_p, room, g * self.r_max, pool_need=pool_need)
+                                             st.rr_next, free_p, room, g * self.r_max, pool_need=pool_need,
+                                             cached=None if hit_p is None else hit_p.astype(jnp.float32))
 
             assign, rr = jax.lax.cond(is_br, br, fifo, None)
-            bound_local = (assign >= 0) & st.local[pid] & (st.worker_of[pid] < 0)
-            local_tok = jnp.zeros((g,), jnp.int32).at[jnp.where(bound_local, assign, g)].add(st.prompt[pid], mode="drop")
+            bound_local = (assign >= 0) & first_p
+            hit_b = (jnp.where(bound_local, hit_p[jnp.arange(p), jnp.maximum(assign, 0)], 0) if caching
+                     else jnp.zeros((p,), jnp.int32))
+            local_tok = jnp.zeros((g,), jnp.int32).at[jnp.where(bound_local, assign, g)].add(
+                st.prompt[pid] - hit_b, mode="drop")
+            stats = (jnp.sum(hit_b), jnp.sum(jnp.where(bound_local, st.prompt[pid], 0)))
+            ins_p = self.inserted(st, assign, pid, bound_local) if caching else None
             st = self.place(st, jnp.where(assign >= 0, st.pool, -1), assign)
             left = jnp.where(assign >= 0, -1, st.pool)
-            return dataclasses.replace(st, pool=compact(left), rr_next=rr), local_tok
+            return dataclasses.replace(st, pool=compact(left), rr_next=rr), local_tok, stats, ins_p
 
-        st, pooled_local = jax.lax.cond(pooled, admit_pooled, lambda st: (st, jnp.zeros((g,), jnp.int32)), st)
+        def no_pool(st):
+            zero = jnp.int32(0)
+            return st, jnp.zeros((g,), jnp.int32), (zero, zero), jnp.zeros(st.cached.shape, bool) if caching else None
+
+        st, pooled_local, pooled_stats, ins_p = jax.lax.cond(pooled, admit_pooled, no_pool, st)
         prefill_now = prefill_now + pooled_local
+        st = dataclasses.replace(st, prefill_tok=st.prefill_tok + jnp.sum(prefill_first) + jnp.sum(pooled_local),
+                                 hit_tok=st.hit_tok + first_stats[0] + pooled_stats[0],
+                                 first_prompt_tok=st.first_prompt_tok + first_stats[1] + pooled_stats[1])
+        if caching:  # this step's admissions fill their ranks' caches, then LRU eviction to the budget
+            ins = ins | ins_p
+            last_use = jnp.where(ins, st.t, st.last_use)
+            cached, n_ev = self.evict(st.cached | ins, last_use, ins, wl.seg_len)
+            st = dataclasses.replace(st, cached=cached, last_use=last_use, cache_evictions=st.cache_evictions + n_ev)
 
         # ---- 5. one decode step (or a jump to the next arrival when idle)
         active = st.slot_req >= 0
@@ -646,6 +809,9 @@ class DecodeModel(sim.Model):
             "request_first_s": jnp.where(done, st.first_t, -1.0),
             "trace_kv": st.trace_kv,
             "trace_t": st.trace_t,
+            "prefill_tokens": st.prefill_tok,
+            "hit_rate": st.hit_tok.astype(jnp.float32) / jnp.maximum(st.first_prompt_tok, 1).astype(jnp.float32),
+            "cache_evictions": st.cache_evictions,
         }
         return out
 

@@ -12,6 +12,9 @@ Cache-aware (CACHE_POLICIES; they need ranks with prefix caches, `DecodeModel.pr
   br_cache  BR-0's F_g(Q) - w Σ_{i in Q} miss_{i,g}: miss_{i,g} = the prompt tokens rank g would
             prefill for i (prompt - leading cached tokens on g, at most prompt - 1 cached), w the
             traced `cache_weight`; pooled like br0 (immediate: choose_worker on the penalised singles).
+            miss is read on the caches at the step's start (a step's bindings do not see each other's
+            insertions). The worker order of both stages is br0's, so the penalty changes which
+            requests a worker takes, not which worker goes next; w = 0 is br0 exactly.
   cache     cache-only routing on arrival: the rank with the most cached leading prompt tokens
             (ties: fewest requests, running + queued, then lowest index).
 
