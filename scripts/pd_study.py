@@ -11,6 +11,10 @@ Rows per workload: every P:D in 1:7 ... 7:1, prefill router llmd_precise or rand
 disaggregated rows are one compiled grid per tier (P and D are traced). Each SLO pair (tight and loose, per
 workload) is applied to the same runs' per-request records.
 
+A third part puts the cache-aware BalanceRoute (no peer has it) beside BR-0, cache-only routing and JSQ on the
+same 8 groups run as decode DP ranks with colocated prefill and a prefix cache each (SGLang DP attention):
+shared-prefix, Poisson at 40 req/s and saturated (every request waiting at t = 0).
+
 Published claims checked (DistServe, OSDI'24; Splitwise, ISCA'24):
 1. Disaggregation wins (goodput within SLO) when both the TTFT and the TPOT SLO are tight; colocation is
    competitive when they are loose (DistServe §2-3: prefill-decode interference inflates TPOT; Splitwise §3).
@@ -89,6 +93,24 @@ def study(name: str, scale: dict, plots: Path, progress: bool) -> dict:
     return out
 
 
+CACHE_POLICIES = ("jsq", "br0", "br_cache", "cache")
+
+
+def cache_aware(scale: dict, progress: bool) -> dict:
+    """br_cache against br0, cache-only and jsq on colocated DP ranks with prefix caches."""
+    workload = build_workload("shared-prefix", scale["requests"], None, shared_prefix=SP)
+    out = {}
+    for arrival in ("poisson", "saturated"):
+        start = time.perf_counter()
+        res = pd.run_cache_aware_dp(workload, CACHE_POLICIES, ranks=GROUPS, rate=WORKLOADS["shared-prefix"][0],
+                                    seeds=scale["seeds"], dep=DEP, arrival=arrival, progress=progress)
+        print(f"\n[cache-aware DP, {arrival}] shared-prefix on {GROUPS} DP ranks ({DEP.model}, TP {DEP.tp}), colocated "
+              f"prefill, prefix cache of {res.records[0].params['cache_tokens']:,} tokens per rank")
+        print(report.format_table(res.records, pd.CACHE_DP_METRICS))
+        out[arrival] = {"wall_s": time.perf_counter() - start, "records": [r.as_json() for r in res.records]}
+    return out
+
+
 def verdicts(out: dict) -> list[str]:
     """The two published claims against our numbers."""
     lines = []
@@ -113,13 +135,15 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="small run, same code paths (2 seeds x 48 requests, 3 ratios)")
     ap.add_argument("--seeds", type=int, default=None, help="seeds per row (default 4; quick 2)")
     ap.add_argument("--requests", type=int, default=None, help="requests per run (default 300; quick 48)")
-    ap.add_argument("--workloads", default=",".join(WORKLOADS), help=f"which (default {','.join(WORKLOADS)})")
+    parts = (*WORKLOADS, "cache-aware")
+    ap.add_argument("--parts", default=",".join(parts), help=f"which parts to run (default {','.join(parts)})")
     ap.add_argument("--out", default="results/pd_study.json", help="JSON output path; PNGs go beside it")
     ap.add_argument("--progress", action="store_true", help="show progress bars")
     args = ap.parse_args(argv)
-    names = [w.strip() for w in args.workloads.split(",") if w.strip()]
-    if unknown := [w for w in names if w not in WORKLOADS]:
-        ap.error(f"unknown workload(s) {unknown}; choose from: {', '.join(WORKLOADS)}")
+    chosen = [w.strip() for w in args.parts.split(",") if w.strip()]
+    if unknown := [w for w in chosen if w not in parts]:
+        ap.error(f"unknown part(s) {unknown}; choose from: {', '.join(parts)}")
+    names = [w for w in chosen if w in WORKLOADS]
     use_all_cpu_cores()
     scale = {"seeds": args.seeds or (2 if args.quick else 4), "requests": args.requests or (48 if args.quick else 300),
              "quick": args.quick}
@@ -130,6 +154,8 @@ def main(argv=None) -> int:
     start = time.perf_counter()
     for name in names:
         out["workloads"][name] = study(name, scale, plots, args.progress)
+    if "cache-aware" in chosen:
+        out["cache_aware"] = cache_aware(scale, args.progress)
     out["verdicts"] = verdicts(out)
     print("\n" + "\n".join(out["verdicts"]))
     out["elapsed_s"] = time.perf_counter() - start

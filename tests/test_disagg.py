@@ -154,3 +154,14 @@ def test_independent_decode_replicas_match_reference():
         assert got["decode_worker"].max() < r.n_decode
     # landed prompts are cached on the decode replicas: later requests of a tool hit there
     assert raw["decode_cached"][0, 0].sum() > 0
+
+
+def test_cache_aware_dp_comparison_runs_every_policy_in_one_grid():
+    wl = W.toolbench(40, n_tools=6, tool_mean=800, output_tokens=12)
+    res = pd.run_cache_aware_dp(wl, ["jsq", "br0", "br_cache", "cache"], ranks=3, rate=RATE, seeds=2, dep=DEP,
+                                cache_tokens=2500, arrival="saturated")
+    rec = {r.policy: r.metrics for r in res.records}
+    assert rec["br_cache"]["hit_rate"].mean > rec["br0"]["hit_rate"].mean  # saturated: the pool holds choices
+    for m in rec.values():
+        assert m["cache_evictions"].mean > 0 and 0 <= m["hit_rate"].mean <= 1
+    assert conservation_failures(res) == []

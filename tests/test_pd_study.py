@@ -24,9 +24,13 @@ def test_quick_study_runs_both_workloads(tmp_path, capsys):
             assert s["goodput_colocated"] > 0 and s["best_colocated"].startswith("colocated")
             assert len(s["records"]) == w["rows"]
         assert {r["params"]["prefill_router"] for r in w["routers_at_best"]} == {"llmd_precise", "random"}
+    assert "[cache-aware DP, poisson]" in text and "[cache-aware DP, saturated]" in text
+    sat = {r["policy"]: r["metrics"] for r in data["cache_aware"]["saturated"]["records"]}
+    assert set(sat) == {"jsq", "br0", "br_cache", "cache"}
+    assert all(0 <= m["hit_rate"]["mean"] <= 1 for m in sat.values())
 
 
-def test_unknown_workload_is_a_usage_error(capsys):
+def test_unknown_part_is_a_usage_error(capsys):
     with pytest.raises(SystemExit):
-        load_script("pd_study").main(["--workloads", "nope"])
-    assert "unknown workload" in capsys.readouterr().err
+        load_script("pd_study").main(["--parts", "nope"])
+    assert "unknown part" in capsys.readouterr().err

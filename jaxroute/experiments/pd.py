@@ -485,3 +485,34 @@ def ratio_plot(results: Results, rows: list[PDRow], path, title: str) -> None:
             out[name].append(dict(x=[xs[0], xs[-1]] if xs else [0, 1], y=[s.mean, s.mean], ls="--", label=r.label))
     report.line_plot(out, path, xlabel="prefill:decode groups", ylabel="value (units in each title)", title=title,
                      xticks=(xs, [f"{a}:{b}" for a, b in ratios]))
+
+
+CACHE_DP_METRICS = ("tpot_p95_s", "tpot_mean_s", "hit_rate", "prefill_tokens", "imbalance_tokens",
+                    "throughput_tok_s", "makespan_s", "cache_evictions")
+
+
+def run_cache_aware_dp(workload, policies, *, ranks: int, rate: float, seeds: int, dep: Deployment = Deployment(),
+                       cache_tokens: int | None = None, cache_weight: float = 1.0, seed: int = 0,
+                       arrival: str = "poisson", progress: bool = False) -> Results:
+    """Decode DP ranks with colocated prefill and a prefix cache each (SGLang DP attention): every request is
+    prefilled by the rank it is bound to, only its uncached part. Policies: decode policies (br0, br_cache =
+    BR-0 minus cache_weight x the missed prefill tokens, cache = most cached prefix, jsq, ...), one grid.
+    cache_tokens: per-rank cache budget (default: a quarter of the rank's KV). arrival: poisson at `rate`, or
+    saturated (every request waiting at t = 0, in a per-seed order)."""
+    from jaxroute.experiments.comparison import Comparison
+
+    table = workload.realize(jax.random.key(seed), jnp.float32(rate))
+    wl = dd.make_prefix_workload(table, dep.cost(), collective_s=dep.collective_s)
+    kv = dep.kv_capacity()
+    n = int(table.prompt_tok.shape[0])
+    req = type("Req", (), {"output_tokens": np.asarray(table.out_tok), "arrival_s": np.asarray(table.arrival_s)})
+    bound = dd.step_budget(req, ranks, dep.decode_slots, dep.decode_r_max, arrival, rate=rate)
+    model = dd.DecodeModel(n_workers=ranks, n_requests=n, max_steps=bound, slots=dep.decode_slots, pool=dep.decode_pool,
+                           window=dep.decode_window, horizon=dep.decode_horizon, r_max=dep.decode_r_max,
+                           kv_capacity=kv, block_size=dep.block_size, trace_points=8,
+                           prefix_cache_tokens=int(cache_tokens if cache_tokens is not None else kv // 4))
+    rows = [(p, dd.make_params(p, n_workers=ranks, arrival=arrival, rate=rate, cache_weight=cache_weight),
+             {"policy": p, "ranks": ranks, "rate": rate, "arrival": arrival, "cache_tokens": model.prefix_cache_tokens,
+              "cache_weight": cache_weight}) for p in policies]
+    return Comparison(model, rows, seeds, CACHE_DP_METRICS, workload=wl, seed=seed, chunk=2000,
+                      progress="cache-aware DP" if progress else False).run()
