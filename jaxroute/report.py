@@ -172,9 +172,9 @@ def bar_plot(records: Sequence[Record], metric_names: Sequence[str], path: str |
 
 
 def line_plot(panels: Mapping[str, Sequence[dict]], path: str | Path, *, xlabel: str, ylabel: str,
-              title: str | None = None, sharey: bool = False, xticks: tuple | None = None) -> Path:
+              title: str | None = None, sharey: bool = False, xticks: tuple | None = None, ylog=()) -> Path:
     """PNG line chart: one panel per title; each line is a dict of `ax.plot` keywords plus x and y.
-    xticks: (positions, labels) for every panel (e.g. categorical x values).
+    xticks: (positions, labels) for every panel (e.g. categorical x values); ylog: titles of panels on a log y axis.
 
     A line with `vline` instead of x and y is a vertical marker at that x; one with `lo` and `hi`
     also shades that band (e.g. a 95 % CI) in its colour.
@@ -195,6 +195,8 @@ def line_plot(panels: Mapping[str, Sequence[dict]], path: str | Path, *, xlabel:
         ax.set_xlabel(xlabel)
         if xticks is not None:
             ax.set_xticks(*xticks)
+        if name in ylog:
+            ax.set_yscale("log")
         if any("label" in line for line in lines):
             ax.legend(fontsize=8)
     axes[0][0].set_ylabel(ylabel)

@@ -21,10 +21,13 @@ static maxima, so a sweep over P:D ratios is one compilation of each):
    privately until the request's last prompt token is computed, then cached like any prefill).
 
 The P/D decision (`threshold`, traced): a request is disaggregated when its uncached prompt is at least
-`threshold` tokens (llm-d's pd-profile-handler); below it the decode rank prefills it at admission (a
-prefill in that barrier step, `DecodeWorkload.local_prefill`). The handler measures "uncached" on the
-chosen decode pod's prefix cache; our decode ranks keep no prefix cache, so it is the whole prompt (the
-handler's own value when it finds no prefix state). threshold 0 = always disaggregate.
+`threshold` tokens, as llm-d's prefix-based P/D decider rules (llm-d-inference-scheduler
+`pkg/plugins/profile/prefix_based_pd_decider.go`, `decide`: threshold <= 0 always disaggregates; else
+non-cached = prompt - the decode pod's matched prefix, and below the threshold the decode pod runs the
+prefill itself). Below it the decode rank prefills the request at admission (a prefill in that barrier step,
+`DecodeWorkload.local_prefill`). The decider measures "uncached" on the chosen decode pod's prefix index; the
+pipeline decides before the decode tier runs, so it counts the decode side as holding none of the prompt
+(non-cached = the whole prompt). threshold 0 = always disaggregate (llm-d's default).
 
 Conservation: every request is in exactly one of the stages' books (`PrefillStage.metrics`,
 `DecodeStage.metrics` report it); each stage's capacities raise their own flags.

@@ -88,8 +88,9 @@ def register(subparsers) -> None:
                    "ones (a trace's next --requests rows, or another draw of a synthetic workload); without prompt "
                    "keys exact predicts as survival (default oracle)")
     p.add_argument("--pd-threshold", type=list_of(non_negative_float), default=[0.0], metavar="TOKENS[,...]",
-                   help="llm-d's P/D decider: disaggregate only when the uncached prompt is at least this many tokens; "
-                   "shorter ones are prefilled by their decode rank (0 = always disaggregate; several values give "
+                   help="llm-d's prefix-based P/D decider (nonCachedTokens): disaggregate only when the uncached prompt "
+                   "is at least this many tokens, counting the decode side as holding none of it; shorter ones are "
+                   "prefilled by their decode worker (0 = always disaggregate, llm-d's default; several values give "
                    "rows) (default 0)")
     p.add_argument("--colocated", action="store_true",
                    help="add rows for the same number of groups as one replica cluster without disaggregation, "

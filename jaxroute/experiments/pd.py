@@ -25,9 +25,10 @@ from jaxroute.routers import balance
 from jaxroute.routers import prefix as prefix_routers
 from jaxroute.workloads import prefix as wl_prefix
 
-# NVIDIA's DGX H100/H200 reference design gives each GPU its own ConnectX-7 NIC at 400 Gb/s (the compute
-# fabric that NIXL / Mooncake transfer engines use for KV); a KV transfer also pays a fixed setup latency
-# (an RDMA round trip is a few microseconds; a transfer-engine request with its metadata, ~0.1 ms assumed).
+# A DGX H100/H200 pairs each GPU with its own ConnectX-7 port on the compute fabric (NVIDIA DGX H100 User Guide,
+# 1.2.3 Network Modules, Table 6: eight OSFP ports, one per GPU), 400 Gb/s NDR each: the path NIXL / Mooncake
+# transfer engines use for KV. A transfer also pays a fixed latency (an RDMA round trip is a few microseconds;
+# a transfer-engine request with its metadata exchange, ~0.1 ms, is our assumption, not a measurement).
 DEFAULT_LINK_GBPS = 400.0
 DEFAULT_LINK_LATENCY_MS = 0.1
 DEFAULT_SLO_TTFT_S = 2.0
@@ -484,7 +485,7 @@ def ratio_plot(results: Results, rows: list[PDRow], path, title: str) -> None:
             s = results.record(r.label).metrics[metric]
             out[name].append(dict(x=[xs[0], xs[-1]] if xs else [0, 1], y=[s.mean, s.mean], ls="--", label=r.label))
     report.line_plot(out, path, xlabel="prefill:decode groups", ylabel="value (units in each title)", title=title,
-                     xticks=(xs, [f"{a}:{b}" for a, b in ratios]))
+                     xticks=(xs, [f"{a}:{b}" for a, b in ratios]), ylog=("TTFT p90 (s)",))
 
 
 CACHE_DP_METRICS = ("tpot_p95_s", "tpot_mean_s", "hit_rate", "prefill_tokens", "imbalance_tokens",
