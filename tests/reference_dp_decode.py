@@ -229,6 +229,15 @@ def simulate(key, prompt, output, trace_arrival, *, n_workers, slots, pool, wind
             tok += k
         return min(tok, max(prompt[r] - 1, 0))
 
+    def admit_first(r, g):
+        """r's first admission on g, prefilled there: its uncached prompt joins g's prefill work this step."""
+        nonlocal hit_tokens, first_prompt
+        h = hit(r, g) if caching else 0
+        prefill[g] += prompt[r] - h
+        hit_tokens += h
+        first_prompt += prompt[r]
+        inserts.append((r, g))
+
     def miss(r, g):
         return float(prompt[r] - hit(r, g)) if (local[r] and worker_of[r] < 0) else 0.0
 
@@ -322,11 +331,7 @@ def simulate(key, prompt, output, trace_arrival, *, n_workers, slots, pool, wind
                 if gen[rid] > 0:
                     recompute[g] += prompt[rid] + gen[rid]
                 elif local[rid] and worker_of[rid] < 0:
-                    h = hit(rid, g) if caching else 0
-                    prefill[g] += prompt[rid] - h
-                    hit_tokens += h
-                    first_prompt += prompt[rid]
-                    inserts.append((rid, g))
+                    admit_first(rid, g)
             if queues[g] and _blocks(prompt[queues[g][0]] + gen[queues[g][0]] + 1, block_size) > n_blocks:
                 kv_overflow = True
             recomputed += recompute[g]
@@ -368,11 +373,7 @@ def simulate(key, prompt, output, trace_arrival, *, n_workers, slots, pool, wind
             chosen = [(r, w) for r, w in zip(pool_ids, assign, strict=True) if w >= 0]
             for r, w in chosen:
                 if local[r] and worker_of[r] < 0:
-                    h = hit(r, w) if caching else 0
-                    prefill[w] += prompt[r] - h
-                    hit_tokens += h
-                    first_prompt += prompt[r]
-                    inserts.append((r, w))
+                    admit_first(r, w)
             place([r for r, _ in chosen], [w for _, w in chosen])
             pool_ids = [r for r, w in zip(pool_ids, assign, strict=True) if w < 0]
         prefill_tokens += sum(prefill)

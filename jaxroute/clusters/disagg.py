@@ -124,8 +124,8 @@ class PrefillStage(sim.Model):
         return dataclasses.replace(state, tier=jax.tree.map(lambda a, b: jnp.where(done, a, b), state.tier, new))
 
     def metrics(self, state: PrefillStageState, workload, params: PrefillStageParams) -> dict[str, jax.Array]:
-        s, n = state.tier, state.order.shape[0]
-        back = lambda x, fill: jnp.full((n,), fill, x.dtype).at[state.order].set(x)  # prefill position -> arrival index
+        s = state.tier
+        back = lambda x, fill: arrival_index(x, state.order, fill)
         done = jnp.isfinite(s.rec_finish)
         counts = self.tier.metrics(s, _Realized(s.req), params.tier)
         flags = {k: counts[k] for k in counts if k in ("queue_overflow", "cache_full") or k.endswith("_overflow")}
@@ -151,13 +151,25 @@ class PrefillStage(sim.Model):
 # ----------------------------------------------------------------------------- stage 2: KV transfer
 
 
+def arrival_index(x: jax.Array, order: jax.Array, fill=0) -> jax.Array:
+    """x [N] indexed by stage position (order[k] = the request at position k) -> indexed by request (arrival order)."""
+    return jnp.full(order.shape, fill, x.dtype).at[order].set(x)
+
+
+def landing(arrival_s: jax.Array, disagg: jax.Array, delivered_s: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(landing time [N], decode order [N]): a disaggregated request reaches the decode tier when its KV lands,
+    the others at their arrival. Ties: request order."""
+    t = jnp.where(disagg, delivered_s, arrival_s)
+    return t, jnp.argsort(t, stable=True).astype(jnp.int32)
+
+
 def transfer(ready_s: jax.Array, replica: jax.Array, prompt: jax.Array, n_links: int, bytes_per_token: jax.Array,
              link_bytes_per_s: jax.Array, latency_s: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
     """FIFO KV transfers on one link per prefill replica, in order of readiness (ties: request order).
 
     ready_s [N] (+inf = not transferred), replica [N], prompt [N]. Returns (start [N], busy [N] link
     seconds, delivered [N]); +inf for requests not transferred."""
-    order = jnp.lexsort((jnp.arange(ready_s.shape[0]), ready_s))
+    order = jnp.argsort(ready_s, stable=True)
     busy = bytes_per_token * prompt.astype(jnp.float32) / link_bytes_per_s
 
     def one(free, i):
@@ -208,9 +220,8 @@ class DecodeStage(sim.Model):
 
     def metrics(self, state, workload, params: DecodeStageParams) -> dict[str, jax.Array]:
         m = self.tier.metrics(state, params.wl, params.decode)
-        n = params.order.shape[0]
-        back = lambda x: jnp.zeros((n,), x.dtype).at[params.order].set(x)
-        keep = ("imbalance_tokens", "imbalance_loaded_tokens", "barrier_idle_tokens", "util_mean", "preemptions",
+        back = lambda x: arrival_index(x, params.order)
+        keep = ("imbalance_tokens", "imbalance_loaded_tokens", "barrier_idle_tokens", "preemptions",
                 "recomputed_tokens", "steps", "mean_step_s", "overflow_kv", "overflow_steps", "overflow",
                 "conservation_error", "completed")
         return {**{k: m[k] for k in keep}, "decode_worker": back(m["request_worker"]),
@@ -221,25 +232,12 @@ class DecodeStage(sim.Model):
 def decode_handoff(arrival_s, prompt, output, disagg, delivered_s, collective_s, cost, bank=()):
     """(DecodeWorkload in decode-arrival order, order): disaggregated requests arrive when their KV lands,
     the others at their arrival, to be prefilled by their rank. Ties: request order."""
-    t = jnp.where(disagg, delivered_s, arrival_s)
-    order = jnp.lexsort((jnp.arange(t.shape[0]), t)).astype(jnp.int32)
+    t, order = landing(arrival_s, disagg, delivered_s)
     wl = dd.DecodeWorkload(prompt=prompt[order].astype(jnp.int32), output=output[order].astype(jnp.int32),
                            arrival_s=t[order].astype(jnp.float32), key_id=jnp.full(t.shape, -1, jnp.int32), cost=cost,
                            collective_s=jnp.asarray(collective_s, jnp.float32), bank=tuple(bank),
                            local_prefill=~disagg[order])
     return wl, order
-
-
-def decode_step_bound(delivered_max_s: float, prompt: np.ndarray, output: np.ndarray, n_workers: int, slots: int,
-                      r_max: int, min_step_s: float = 1e-3) -> int:
-    """Events the decode tier can need: as `dp_decode.step_budget` for a replay whose last request lands at
-    `delivered_max_s`."""
-    from jaxroute.workloads.decode import DecodeRequests
-
-    n = len(prompt)
-    req = DecodeRequests("handoff", np.linspace(0.0, delivered_max_s, n), np.asarray(prompt), np.asarray(output),
-                         np.full(n, -1))
-    return dd.step_budget(req, n_workers, slots, r_max, "trace", min_step_s=min_step_s)
 
 
 # ----------------------------------------------------------------------------- stage 3': independent decode replicas
@@ -248,8 +246,7 @@ def decode_step_bound(delivered_max_s: float, prompt: np.ndarray, output: np.nda
 def landed_table(table: RequestTable, disagg: jax.Array, delivered_s: jax.Array) -> tuple[RequestTable, jax.Array]:
     """(the decode replicas' requests in landing order, order): a disaggregated request arrives when its KV
     lands, with it (`landed`); the others at their arrival, to be prefilled there. Ties: request order."""
-    t = jnp.where(disagg, delivered_s, table.arrival_s)
-    order = jnp.lexsort((jnp.arange(t.shape[0]), t)).astype(jnp.int32)
+    t, order = landing(table.arrival_s, disagg, delivered_s)
     take = lambda x: x[order]
     return dataclasses.replace(table, arrival_s=take(t).astype(jnp.float32), seg_ids=take(table.seg_ids),
                                seg_tok=take(table.seg_tok), out_tok=take(table.out_tok), out_seg=take(table.out_seg),
@@ -292,13 +289,9 @@ class DecodeReplicasStage(sim.Model):
 
     def metrics(self, state, workload, params: DecodeReplicasParams) -> dict[str, jax.Array]:
         m = self.tier.metrics(state, None, params.tier)
-        n = params.order.shape[0]
-        back = lambda x: jnp.zeros((n,), x.dtype).at[params.order].set(x)
+        back = lambda x: arrival_index(x, params.order)
         done = jnp.isfinite(state.rec_finish)
-        load = state.busy_s
-        use = jnp.arange(self.tier.n_replicas) < params.tier.n_active
-        return {"imbalance_tokens": jnp.float32(0.0), "util_mean": jnp.float32(0.0),
-                "busy_spread_s": jnp.max(jnp.where(use, load, -INF)) - jnp.min(jnp.where(use, load, INF)),
+        return {"imbalance_tokens": jnp.float32(0.0),  # a barrier tier's KV imbalance; none without a barrier
                 "overflow": m["overflow"], "conservation_error": m["conservation_error"], "completed": jnp.sum(done),
                 "decode_worker": back(state.rec_replica), "decode_admit_s": back(state.rec_admit),
                 "first_token_s": back(state.rec_first), "finish_s": back(jnp.where(done, state.rec_finish, -1.0)),

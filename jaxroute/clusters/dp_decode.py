@@ -840,10 +840,16 @@ def step_budget(req: DecodeRequests, n_workers: int, slots: int, r_max: int, arr
     jump per request).
     """
     out = np.asarray(req.output_tokens)
+    span = 0.0 if arrival == "saturated" else (float(req.arrival_s[-1]) if arrival == "trace"
+                                               else len(out) / max(rate, 1e-9) * 1.5)
+    return step_bound(out, n_workers, slots, r_max, span, min_step_s, slack)
+
+
+def step_bound(output_tokens, n_workers: int, slots: int, r_max: int, span_s: float = 0.0, min_step_s: float = 1e-3,
+               slack: float = 1.1) -> int:
+    """`step_budget` from the output lengths and the span over which requests arrive (0 = all at once)."""
+    out = np.asarray(output_tokens)
     n = len(out)
     loaded = out.sum() / (n_workers * slots) + n / (n_workers * r_max)
-    bound = slack * (loaded + out.max()) + 64
-    if arrival != "saturated":
-        span = float(req.arrival_s[-1]) if arrival == "trace" else n / max(rate, 1e-9) * 1.5
-        bound += span / min_step_s
+    bound = slack * (loaded + out.max()) + 64 + span_s / min_step_s
     return int(min(bound, out.sum() + 2 * n + 64))

@@ -9,6 +9,7 @@ changed without rerunning. Seed s is the same workload realisation in every row 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import jax
@@ -208,12 +209,11 @@ class ColocatedStage(sim.Model):
 # ----------------------------------------------------------------------------- the run
 
 
-@jax.jit
-def _transfers(ready, replica, prompt, sent, n_links_row, bytes_per_token, link_bps, latency):
-    """Every row's KV transfers (vmapped `disagg.transfer`); n_links_row [R, P_max] only sets the link count."""
-    one = lambda r, g, p, s, nl: disagg.transfer(jnp.where(s, r, jnp.inf), g, p, nl.shape[0], bytes_per_token,
-                                                 link_bps, latency)
-    return jax.vmap(one)(ready, replica, prompt, sent, n_links_row)
+@functools.partial(jax.jit, static_argnames="n_links")
+def _transfers(ready, replica, prompt, sent, bytes_per_token, link_bps, latency, *, n_links: int):
+    """Every row's KV transfers (vmapped `disagg.transfer`), one link per prefill replica."""
+    one = lambda r, g, p, s: disagg.transfer(jnp.where(s, r, jnp.inf), g, p, n_links, bytes_per_token, link_bps, latency)
+    return jax.vmap(one)(ready, replica, prompt, sent)
 
 
 @jax.jit
@@ -235,8 +235,8 @@ def _decode_dp(rows, a, delivered, dep: Deployment, key, progress, max_tries):
     wl, order = _dp_handoff(flat(a["arrival_s"]), flat(a["prompt"]), flat(a["output"]), flat(a["disagg"]), delivered,
                             dep.cost(), jnp.float32(dep.collective_s), dep.bank)
     last = float(np.max(np.where(np.isfinite(np.asarray(wl.arrival_s)), np.asarray(wl.arrival_s), 0.0)))
-    bound = disagg.decode_step_bound(last, flat(a["prompt"])[0], flat(a["output"])[0], min(r.n_decode for r in rows),
-                                     dep.decode_slots, dep.decode_r_max)
+    bound = dd.step_bound(flat(a["output"])[0], min(r.n_decode for r in rows), dep.decode_slots, dep.decode_r_max,
+                          span_s=last)
     dec_rows = [dd.make_params(r.decode_router, n_workers=d_max, n_active=r.n_decode, arrival="trace",
                                predictor=dep.predictor) for r in rows]
     dec_flat = jax.tree.map(lambda x: jnp.repeat(x, S, axis=0), sim.stack_params(dec_rows))
@@ -323,8 +323,8 @@ def run_disaggregated(rows: list[PDRow], workload, *, rate: float, seeds: int, d
     flat = lambda x: np.asarray(x).reshape((C * S,) + np.shape(x)[2:])
     cost = dep.cost()
     start, busy, delivered = _transfers(flat(a["prefill_done_s"]), flat(a["prefill_replica"]), flat(a["prompt"]),
-                                        flat(a["disagg"]), jnp.zeros((C * S, p_max)), cost.kv_bytes_per_token_gpu,
-                                        jnp.float32(dep.link_gbps * 1e9 / 8), jnp.float32(dep.link_latency_ms * 1e-3))
+                                        flat(a["disagg"]), cost.kv_bytes_per_token_gpu, jnp.float32(dep.link_gbps * 1e9 / 8),
+                                        jnp.float32(dep.link_latency_ms * 1e-3), n_links=p_max)
     if dep.decode_tier == "dp":
         b = _decode_dp(rows, a, delivered, dep, key, progress, max_tries)
     else:
@@ -506,8 +506,8 @@ def run_cache_aware_dp(workload, policies, *, ranks: int, rate: float, seeds: in
     wl = dd.make_prefix_workload(table, dep.cost(), collective_s=dep.collective_s)
     kv = dep.kv_capacity()
     n = int(table.prompt_tok.shape[0])
-    req = type("Req", (), {"output_tokens": np.asarray(table.out_tok), "arrival_s": np.asarray(table.arrival_s)})
-    bound = dd.step_budget(req, ranks, dep.decode_slots, dep.decode_r_max, arrival, rate=rate)
+    span = 0.0 if arrival == "saturated" else n / max(rate, 1e-9) * 1.5  # dp_decode.step_budget's Poisson span
+    bound = dd.step_bound(np.asarray(table.out_tok), ranks, dep.decode_slots, dep.decode_r_max, span_s=span)
     model = dd.DecodeModel(n_workers=ranks, n_requests=n, max_steps=bound, slots=dep.decode_slots, pool=dep.decode_pool,
                            window=dep.decode_window, horizon=dep.decode_horizon, r_max=dep.decode_r_max,
                            kv_capacity=kv, block_size=dep.block_size, trace_points=8,
