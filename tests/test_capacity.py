@@ -10,7 +10,7 @@ def test_random_routing_matches_mm1_and_jsq_beats_it():
     SLO of T service times holds up to load 1 - 1/T per server (T = 5: 0.8)."""
     slo = cap.parse_slo("mean_response<=5")
     ev = cap.dispatch_evaluator(["random", "p2c", "jsq"], servers=8, seeds=4, requests=20_000)
-    res = cap.search(ev, 3, 0.3, 1.0, slo, tol=0.02, points=6)  # 1.2 overflows the ring: unknown (TODO: grow it)
+    res = cap.search(ev, 3, 0.3, 1.0, slo, tol=0.02, points=6)
     c = np.nanmean(res.capacity, axis=1)
     assert np.all(np.isfinite(res.capacity))
     assert abs(c[0] - 0.8) < 0.03, c
@@ -43,3 +43,29 @@ def test_bad_slo_is_refused():
     with pytest.raises(JaxrouteError, match="finite"):
         cap.parse_slo("ttft<=1e999")
     assert cap.parse_slo("a<=1, b>=2") == (cap.Bound("a", "<=", 1.0), cap.Bound("b", ">=", 2.0))
+
+
+def test_an_overrun_ring_grows_and_gives_the_large_ring_answer():
+    """JSQ reads queue lengths from a ring of K departures per server: with K = 2 the runs near capacity
+    overrun it. Without growth those brackets are unknown; growing the ring reproduces the K = 256 answer."""
+    slo = cap.parse_slo("mean_response<=3")
+    kw = dict(servers=4, seeds=2, requests=6000)
+    big = cap.search(cap.DispatchEvaluator(["jsq"], **kw), 1, 0.3, 1.0, slo, tol=0.05, points=4)
+    stuck = cap.search(cap.DispatchEvaluator(["jsq"], ring=2, max_ring=2, **kw), 1, 0.3, 1.0, slo, tol=0.05, points=4)
+    ev = cap.DispatchEvaluator(["jsq"], ring=2, **kw)
+    grown = cap.search(ev, 1, 0.3, 1.0, slo, tol=0.05, points=4)
+    assert np.all(np.isfinite(big.capacity))
+    assert stuck.overflowed.any() and np.isnan(stuck.capacity).any()
+    assert ev.ring > 2 and np.array_equal(grown.capacity, big.capacity)
+
+
+def test_routers_with_replica_state_get_one_model_per_count():
+    from jaxroute.workloads import prefix as W
+
+    wl = W.toolbench(100, n_tools=20, tool_mean=1500)
+    rows = [("sglang_cache_aware", 2), ("sglang_cache_aware", 4), ("rr", 2)]
+    ev = cap.ClusterEvaluator(rows, wl, seeds=2)
+    assert set(ev.groups) == {2, 4, "partial"}
+    res = cap.search(ev, len(rows), 2.0, 80.0, cap.parse_slo("ttft_p90_s<=1"), tol=0.1, points=3, max_rounds=4)
+    c = np.nanmean(res.capacity, axis=1)
+    assert np.all(np.isfinite(res.capacity)) and c[1] > c[0]

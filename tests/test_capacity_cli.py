@@ -1,4 +1,4 @@
-"""`jaxroute capacity` (WIP): dispatch and cluster end to end, and bad input."""
+"""`jaxroute capacity`: every model end to end, and bad input."""
 
 import json
 
@@ -12,11 +12,32 @@ def test_capacity_dispatch_writes_json_and_plot(tmp_path, capsys):
                "8000", "--policies", "random,jsq", "--out", str(out), "--plot", str(png), "--no-progress"])
     assert rc == 0
     text = capsys.readouterr().out
-    assert "random" in text and "seeds known" in text
+    assert "random" in text and "seeds known" in text and "round 1:" in text
     res = json.loads(out.read_text())
     rows = {r["row"]: r for r in res["rows"]}
     assert rows["jsq"]["known"] == 2 and min(rows["jsq"]["per_seed"]) > max(rows["random"]["per_seed"]) - 0.05
+    assert rows["jsq"]["ci95"][0] <= rows["jsq"]["mean"] <= rows["jsq"]["ci95"][1]
     assert png.stat().st_size > 3000
+
+
+def test_capacity_pd_more_groups_take_more_load(tmp_path, capsys):
+    out = tmp_path / "pd.json"
+    rc = main(["capacity", "pd", "--slo", "ttft_p90_s<=2", "--ratios", "1:1,2:2", "--workload", "toolbench",
+               "--requests", "80", "--seeds", "2", "--points", "4", "--max-rounds", "3", "--tol", "0.1",
+               "--rate-range", "0.5:60", "--out", str(out), "--no-progress"])
+    assert rc == 0
+    rows = {r["row"]: r for r in json.loads(out.read_text())["rows"]}
+    assert rows["2:2 llmd_precise > br0"]["mean"] > rows["1:1 llmd_precise > br0"]["mean"]
+
+
+def test_capacity_decode_more_ranks_take_more_load(tmp_path):
+    out = tmp_path / "d.json"
+    rc = main(["capacity", "decode", "--slo", "tpot_p90_s<=0.0095,ttft_p90_s<=1", "--policies", "br0", "--workers", "2,4",
+               "--requests", "120", "--rate-range", "4:256", "--seeds", "2", "--points", "4", "--max-rounds", "3", "--tol", "0.1",
+               "--out", str(out), "--no-progress"])
+    assert rc == 0
+    rows = {r["row"]: r for r in json.loads(out.read_text())["rows"]}
+    assert rows["br0@4"]["known"] == 2 and rows["br0@4"]["mean"] > rows["br0@2"]["mean"]
 
 
 def test_capacity_bad_input(capsys):
@@ -24,5 +45,9 @@ def test_capacity_bad_input(capsys):
     assert "METRIC<=VALUE" in capsys.readouterr().err
     assert cli(["capacity", "dispatch", "--slo", "nope<=5", "--seeds", "2", "--requests", "2000"]) != 0
     assert "unknown SLO metric 'nope'" in capsys.readouterr().err
-    assert cli(["capacity", "cluster", "--slo", "ttft_p90_s<=1", "--policies", "sglang_cache_aware"]) != 0
+    assert cli(["capacity", "cluster", "--slo", "ttft_p90_s<=1", "--policies", "nope"]) != 0
     assert "unknown router" in capsys.readouterr().err
+    assert cli(["capacity", "dispatch", "--slo", "mean_response<=5", "--rate-range", "2:1"]) == 2
+    assert "0 < LO < HI" in capsys.readouterr().err
+    assert cli(["capacity", "pd", "--slo", "ttft_p90_s<=1", "--ratios", "0:2"]) == 2
+    assert cli(["capacity"]) == 2

@@ -784,6 +784,9 @@ class DecodeModel(sim.Model):
             "mean_load_tokens": st.sum_load / steps,
             "tpot_p95_s": metrics.masked_quantile(tpot, done, 0.95),
             "tpot_mean_s": metrics.masked_mean(tpot, done),
+            "tpot_p90_s": metrics.masked_quantile(tpot, done, 0.9),
+            # from the request's arrival at the pool (its prefill done) to its first token
+            "ttft_p90_s": metrics.masked_quantile(jnp.where(done, st.first_t - st.arrival_t, 0.0), done, 0.9),
             "tpot_p95_loaded_s": metrics.masked_quantile(tpot, done_loaded, 0.95),  # over requests done by then
             "completed_loaded": jnp.sum(done_loaded).astype(jnp.int32),
             "tokens_per_step": st.tokens_out.astype(jnp.float32) / steps,

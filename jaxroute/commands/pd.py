@@ -60,13 +60,20 @@ def register(subparsers) -> None:
         "max - min KV load per barrier step; a second table splits the mean TTFT into prefill queueing, "
         "prefill, link queueing, transfer (busy + latency) and the wait on the decode tier. Model: "
         "jaxroute/clusters/disagg.py.")
+    p.add_argument("--rate", type=positive_float, default=None, metavar="REQ_PER_S",
+                   help="Poisson arrival rate in requests/s (default 4); for traces it rescales the recorded times "
+                   "to this mean rate (default: replay as recorded)")
+    add_pd_args(p)
+    add_grid_args(p, seeds=8, requests=DEFAULT_REQUESTS)
+    p.set_defaults(func=run)
+
+
+def add_pd_args(p) -> None:
+    """The deployment, routing and SLO flags of `pd` (shared with `capacity pd`)."""
     p.add_argument("--workload", default="shared-prefix", metavar="NAME",
                    help=f"one of: {', '.join(WORKLOADS)} (default shared-prefix); mooncake and azure-conv read --trace")
     p.add_argument("--trace", default=None, metavar="PATH",
                    help="trace file for mooncake (JSONL) or azure-conv (CSV) (default: ../shared/data/<the public trace>)")
-    p.add_argument("--rate", type=positive_float, default=None, metavar="REQ_PER_S",
-                   help="Poisson arrival rate in requests/s (default 4); for traces it rescales the recorded times "
-                   "to this mean rate (default: replay as recorded)")
     p.add_argument("--prefill", type=positive_int, default=4, metavar="P", help="prefill groups (default 4)")
     p.add_argument("--decode", type=positive_int, default=4, metavar="D", help="decode groups (default 4)")
     p.add_argument("--ratios", type=_ratios, default=None, metavar="P:D,...",
@@ -116,11 +123,10 @@ def register(subparsers) -> None:
     p.add_argument("--decode-slots", type=positive_int, default=64, metavar="S",
                    help="running requests per decode rank (default 64)")
     add_shared_prefix_args(p)
-    add_grid_args(p, seeds=8, requests=DEFAULT_REQUESTS)
-    p.set_defaults(func=run)
 
 
-def run(args) -> int:
+def setup(args) -> tuple[str, list[pd.PDRow], object, pd.Deployment]:
+    """(workload name, rows, workload, deployment) from `add_pd_args`' flags, checked before anything runs."""
     name = choose([args.workload], WORKLOADS, "workload")[0]
     cost_model = choose([args.cost_model], ("roofline", "preble"), "cost model")[0]
     prefill_routers = choose(csv_list(args.prefill_router), PREFIX_POLICIES, "prefill router")
@@ -130,12 +136,6 @@ def run(args) -> int:
     ratios = args.ratios or [(args.prefill, args.decode)]
     if args.ratios and (args.prefill != 4 or args.decode != 4):
         raise JaxrouteError("give either --ratios or --prefill/--decode, not both")
-    is_trace = name in wl_prefix.TRACE_WORKLOADS
-    rate = args.rate if args.rate is not None else (0.0 if is_trace else 4.0)
-    if args.seeds < 2:
-        warn("one seed gives no confidence interval")
-    if is_trace and args.seeds > 1:
-        warn("trace workloads replay the same requests on every seed: the CIs are zero-width")
     gpu, model = cm.get_gpu(args.gpu).name, cm.get_model(args.model).name
     bank, predictor = (), 1
     if "brh" in decode_routers and tier == "dp":
@@ -147,6 +147,18 @@ def run(args) -> int:
     rows = pd.rows_for(prefill_routers, decode_routers, ratios, thresholds=args.pd_threshold, colocated=args.colocated)
     pd.check_rows(rows, tier)
     workload = build_workload(name, args.requests, args.trace, shared_prefix=shared_prefix_settings(args))
+    return name, rows, workload, dep
+
+
+def run(args) -> int:
+    name, rows, workload, dep = setup(args)
+    tier, gpu, model = dep.decode_tier, dep.gpu, dep.model
+    is_trace = name in wl_prefix.TRACE_WORKLOADS
+    rate = args.rate if args.rate is not None else (0.0 if is_trace else 4.0)
+    if args.seeds < 2:
+        warn("one seed gives no confidence interval")
+    if is_trace and args.seeds > 1:
+        warn("trace workloads replay the same requests on every seed: the CIs are zero-width")
     start = time.perf_counter()
     results, _ = pd.run_pd(rows, workload, rate=rate, seeds=args.seeds, dep=dep, slo_ttft=args.slo_ttft,
                            slo_tpot=args.slo_tpot, seed=args.seed, progress=show_progress(args),
@@ -164,9 +176,10 @@ def run(args) -> int:
     n_sim = len(rows) * args.seeds * args.requests
     print(f"simulated {n_sim:,} requests in {elapsed:.1f} s ({n_sim / elapsed:,.0f} requests/s, compilation included)")
     config = {"workload": name, "trace": args.trace, "rate": rate, "seeds": args.seeds, "requests": args.requests,
-              "ratios": [f"{a}:{b}" for a, b in ratios], "prefill_routers": prefill_routers,
-              "decode_routers": decode_routers, "decode_tier": tier, "predictor": args.predictor, "pd_thresholds": args.pd_threshold, "colocated": args.colocated,
-              "gpu": gpu, "model": model, "tp": args.tp, "cost_model": cost_model, "chunk": args.chunk,
+              "ratios": list(dict.fromkeys(f"{r.n_prefill}:{r.n_decode}" for r in rows if not r.colocated)),
+              "prefill_routers": list(dict.fromkeys(r.prefill_router for r in rows)),
+              "decode_routers": list(dict.fromkeys(r.decode_router for r in rows if not r.colocated)), "decode_tier": tier, "predictor": args.predictor, "pd_thresholds": args.pd_threshold, "colocated": args.colocated,
+              "gpu": gpu, "model": model, "tp": args.tp, "cost_model": dep.cost_model, "chunk": args.chunk,
               "max_running": args.max_running, "decode_slots": args.decode_slots, "kv_link_gbps": args.kv_link_gbps,
               "kv_link_latency_ms": args.kv_link_latency_ms, "slo_ttft_s": args.slo_ttft, "slo_tpot_s": args.slo_tpot,
               "seed": args.seed, "elapsed_s": elapsed}

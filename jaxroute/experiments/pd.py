@@ -255,7 +255,7 @@ def _decode_dp(rows, a, delivered, dep: Deployment, key, progress, max_tries):
     return b
 
 
-def _decode_replicas(rows, a, delivered, dep: Deployment, key, progress, workload, rate):
+def _decode_replicas(rows, a, delivered, dep: Deployment, key, progress, workload, rates):
     """Stage 3 on independent replicas (the replica engine with landed KV): metrics [C*S, 1, ...]."""
     C, S, N = a["arrival_s"].shape
     flat = lambda x: jnp.asarray(np.asarray(x).reshape((C * S,) + np.shape(x)[2:]))
@@ -264,7 +264,7 @@ def _decode_replicas(rows, a, delivered, dep: Deployment, key, progress, workloa
         out_seg=flat(a["out_seg"]), seg_len=flat(a["seg_len"]), seg_depth=flat(a["seg_depth"]), prompt_tok=flat(a["prompt"]),
         session=flat(a["session"]))
     landed, order = _replica_handoff(table, flat(a["disagg"]), delivered)
-    tier = [_tier_params(dep, r.decode_router, rate, r.n_decode) for r in rows]
+    tier = [_tier_params(dep, r.decode_router, x, r.n_decode) for r, x in zip(rows, rates, strict=True)]
     model = disagg.DecodeReplicasStage(_replica_model(dep, workload, tier, max_running=dep.decode_slots),
                                        bound=int(workload.step_bound(dep.chunk)))
     params = disagg.DecodeReplicasParams(
@@ -306,13 +306,23 @@ def train_lengths(name: str, requests: int, trace: str | None = None, shared_pre
     return LengthData(f"{name}-train", np.asarray(prompt, np.int64), np.asarray(out, np.int64), np.full(n, -1, np.int64))
 
 
-def run_disaggregated(rows: list[PDRow], workload, *, rate: float, seeds: int, dep: Deployment, seed: int = 0,
+def row_rates(rate, rows: list) -> list[float]:
+    """One arrival rate per row: a number for all of them, or one per row (a capacity search's batch)."""
+    rates = [float(rate)] * len(rows) if np.ndim(rate) == 0 else [float(x) for x in rate]
+    if len(rates) != len(rows):
+        raise JaxrouteError(f"{len(rates)} rates for {len(rows)} rows")
+    return rates
+
+
+def run_disaggregated(rows: list[PDRow], workload, *, rate, seeds: int, dep: Deployment, seed: int = 0,
                       progress: bool = False, allow_overflow: bool = False, max_tries: int = 3) -> dict[str, np.ndarray]:
-    """Per-request arrays [rows, seeds, N] (and per-row scalars [rows, seeds]) of the disaggregated rows.
+    """Per-request arrays [rows, seeds, N] (and per-row scalars [rows, seeds]) of the disaggregated rows (`rate`:
+    req/s, one for all rows or one per row).
     A DP decode tier's step budget is doubled (the tier rerun) while a run did not finish, up to max_tries."""
     p_max = max(r.n_prefill for r in rows)
     wl_prefix.check_fits(workload, dep.kv_capacity())
-    tier = [_tier_params(dep, r.prefill_router, rate, r.n_prefill) for r in rows]
+    rates = row_rates(rate, rows)
+    tier = [_tier_params(dep, r.prefill_router, x, r.n_prefill) for r, x in zip(rows, rates, strict=True)]
     pre_model = disagg.PrefillStage(_replica_model(dep, workload, tier))
     pre_params = sim.stack_params([disagg.PrefillStageParams(p, jnp.float32(r.threshold)) for p, r in zip(tier, rows, strict=True)])
     key = jax.random.key(seed)
@@ -328,7 +338,7 @@ def run_disaggregated(rows: list[PDRow], workload, *, rate: float, seeds: int, d
     if dep.decode_tier == "dp":
         b = _decode_dp(rows, a, delivered, dep, key, progress, max_tries)
     else:
-        b = _decode_replicas(rows, a, delivered, dep, key, progress, workload, rate)
+        b = _decode_replicas(rows, a, delivered, dep, key, progress, workload, rates)
     shape = lambda x: np.asarray(x).reshape((C, S) + np.shape(x)[2:])  # [C*S, 1, ...] -> [C, S, ...]
     bad = bad | _overflowed({"overflow": shape(b["overflow"])}, rows, "decode tier", allow_overflow, S)
     rows_cs = lambda x: np.asarray(x).reshape((C, S) + np.shape(x)[1:])  # [C*S, N] -> [C, S, N]
@@ -338,11 +348,12 @@ def run_disaggregated(rows: list[PDRow], workload, *, rate: float, seeds: int, d
             "n_decode": np.array([[r.n_decode] * S for r in rows]), "row_overflow": bad}
 
 
-def run_colocated(rows: list[PDRow], workload, *, rate: float, seeds: int, dep: Deployment, seed: int = 0,
+def run_colocated(rows: list[PDRow], workload, *, rate, seeds: int, dep: Deployment, seed: int = 0,
                   progress: bool = False, allow_overflow: bool = False) -> dict[str, np.ndarray]:
     """Per-request records [rows, seeds, N] of the colocated rows (one replica cluster of P + D groups each)."""
     wl_prefix.check_fits(workload, dep.kv_capacity())
-    tier = [_tier_params(dep, r.prefill_router, rate, r.n_prefill + r.n_decode) for r in rows]
+    tier = [_tier_params(dep, r.prefill_router, x, r.n_prefill + r.n_decode)
+            for r, x in zip(rows, row_rates(rate, rows), strict=True)]
     model = ColocatedStage(_replica_model(dep, workload, tier))
     m = sim.run_grid(model, jax.random.key(seed), workload, sim.stack_params(tier), seeds, chunk=1000,
                      progress="colocated" if progress else False).metrics

@@ -418,6 +418,7 @@ class ReplicaModel(sim.Model):
             "ttft_mean_s": mlib.masked_mean(fin(ttft), done),
             "ttft_p99_s": mlib.masked_quantile(fin(ttft), done, 0.99),
             "tpot_mean_s": mlib.masked_mean(fin(tpot), multi),
+            "tpot_p90_s": mlib.masked_quantile(fin(tpot), multi, 0.9),
             "hit_rate": jnp.sum(state.rec_cached * done) / jnp.maximum(jnp.sum(prompt * done), 1),
             "replication_factor": jnp.where(state.rep_time > 0, state.rep_area / jnp.maximum(state.rep_time, 1e-30), 1.0),
             "max_replica_share": share,
