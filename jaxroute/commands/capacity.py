@@ -82,7 +82,8 @@ def register(subparsers) -> None:
         "outcome (the SLO is missed); a run that overflowed a fixed buffer is rerun with larger buffers, and a "
         "bracket that still holds one, or a row that misses the SLO at the lowest rate or meets it at the "
         "highest, is reported as unknown. `jaxroute capacity MODEL --help` lists each model's flags.")
-    sub = top.add_subparsers(dest="capacity_model", metavar="MODEL", required=True)
+    sub = top.add_subparsers(dest="capacity_model", metavar="MODEL", required=True,
+                           help="the model searched: dispatch, cluster, pd or decode")
     p = sub.add_parser("dispatch", help="classic dispatch (random, rr, jsq, p2c, ...): load per server",
                        description="Capacity of the classic dispatch model, in load per server (arrival rate / "
                        "(servers x service rate)). Rows are policies.")

@@ -42,6 +42,7 @@ from jaxroute.experiments.cluster import (
     policy_rows,
     run_cluster,
 )
+from jaxroute.experiments.tune import load_params
 from jaxroute.routers.parts import SCORERS
 from jaxroute.routers.prefix import PREFIX_POLICIES
 from jaxroute.workloads import prefix as wl_prefix
@@ -106,6 +107,11 @@ def register(subparsers) -> None:
                    help="router module settings for every row, e.g. dyn_overlap_weight=2,llmd_block_tokens=16 "
                    "(names: the keywords of make_params in jaxroute/routers/{sglang,preble,llmd,dynamo,vllm_stack,"
                    "aibrix}.py; unknown names are refused) (default: the sources' defaults)")
+    p.add_argument("--params-json", default=None, metavar="PATH.json",
+                   help="add a row running the router and settings of this file (as `jaxroute tune --params-out` "
+                   "writes: {\"router\": NAME, \"settings\": {\"weights\": {...}, \"theta\": ..., ...}}), labelled "
+                   "ROUTER[tuned]; settings it leaves out come from the flags (--theta, --e2-*, --router-set) and the "
+                   "preset; an unknown router or setting is refused (default: none)")
     p.add_argument("--hot-tool", type=probability, default=0.0, metavar="SHARE",
                    help="toolbench only: share of traffic on one hot tool, e.g. 0.4 (default 0: Zipf only)")
     p.add_argument("--local", default="fcfs", metavar="ORDER",
@@ -162,6 +168,20 @@ def register(subparsers) -> None:
     p.set_defaults(func=run, requests=None)  # None: DEFAULT_REQUESTS, or the stage total with --rate-stages
 
 
+def _tuned_row(args, rate: float, cost_model: str) -> tuple:
+    """(ROUTER[tuned], params) of --params-json: its settings over the flags' (`policy_rows`)."""
+    router, settings = load_params(args.params_json)
+    rest = dict(settings)
+    weights = rest.pop("weights", None)
+    given = {k: rest.pop(k) for k in ("theta", "e2_window_s", "e2_th_bal") if k in rest}
+    (_, params), = policy_rows([router], rate=rate, stale=args.stale, kv_capacity=args.kv_capacity, gpu=args.gpu,
+                               model_name=args.model, cost_model=cost_model, theta=given.get("theta", args.theta),
+                               e2_window_s=given.get("e2_window_s", args.e2_window),
+                               e2_th_bal=given.get("e2_th_bal", args.e2_th_bal), tp=args.tp,
+                               weights=[weights] if weights else None, router={**(args.router_set or {}), **rest})
+    return f"{router}[tuned]", params
+
+
 def run(args) -> int:
     name = choose([args.workload], WORKLOADS, "workload")[0]
     local = choose([args.local], LOCAL_ORDERS, "local order")[0]
@@ -194,6 +214,8 @@ def run(args) -> int:
                        e2_window_s=args.e2_window, e2_th_bal=args.e2_th_bal, tp=args.tp,
                        weights=args.weights, router=args.router_set,
                        e2_switches=e2_variants(args.e2_pairing, args.e2_autoscale))
+    if args.params_json:
+        rows.append(_tuned_row(args, rate, cost_model))
 
     start = time.perf_counter()
     results = run_cluster(rows, workload, replicas_n=G, seeds=seeds, local=local, chunk=args.chunk,
@@ -229,7 +251,7 @@ def run(args) -> int:
               "max_queue": results.model.max_queue, "e2_ring": results.model.router_window,
               "cache_slots": results.model.cache_slots,
               "hot_tool": args.hot_tool, "seed": args.seed, "elapsed_s": elapsed,
-              "weights": args.weights, "router_set": args.router_set}
+              "weights": args.weights, "router_set": args.router_set, "params_json": args.params_json}
     if stages:
         config["rate_stages"] = [{"rate": r, "seconds": d} for r, d in stages]
     if name == "shared-prefix":

@@ -1,0 +1,230 @@
+"""`jaxroute tune`: search a router's traced settings with CMA-ES (evosax), then check the gain on fresh seeds."""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+from jaxroute import cost_models as cm
+from jaxroute import report
+from jaxroute.clusters.replicas.model import ADMISSIONS, LOCAL_ORDERS
+from jaxroute.commands._common import (
+    add_shared_prefix_args,
+    choose,
+    csv_list,
+    non_negative_float,
+    non_negative_int,
+    positive_float,
+    positive_int,
+    probability,
+    shared_prefix_settings,
+    show_progress,
+    warn,
+)
+from jaxroute.errors import JaxrouteError
+from jaxroute.experiments import capacity as cap
+from jaxroute.experiments import tune as tn
+from jaxroute.experiments.cluster import WORKLOADS, build_workload
+from jaxroute.experiments.pd import DEFAULT_SLO_TPOT_S, DEFAULT_SLO_TTFT_S
+from jaxroute.workloads import prefix as wl_prefix
+
+MODELS = ("cluster",)
+DEFAULT_SLO = f"ttft_p90_s<={DEFAULT_SLO_TTFT_S:g},tpot_p90_s<={DEFAULT_SLO_TPOT_S:g}"
+
+
+def _slo(text: str):
+    try:
+        return cap.parse_slo(text)
+    except JaxrouteError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _range(text: str) -> tuple[float, float]:
+    try:
+        lo, hi = (float(x) for x in text.split(":"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected LO:HI, got '{text}'") from None
+    if not 0 < lo < hi < math.inf:
+        raise argparse.ArgumentTypeError(f"expected 0 < LO < HI, got '{text}'")
+    return lo, hi
+
+
+def _knob_table() -> str:
+    return "; ".join(f"{r}: {', '.join(k.name for k in ks)}" for r, ks in tn.TUNABLE.items())
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "tune", help="search a router's settings (CMA-ES) for goodput, capacity or a metric, with the gain's CI",
+        description="Search a router's traced settings with CMA-ES (evosax) in a normalised box (log-scale where a "
+        "setting spans decades), starting from the preset's defaults. Each generation runs population x seeds in one "
+        "compiled batch on common seeds (the same seeds every generation; generation 0 holds the defaults). The "
+        "best-ever candidate, the best of the last generation and the CMA-ES mean are then rerun with the defaults "
+        "on fresh seeds: means with 95 % CIs and the gain over the defaults (+ = better), paired per seed. "
+        f"Tunable settings (their defaults are the preset's): {_knob_table()}; the weighted presets also take "
+        "any w_<scorer>.")
+    p.add_argument("sim_model", metavar="model", choices=MODELS,
+                   help="which simulation: cluster (replicas with prefix caches)")
+    p.add_argument("--router", required=True, metavar="NAME", help=f"router to tune: {', '.join(tn.TUNABLE_ROUTERS)}")
+    p.add_argument("--params", default=None, metavar="NAME,...",
+                   help="settings to tune, e.g. w_prefix,w_queue (default: all tunable ones of the router; the others "
+                   "keep the preset's values)")
+    p.add_argument("--objective", default="goodput", metavar="NAME",
+                   help="goodput (requests per second meeting the SLO's TTFT and TPOT bounds, maximised), capacity "
+                   "(the largest rate at which the SLO holds, maximised), slo_attainment, or a metric of the model "
+                   f"({', '.join(tn.replicas.METRICS)}, e2e_mean_s, e2e_p99_s): output_tokens_per_s and hit_rate "
+                   "are maximised, the others minimised (default goodput)")
+    p.add_argument("--slo", type=_slo, default=None, metavar="METRIC<=V,...",
+                   help="goodput / slo_attainment: per-request bounds ttft_*<=S,tpot_*<=S (the quantile in the name "
+                   f"is ignored: each request must meet them) (default {DEFAULT_SLO}); capacity: clauses on the "
+                   "model's metrics that must all hold, e.g. ttft_p90_s<=1 (required)")
+    p.add_argument("--rate", type=positive_float, default=None, metavar="REQ_PER_S",
+                   help="Poisson arrival rate (default 1.0; traces: replay the recorded times unless given); not "
+                   "with --objective capacity")
+    p.add_argument("--rate-range", type=_range, default=None, metavar="LO:HI",
+                   help="capacity: rates searched in req/s (default 0.5:100)")
+    p.add_argument("--tol", type=positive_float, default=0.05, metavar="F",
+                   help="capacity: relative width of a known bracket (default 0.05)")
+    p.add_argument("--points", type=positive_int, default=4, metavar="K", help="capacity: rates per candidate per round (default 4)")
+    p.add_argument("--max-rounds", type=positive_int, default=6, metavar="N", help="capacity: rounds at most per generation (default 6)")
+    p.add_argument("--workload", default="toolbench", metavar="NAME", help=f"one of {', '.join(WORKLOADS)} (default toolbench)")
+    p.add_argument("--trace", default=None, metavar="PATH", help="trace file for mooncake / azure-conv (default: the public trace)")
+    p.add_argument("--hot-tool", type=probability, default=0.0, metavar="SHARE",
+                   help="toolbench only: share of traffic on one hot tool (default 0)")
+    add_shared_prefix_args(p)
+    p.add_argument("--requests", type=positive_int, default=300, metavar="N", help="requests per run (default 300)")
+    p.add_argument("--replicas", type=positive_int, default=4, metavar="G", help="number of replicas (default 4)")
+    p.add_argument("--gpu", default="a6000", metavar="NAME", help=f"GPU of every replica: {', '.join(cm.GPUS)} (default a6000)")
+    p.add_argument("--model", default="mistral-7b", metavar="NAME", help=f"model served: {', '.join(cm.MODELS)} (default mistral-7b)")
+    p.add_argument("--tp", type=positive_int, default=1, metavar="T", help="tensor-parallel GPUs per replica (default 1)")
+    p.add_argument("--kv-capacity", type=positive_int, default=None, metavar="TOKENS",
+                   help="KV tokens per replica (default: from GPU memory, as jaxroute cluster)")
+    p.add_argument("--cost-model", default="roofline", metavar="KIND", help="iteration time: roofline or preble (default roofline)")
+    p.add_argument("--stale", type=non_negative_float, default=0.0, metavar="T",
+                   help="the router's view is refreshed every T seconds (default 0: fresh)")
+    p.add_argument("--local", default="fcfs", metavar="ORDER", help=f"local queue order: {', '.join(LOCAL_ORDERS)} (default fcfs)")
+    p.add_argument("--admission", default="reserve", metavar="MODE", help=f"KV admission: {', '.join(ADMISSIONS)} (default reserve)")
+    p.add_argument("--chunk", type=positive_int, default=512, metavar="TOKENS", help="prefill tokens per iteration (default 512)")
+    p.add_argument("--max-running", type=positive_int, default=64, metavar="B", help="max running requests per replica (default 64)")
+    p.add_argument("--population", type=positive_int, default=8, metavar="P", help="CMA-ES population per generation (default 8)")
+    p.add_argument("--generations", type=positive_int, default=10, metavar="N", help="CMA-ES generations (default 10)")
+    p.add_argument("--std-init", type=positive_float, default=0.2, metavar="F",
+                   help="CMA-ES initial step size in the normalised box [0, 1]^d (default 0.2)")
+    p.add_argument("--seeds", type=positive_int, default=4, metavar="S", help="search seeds per candidate, common to all (default 4)")
+    p.add_argument("--final-seeds", type=positive_int, default=8, metavar="S",
+                   help="fresh seeds of the final re-evaluation against the defaults (default 8)")
+    p.add_argument("--seed", type=non_negative_int, default=0, metavar="INT", help="base PRNG seed (default 0)")
+    p.add_argument("--out", metavar="PATH.json", help="write the results JSON: curve, candidates, CIs (default: none)")
+    p.add_argument("--plot", metavar="PATH.png", help="write the search curve as a PNG (default: none)")
+    p.add_argument("--params-out", metavar="PATH.json",
+                   help="write the best candidate's settings for `jaxroute cluster --params-json` (default: none)")
+    p.add_argument("--no-progress", action="store_true",
+                   help="print the generations' lines after the search instead of as each one ends (default: as it ends)")
+    p.set_defaults(func=run)
+
+
+def _objective(args) -> tn.Objective:
+    name = args.objective.strip().lower()
+    search = tn.CapacitySearch(*(args.rate_range or (0.5, 100.0)), tol=args.tol, points=args.points,
+                               max_rounds=args.max_rounds)
+    if name == "capacity" and args.rate is not None:
+        raise JaxrouteError("--rate does not apply to --objective capacity: it searches the rate (see --rate-range)")
+    if name != "capacity" and args.rate_range is not None:
+        raise JaxrouteError("--rate-range applies to --objective capacity")
+    slo = args.slo
+    if slo is None and name in ("goodput", "goodput_rps", "slo_attainment"):
+        slo = cap.parse_slo(DEFAULT_SLO)
+    return tn.objective(name, slo or (), search)
+
+
+def _setup(args, workload) -> tn.Setup:
+    is_trace = args.workload in wl_prefix.TRACE_WORKLOADS
+    rate = args.rate if args.rate is not None else (0.0 if is_trace else 1.0)
+    return tn.Setup(workload, replicas=args.replicas, rate=rate, gpu=args.gpu, model_name=args.model, tp=args.tp,
+                    cost_model=choose([args.cost_model], ("roofline", "preble"), "cost model")[0],
+                    kv_capacity=args.kv_capacity, stale_s=args.stale, chunk=args.chunk, max_running=args.max_running,
+                    local=choose([args.local], LOCAL_ORDERS, "local order")[0],
+                    admission=choose([args.admission], ADMISSIONS, "admission")[0])
+
+
+def _print_generation(g: tn.Generation) -> None:
+    over = f", {g.overflowed} overflowed" if g.overflowed else ""
+    print(f"  generation {g.index}: best {_fmt(g.best)}, mean {_fmt(g.mean)}, best so far {_fmt(g.best_ever)}{over}",
+          flush=True)
+
+
+def _fmt(x: float) -> str:
+    return f"{x:.4g}"
+
+
+def _table(res: tn.TuneResult) -> str:
+    names = res.space.names
+    w = {n: max(10, len(n)) for n in names}
+    head = f"  {'candidate':<10} " + " ".join(f"{n:>{w[n]}}" for n in names) + f" {res.objective.metric + ' (fresh seeds)':>26} {'gain (+ = better)':>22} {'gain %':>8}"
+    lines = [head]
+    for c in res.candidates:
+        vals = " ".join(f"{_fmt(c.values[n]):>{w[n]}}" for n in names)
+        gain = report.fmt_ci(c.gain) if c.gain else "-"
+        pct = f"{c.gain_pct:+.1f}" if c.gain_pct is not None else "-"
+        mark = " *" if c is res.best else ""
+        lines.append(f"  {c.label:<10} {vals} {report.fmt_ci(c.final):>26} {gain:>22} {pct:>8}{mark}")
+    return "\n".join(lines)
+
+
+def _plot(res: tn.TuneResult, path: str, title: str) -> None:
+    x = [g.index for g in res.generations]
+    lines = [dict(x=x, y=[g.best for g in res.generations], marker="o", label="best of generation"),
+             dict(x=x, y=[g.mean for g in res.generations], marker=".", label="generation mean"),
+             dict(x=x, y=[g.best_ever for g in res.generations], ls=":", label="best so far")]
+    if math.isfinite(res.start_score):
+        lines.append(dict(x=[x[0], x[-1]], y=[res.start_score] * 2, ls="--", color="grey", label="defaults"))
+    ticks = (x, [str(i) for i in x]) if len(x) <= 20 else None
+    report.line_plot({f"{res.space.router}: {res.objective.metric} on the search seeds": lines}, path,
+                     xlabel="generation", ylabel=res.objective.metric, title=title, xticks=ticks)
+
+
+def run(args) -> int:
+    router = choose([args.router], tn.TUNABLE_ROUTERS, "tunable router")[0]
+    space = tn.Space.of(router, csv_list(args.params) if args.params is not None else None)
+    obj = _objective(args)
+    name = choose([args.workload], WORKLOADS, "workload")[0]
+    args.workload = name
+    workload = build_workload(name, args.requests, args.trace, args.hot_tool, shared_prefix=shared_prefix_settings(args))
+    setup = _setup(args, workload)
+    if args.seeds < 2 or args.final_seeds < 2:
+        warn("one seed gives no confidence interval")
+    where = (f"rates {obj.search.lo:g}-{obj.search.hi:g} req/s" if obj.metric == "capacity" else
+             "recorded times" if setup.rate <= 0 else f"{setup.rate:g} req/s")
+    slo = f" under {obj.slo_text}" if obj.slo else ""
+    title = (f"tune {router} ({', '.join(space.names)}): {'max' if obj.maximise else 'min'} {obj.metric}{slo}; "
+             f"{name}, {args.requests} requests, {args.replicas} replicas ({args.model} on {args.gpu}), {where}")
+    print(title)
+    print(f"CMA-ES (evosax): population {args.population} x {args.generations} generations x {args.seeds} seeds; "
+          f"final: {args.final_seeds} fresh seeds")
+    live = show_progress(args)
+    res = tn.tune(space, obj, setup, population=args.population, generations=args.generations, seeds=args.seeds,
+                  final_seeds=args.final_seeds, seed=args.seed, std_init=args.std_init,
+                  on_generation=_print_generation if live else None)
+    if not live:  # the curve, printed once the search is done
+        for g in res.generations:
+            _print_generation(g)
+    print(f"defaults on the search seeds: {_fmt(res.start_score)}; best found: {_fmt(res.generations[-1].best_ever)}")
+    print(_table(res))
+    print(f"best (*): {res.best.label}, settings {report.jsonable(res.best.settings)}")
+    if res.best.label == "defaults":
+        warn("no tuned candidate beat the defaults on the fresh seeds: try more --seeds or --generations")
+    print(f"simulated {res.runs:,} configurations x seeds in {res.elapsed_s:.1f} s (compilation included)")
+    config = {"model": args.model, "gpu": args.gpu, "tp": args.tp, "workload": name, "trace": args.trace,
+              "requests": args.requests, "replicas": args.replicas, "rate": setup.rate, "seed": args.seed,
+              "kv_capacity": args.kv_capacity, "cost_model": setup.cost_model, "stale_s": args.stale,
+              "local": setup.local, "admission": setup.admission, "chunk": args.chunk, "max_running": args.max_running}
+    if args.out:
+        print(f"wrote {report.write_json(args.out, {'command': 'tune', 'config': config, **res.as_json()})}")
+    if args.plot:
+        _plot(res, args.plot, title.replace("; ", "\n", 1))
+        print(f"wrote {args.plot}")
+    if args.params_out:
+        about = {"command": "tune", **config}
+        print(f"wrote {report.write_json(args.params_out, res.params_json(about))} "
+              f"(rerun: jaxroute cluster --params-json {args.params_out})")
+    return 0
