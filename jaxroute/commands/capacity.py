@@ -36,17 +36,19 @@ SLO_EXAMPLES = {"dispatch": "mean_response<=5", "cluster": "ttft_p90_s<=1,tpot_p
                 "pd": "ttft_p90_s<=2,tpot_p90_s<=0.1 or slo_attainment>=0.9", "decode": "tpot_p90_s<=0.05,ttft_p90_s<=1"}
 
 
-def _range(text: str) -> tuple[float, float]:
+def rate_range(text: str) -> tuple[float, float]:
+    """argparse type of --rate-range: LO:HI with 0 < LO < HI < inf."""
     try:
         lo, hi = (float(x) for x in text.split(":"))
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected LO:HI, got '{text}'") from None
-    if not 0 < lo < hi:
+    if not 0 < lo < hi < float("inf"):
         raise argparse.ArgumentTypeError(f"expected 0 < LO < HI, got '{text}'")
     return lo, hi
 
 
-def _slo(text: str):
+def slo_clauses(text: str):
+    """argparse type of --slo (`capacity.parse_slo`)."""
     try:
         return cap.parse_slo(text)
     except JaxrouteError as e:
@@ -55,10 +57,10 @@ def _slo(text: str):
 
 def _search_args(p, model: str) -> None:
     lo, hi = DEFAULT_RANGE[model]
-    p.add_argument("--slo", type=_slo, required=True, metavar="METRIC<=V,...",
+    p.add_argument("--slo", type=slo_clauses, required=True, metavar="METRIC<=V,...",
                    help=f"clauses that must all hold (METRIC<=V or METRIC>=V, any metric the model reports), e.g. "
                    f"{SLO_EXAMPLES[model]}")
-    p.add_argument("--rate-range", type=_range, default=(lo, hi), metavar="LO:HI",
+    p.add_argument("--rate-range", type=rate_range, default=(lo, hi), metavar="LO:HI",
                    help=f"rates searched, in {UNITS[model]} (default {lo:g}:{hi:g}); the first round spaces --points "
                    "rates geometrically over it")
     p.add_argument("--tol", type=positive_float, default=0.02, metavar="F",

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import math
 
 from jaxroute import cost_models as cm
@@ -21,6 +20,7 @@ from jaxroute.commands._common import (
     show_progress,
     warn,
 )
+from jaxroute.commands.capacity import rate_range, slo_clauses
 from jaxroute.errors import JaxrouteError
 from jaxroute.experiments import capacity as cap
 from jaxroute.experiments import tune as tn
@@ -30,23 +30,6 @@ from jaxroute.workloads import prefix as wl_prefix
 
 MODELS = ("cluster",)
 DEFAULT_SLO = f"ttft_p90_s<={DEFAULT_SLO_TTFT_S:g},tpot_p90_s<={DEFAULT_SLO_TPOT_S:g}"
-
-
-def _slo(text: str):
-    try:
-        return cap.parse_slo(text)
-    except JaxrouteError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
-def _range(text: str) -> tuple[float, float]:
-    try:
-        lo, hi = (float(x) for x in text.split(":"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected LO:HI, got '{text}'") from None
-    if not 0 < lo < hi < math.inf:
-        raise argparse.ArgumentTypeError(f"expected 0 < LO < HI, got '{text}'")
-    return lo, hi
 
 
 def _knob_table() -> str:
@@ -74,14 +57,14 @@ def register(subparsers) -> None:
                    "(the largest rate at which the SLO holds, maximised), slo_attainment, or a metric of the model "
                    f"({', '.join(tn.replicas.METRICS)}, e2e_mean_s, e2e_p99_s): output_tokens_per_s and hit_rate "
                    "are maximised, the others minimised (default goodput)")
-    p.add_argument("--slo", type=_slo, default=None, metavar="METRIC<=V,...",
+    p.add_argument("--slo", type=slo_clauses, default=None, metavar="METRIC<=V,...",
                    help="goodput / slo_attainment: per-request bounds ttft_*<=S,tpot_*<=S (the quantile in the name "
                    f"is ignored: each request must meet them) (default {DEFAULT_SLO}); capacity: clauses on the "
                    "model's metrics that must all hold, e.g. ttft_p90_s<=1 (required)")
     p.add_argument("--rate", type=positive_float, default=None, metavar="REQ_PER_S",
                    help="Poisson arrival rate (default 1.0; traces: replay the recorded times unless given); not "
                    "with --objective capacity")
-    p.add_argument("--rate-range", type=_range, default=None, metavar="LO:HI",
+    p.add_argument("--rate-range", type=rate_range, default=None, metavar="LO:HI",
                    help="capacity: rates searched in req/s (default 0.5:100)")
     p.add_argument("--tol", type=positive_float, default=0.05, metavar="F",
                    help="capacity: relative width of a known bracket (default 0.05)")
