@@ -3,20 +3,23 @@ searched in parallel (one compiled batch per round)."""
 
 from __future__ import annotations
 
-import argparse
 import time
 
 import numpy as np
 
 from jaxroute import report
-from jaxroute.commands import pd as pd_command
 from jaxroute.commands._common import (
+    PD_DEFAULT_REQUESTS,
+    add_pd_args,
     choose,
     csv_list,
     list_of,
+    pd_setup,
     positive_float,
     positive_int,
+    rate_range,
     show_progress,
+    slo_clauses,
     warn,
 )
 from jaxroute.errors import JaxrouteError
@@ -34,25 +37,6 @@ DEFAULT_RANGE = {"dispatch": (0.3, 1.0), "cluster": (0.5, 100.0), "pd": (0.5, 50
 UNITS = {"dispatch": "load per server", "cluster": "requests/s", "pd": "requests/s", "decode": "requests/s"}
 SLO_EXAMPLES = {"dispatch": "mean_response<=5", "cluster": "ttft_p90_s<=1,tpot_p90_s<=0.05",
                 "pd": "ttft_p90_s<=2,tpot_p90_s<=0.1 or slo_attainment>=0.9", "decode": "tpot_p90_s<=0.05,ttft_p90_s<=1"}
-
-
-def rate_range(text: str) -> tuple[float, float]:
-    """argparse type of --rate-range: LO:HI with 0 < LO < HI < inf."""
-    try:
-        lo, hi = (float(x) for x in text.split(":"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected LO:HI, got '{text}'") from None
-    if not 0 < lo < hi < float("inf"):
-        raise argparse.ArgumentTypeError(f"expected 0 < LO < HI, got '{text}'")
-    return lo, hi
-
-
-def slo_clauses(text: str):
-    """argparse type of --slo (`capacity.parse_slo`)."""
-    try:
-        return cap.parse_slo(text)
-    except JaxrouteError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _search_args(p, model: str) -> None:
@@ -117,9 +101,9 @@ def register(subparsers) -> None:
                        description="Capacity of the disaggregated cluster of `jaxroute pd` in requests/s; every "
                        "flag of `pd` except --rate (which is searched). Metrics: goodput_rps, slo_attainment (at "
                        "--slo-ttft / --slo-tpot per request), ttft_p90_s, ttft_p99_s, tpot_p90_s, e2e_mean_s, ...")
-    pd_command.add_pd_args(p)
-    p.add_argument("--requests", type=positive_int, default=pd_command.DEFAULT_REQUESTS, metavar="N",
-                   help=f"requests per run (default {pd_command.DEFAULT_REQUESTS})")
+    add_pd_args(p)
+    p.add_argument("--requests", type=positive_int, default=PD_DEFAULT_REQUESTS, metavar="N",
+                   help=f"requests per run (default {PD_DEFAULT_REQUESTS})")
     _search_args(p, "pd")
     p = sub.add_parser("decode", help="decode DP ranks behind a barrier (BalanceRoute), Poisson arrivals, requests/s",
                        description="Capacity of the decode data-parallel model under Poisson arrivals in requests/s. "
@@ -153,7 +137,7 @@ def _setup(args):
         ev = cap.ClusterEvaluator(rows, wl, gpu=args.gpu, model_name=args.model_name, tp=args.tp, **kw)
         return [(f"{p}@{g}", p, g) for p, g in rows], ev
     if args.capacity_model == "pd":
-        _, rows, wl, dep = pd_command.setup(args)
+        _, rows, wl, dep = pd_setup(args)
         ev = cap.PDEvaluator(rows, wl, dep=dep, slo_ttft=args.slo_ttft, slo_tpot=args.slo_tpot, **kw)
         return [(r.label, r.prefill_router, r.n_prefill + r.n_decode) for r in rows], ev
     policies = choose(csv_list(args.policies), balance.POLICIES, "policy")

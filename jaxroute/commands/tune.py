@@ -16,11 +16,12 @@ from jaxroute.commands._common import (
     positive_float,
     positive_int,
     probability,
+    rate_range,
     shared_prefix_settings,
     show_progress,
+    slo_clauses,
     warn,
 )
-from jaxroute.commands.capacity import rate_range, slo_clauses
 from jaxroute.errors import JaxrouteError
 from jaxroute.experiments import capacity as cap
 from jaxroute.experiments import tune as tn
