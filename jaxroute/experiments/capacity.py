@@ -20,6 +20,7 @@ Evaluators (one per model, each a callable `(rows [K], rates [K]) -> {metric: [K
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import math
 import re
@@ -84,11 +85,12 @@ class Capacity:
     batches: int  # compiled batches run
 
 
-class Evaluator:
+class Evaluator(abc.ABC):
     """`evaluate(rows [K], rates [K]) -> {metric: [K, S]}` (plus 'overflow' [K, S]) for one batch."""
 
+    @abc.abstractmethod
     def __call__(self, rows: np.ndarray, rates: np.ndarray) -> dict[str, np.ndarray]:
-        raise NotImplementedError
+        """One compiled batch: row indices and their rates -> per-run metrics."""
 
     def grow(self) -> bool:
         """Enlarge the fixed buffers the last batch overflowed; False when nothing can grow."""
