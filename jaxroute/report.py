@@ -172,9 +172,11 @@ def bar_plot(records: Sequence[Record], metric_names: Sequence[str], path: str |
 
 
 def line_plot(panels: Mapping[str, Sequence[dict]], path: str | Path, *, xlabel: str, ylabel: str,
-              title: str | None = None, sharey: bool = False, xticks: tuple | None = None, ylog=()) -> Path:
+              title: str | None = None, sharey: bool = False, xticks: tuple | None = None, ylog=(),
+              xlog: bool = False) -> Path:
     """PNG line chart: one panel per title; each line is a dict of `ax.plot` keywords plus x and y.
-    xticks: (positions, labels) for every panel (e.g. categorical x values); ylog: titles of panels on a log y axis.
+    xticks: (positions, labels) for every panel (e.g. categorical x values); ylog: titles of panels on a log y axis;
+    xlog: every panel on a log x axis.
 
     A line with `vline` instead of x and y is a vertical marker at that x; one with `lo` and `hi`
     also shades that band (e.g. a 95 % CI) in its colour.
@@ -197,6 +199,8 @@ def line_plot(panels: Mapping[str, Sequence[dict]], path: str | Path, *, xlabel:
             ax.set_xticks(*xticks)
         if name in ylog:
             ax.set_yscale("log")
+        if xlog:
+            ax.set_xscale("log")
         if any("label" in line for line in lines):
             ax.legend(fontsize=8)
     axes[0][0].set_ylabel(ylabel)

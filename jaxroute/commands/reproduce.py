@@ -1,0 +1,56 @@
+"""`jaxroute reproduce`: run a source's reproductions and write a report a person can read."""
+
+from __future__ import annotations
+
+import shlex
+
+from jaxroute.commands._common import csv_list, positive_int, show_progress
+from jaxroute.reproduce import SOURCES, experiments, parse_sources, run
+
+_ABOUT = {
+    "lecture": "the lecture's §1-§3: dispatch theory, balls into bins, stale information, the cache-aware cluster, Preble",
+    "balanceroute": "BalanceRoute (arXiv 2605.06113): the decode-DP barrier, BR-0 / BR-H against the baselines",
+    "llmselector": "LLMSelector in the lecture's toy compound-AI world (§4)",
+    "production-routers": "llm-d, Dynamo, SGLang, production-stack and AIBrix routers; P/D disaggregation; capacity",
+}
+
+
+def register(subparsers) -> None:
+    listing = "; ".join(f"{s}: {_ABOUT[s]}" for s in SOURCES)
+    p = subparsers.add_parser(
+        "reproduce",
+        help="reproduce a source's claims: DIR/report.md (claims, our numbers with CIs, verdicts), results.json, PNGs",
+        description="Run the reproductions of a source and write DIR/report.md: for each claim of the source, our "
+        "number with its 95 %% CI beside the source's, a verdict (reproduced / direction only / differs) and a reason "
+        "where it differs; Markdown tables; PNG figures beside the report. Also DIR/results.json (DESIGN.md's "
+        "results convention: one record per claim). Each experiment's part is saved in DIR/parts/ as soon as it is "
+        f"done, so an interrupted run resumes where it stopped (--fresh reruns everything). Sources: {listing}.",
+    )
+    p.add_argument("source", choices=[*SOURCES, "all"], help="which source to reproduce (all: every one, in order)")
+    p.add_argument("--out", default="results/reproduce", metavar="DIR",
+                   help="report folder: report.md, results.json, PNGs, parts/ (default results/reproduce)")
+    p.add_argument("--quick", action="store_true",
+                   help="small sizes, same code paths (a few minutes on 2 cores); marked QUICK in the report")
+    p.add_argument("--only", type=csv_list, default=[], metavar="NAMES",
+                   help="comma-separated experiment names to run (see --list); the report holds only those")
+    p.add_argument("--seeds", type=positive_int, default=None, metavar="N",
+                   help="seeds per configuration in every experiment (default: each experiment's own)")
+    p.add_argument("--fresh", action="store_true", help="rerun experiments already written in DIR/parts/")
+    p.add_argument("--list", action="store_true", help="list the source's experiments and exit")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars (also JAXROUTE_NO_PROGRESS=1)")
+    p.set_defaults(func=main)
+
+
+def main(args) -> int:
+    sources = parse_sources(args.source)
+    if args.list:
+        for s in sources:
+            for e in experiments(s):
+                print(f"{s:20s} {e.name:16s} {e.title}")
+        return 0
+    command = " ".join(["jaxroute reproduce", args.source, "--out", shlex.quote(str(args.out))]
+                       + (["--quick"] if args.quick else []) + (["--only", ",".join(args.only)] if args.only else [])
+                       + (["--seeds", str(args.seeds)] if args.seeds else []) + (["--fresh"] if args.fresh else []))
+    run(sources, args.out, quick=args.quick, seeds=args.seeds, only=args.only, fresh=args.fresh,
+        progress=show_progress(args), command=command)
+    return 0

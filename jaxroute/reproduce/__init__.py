@@ -1,0 +1,195 @@
+"""Reproductions of the sources (lecture, BalanceRoute, LLMSelector, production routers) as one readable report.
+
+Each source module defines `EXPERIMENTS` (a list of `document.Experiment`). `run(...)` runs the chosen
+sources' experiments, writes each one's part as soon as it is done (so an interrupted run resumes where it
+stopped), then `DIR/report.md` and `DIR/results.json` from all parts.
+"""
+
+from __future__ import annotations
+
+import importlib
+import platform
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from jaxroute import report
+from jaxroute.errors import JaxrouteError
+from jaxroute.reproduce.document import (
+    Context,
+    Experiment,
+    Section,
+    load_part,
+    render,
+    save_part,
+    tally,
+)
+
+# source -> modules (under jaxroute.reproduce) holding its experiments, in report order
+SOURCES: dict[str, tuple[str, ...]] = {
+    "lecture": ("lecture_dispatch",),
+    "balanceroute": (),
+    "llmselector": (),
+    "production-routers": (),
+}
+
+
+def experiments(source: str) -> list[Experiment]:
+    """The experiments of one source, in report order."""
+    if source not in SOURCES:
+        raise JaxrouteError(f"unknown source '{source}'; choose from: {', '.join(SOURCES)}, all")
+    out = []
+    for mod in SOURCES[source]:
+        out += importlib.import_module(f"jaxroute.reproduce.{mod}").EXPERIMENTS
+    return out
+
+
+def parse_sources(text: str) -> list[str]:
+    names = [s.strip() for s in text.split(",") if s.strip()]
+    if not names:
+        raise JaxrouteError(f"no source given; choose from: {', '.join(SOURCES)}, all")
+    if "all" in names:
+        return list(SOURCES)
+    for n in names:
+        experiments(n)  # names the unknown one
+    return list(dict.fromkeys(names))
+
+
+def git_commit() -> str:
+    try:
+        here = Path(__file__).resolve().parent
+        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True, text=True,
+                             timeout=10)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
+                               capture_output=True, text=True, timeout=10)
+        if rev.returncode == 0:
+            return rev.stdout.strip() + (" (with uncommitted changes)" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return "unknown (not a git checkout)"
+
+
+def device_line() -> str:
+    import jax
+
+    devs = jax.devices()
+    return f"{len(devs)} x {devs[0].device_kind} ({jax.default_backend()}; jax {jax.__version__}; {platform.node()})"
+
+
+def run(sources: Sequence[str], out_dir: str | Path, *, quick: bool = False, seeds: int | None = None,
+        only: Sequence[str] = (), fresh: bool = False, progress: bool = True, echo: bool = True,
+        command: str = "jaxroute reproduce", todo: Sequence[Experiment] | None = None) -> tuple[Path, list[Section]]:
+    """Run (or resume) the sources' experiments; write report.md, results.json and the PNGs into out_dir.
+
+    only: experiment names to run (default all); fresh: rerun experiments an earlier run already wrote;
+    todo: these experiments instead of the sources' (a script's module).
+    """
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    todo = list(todo) if todo is not None else [e for s in sources for e in experiments(s)]
+    if only:
+        unknown = set(only) - {e.name for e in todo}
+        if unknown:
+            raise JaxrouteError(f"unknown experiment(s) {', '.join(sorted(unknown))}; the chosen sources have: "
+                                f"{', '.join(e.name for e in todo)}")
+        todo = [e for e in todo if e.name in only]
+    sections: list[Section] = []
+    for exp in todo:
+        done = None if fresh else load_part(out_dir, exp.source, exp.name, quick)
+        if done is not None:
+            if echo:
+                print(f"[{exp.source}.{exp.name}] resumed from {out_dir / 'parts'} (written by an earlier run)")
+            sections.append(done)
+            continue
+        sections.append(_run_one(exp, out_dir, quick=quick, seeds=seeds, progress=progress, echo=echo))
+        save_part(out_dir, sections[-1])
+    header = {"sources": ", ".join(sources), "quick": quick, "command": command, "commit": git_commit(),
+              "device": device_line(),
+              "seeds": "; ".join(f"{s.key} {s.seeds}" for s in sections if s.seeds is not None) or "-",
+              "wall_s": sum(s.wall_s for s in sections), "resumed": sum(s.resumed for s in sections)}
+    path = out_dir / "report.md"
+    path.write_text(render(sections, header))
+    report.write_json(out_dir / "results.json", results_json(sections, header))
+    if echo:
+        counts = tally(sections)
+        print(f"wrote {path} and {out_dir / 'results.json'}: " + ", ".join(f"{n} {v}" for v, n in counts.items()))
+    return path, sections
+
+
+def _run_one(exp: Experiment, out_dir: Path, *, quick: bool, seeds: int | None, progress: bool,
+             echo: bool) -> Section:
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=exp.steps(quick), desc=f"{exp.source}.{exp.name}", unit="step", dynamic_ncols=True)
+
+    def advance(desc: str) -> None:
+        if bar is not None:
+            bar.set_postfix_str(desc[:40])
+            bar.update(1)
+
+    ctx = Context(out_dir=out_dir, quick=quick, seeds=seeds, echo=echo, advance=advance)
+    ctx.log(f"[{exp.source}.{exp.name}] {exp.title}")
+    start = time.perf_counter()
+    try:
+        section = exp.run(ctx)
+    finally:
+        if bar is not None:
+            bar.close()
+    section.source, section.name, section.quick = exp.source, exp.name, quick
+    section.wall_s = time.perf_counter() - start
+    section.log = ctx.lines
+    for _, file in section.figures:
+        if not (out_dir / file).exists():
+            raise RuntimeError(f"{exp.source}.{exp.name} links figure {file}, which it did not write")
+    return section
+
+
+def script_main(module: str, argv: Sequence[str] | None = None, description: str | None = None) -> int:
+    """The `scripts/reproduce_*.py` wrappers: run one module's experiments into a report folder."""
+    import argparse
+
+    mod = importlib.import_module(f"jaxroute.reproduce.{module}")
+    names = [e.name for e in mod.EXPERIMENTS]
+    source = mod.EXPERIMENTS[0].source
+    ap = argparse.ArgumentParser(description=description or mod.__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="small sizes, same code paths (a smoke run)")
+    ap.add_argument("--out", default=f"results/{module}", metavar="DIR",
+                    help=f"report folder: report.md, results.json, PNGs, parts/ (default results/{module})")
+    ap.add_argument("--only", default=",".join(names), metavar="NAMES",
+                    help=f"comma-separated experiments (default all: {','.join(names)})")
+    ap.add_argument("--seeds", type=int, default=None, help="seeds per configuration (default: each experiment's own)")
+    ap.add_argument("--fresh", action="store_true", help="rerun experiments already written in DIR/parts/")
+    ap.add_argument("--no-progress", action="store_true", help="no progress bars")
+    args = ap.parse_args(argv)
+    only = [n.strip() for n in args.only.split(",") if n.strip()]
+    unknown = sorted(set(only) - set(names))
+    if unknown:
+        ap.error(f"unknown experiment(s) {', '.join(unknown)}; choose from {', '.join(names)}")
+    if args.seeds is not None and args.seeds < 1:
+        ap.error(f"--seeds must be a positive integer, got {args.seeds}")
+    from jaxroute.cli import use_all_cpu_cores
+
+    use_all_cpu_cores()
+    script = Path(sys.argv[0]).name if argv is None else f"<{module} wrapper>"
+    command = f"python scripts/{script} " + " ".join(argv if argv is not None else sys.argv[1:])
+    run([source], args.out, quick=args.quick, seeds=args.seeds, only=only, fresh=args.fresh,
+        progress=not args.no_progress, command=command.strip(), todo=mod.EXPERIMENTS)
+    return 0
+
+
+def results_json(sections: Sequence[Section], header: dict) -> dict:
+    """DESIGN.md's results convention: one record per claim (our value as its metric), experiments' data beside."""
+    results = []
+    for s in sections:
+        for c in s.claims:
+            metrics = {"ours": c.value} if c.value else {}
+            results.append({"policy": s.key, "params": {"claim": c.claim, "where": c.where}, "overflow": False,
+                            "metrics": metrics, "source": c.source, "ours": c.ours, "verdict": c.verdict,
+                            "reason": c.reason})
+    return {"command": "reproduce", "config": header, "results": results,
+            "experiments": {s.key: s.data for s in sections}}

@@ -1,0 +1,146 @@
+"""`jaxroute reproduce`: claims and verdicts, the report, resuming, refusals (fake experiments; no simulation)."""
+
+import json
+import re
+
+import numpy as np
+import pytest
+
+from jaxroute import cli
+from jaxroute import reproduce as rp
+from jaxroute.errors import JaxrouteError
+from jaxroute.metrics import summarize
+from jaxroute.reproduce.document import (
+    Claim,
+    Experiment,
+    Section,
+    gain_verdict,
+    holds_verdict,
+    load_part,
+    value_verdict,
+)
+
+
+def test_value_verdict_uses_the_ci_and_the_tolerance():
+    s = summarize(np.array([9.0, 10.0, 11.0]))
+    assert value_verdict(s, 10.5)[0] == "reproduced"  # inside the CI
+    assert value_verdict(summarize(np.array([10.0, 10.0])), 11.0, rel_tol=0.15)[0] == "reproduced"
+    verdict, reason = value_verdict(summarize(np.array([10.0, 10.0])), 20.0, rel_tol=0.15)
+    assert verdict == "differs" and "0.50x" in reason
+
+
+def test_gain_verdict_sign_size_and_noise():
+    big = summarize(np.array([20.0, 22.0, 21.0]))
+    assert gain_verdict(big, 21.0)[0] == "reproduced"
+    assert gain_verdict(big, 5.0)[0] == "direction only"  # same sign, 4x the size
+    assert gain_verdict(big, -10.0)[0] == "differs"  # the source claims the other direction
+    assert gain_verdict(summarize(np.array([-1.0, 2.0, 0.5])), 1.0)[0] == "differs"  # CI includes 0
+    assert gain_verdict(big, None) == ("direction only", "the source states a direction, not a number")
+    assert gain_verdict(summarize(np.array([-3.0, -4.0, -3.5, -3.2])), -3.5)[0] == "reproduced"
+
+
+def test_a_claim_that_is_not_reproduced_needs_a_reason():
+    with pytest.raises(ValueError, match="without a reason"):
+        Claim("x", "§1", "1", "2", "differs")
+    with pytest.raises(ValueError, match="verdict must be one of"):
+        Claim("x", "§1", "1", "2", "roughly")
+    assert holds_verdict(False, "no")[0] == "differs"
+
+
+def _fake_experiments(calls, figure=True):
+    def make(name, verdict):
+        def run(ctx):
+            calls.append(name)
+            ctx.advance("one")
+            ctx.log(f"{name} ran")
+            figs = []
+            if figure:
+                path, file = ctx.figure("fake", name)
+                path.write_bytes(b"\x89PNG fake")
+                figs = [(f"{name} figure", file)]
+            s = summarize(np.array([1.0, 2.0, 3.0]))
+            reason = "" if verdict == "reproduced" else "because"
+            return Section("fake", name, f"Fake {name}", intro="intro text",
+                           claims=[Claim(f"{name} claim | with a pipe", "§9", "2", "2 ± 1", verdict, reason, s.as_json())],
+                           tables=[("a table", "| a |\n|---|\n| 1 |")], figures=figs, data={"x": [1, 2]}, seeds=3)
+        return Experiment("fake", name, f"fake {name}", run, lambda q: 1)
+
+    return [make("first", "reproduced"), make("second", "differs")]
+
+
+def test_report_results_json_and_resume(tmp_path, monkeypatch):
+    calls = []
+    exps = _fake_experiments(calls)
+    path, sections = rp.run(["fake"], tmp_path, quick=True, todo=exps, progress=False, echo=False, command="cmd")
+    assert calls == ["first", "second"]
+    text = path.read_text()
+    assert "QUICK RUN" in text and "- command: `cmd`" in text and "git commit" in text and "device:" in text
+    assert "1 reproduced, 0 direction only, 1 differs (2 claims)" in text
+    for s in sections:
+        assert f"## {s.title}" in text
+    assert "claim \\| with a pipe" in text  # a pipe inside a cell does not break the table
+    for link in re.findall(r"!\[[^\]]*\]\(([^)]+)\)", text):
+        assert (tmp_path / link).exists()
+    res = json.loads((tmp_path / "results.json").read_text())
+    assert res["command"] == "reproduce" and len(res["results"]) == 2
+    assert res["results"][1]["verdict"] == "differs" and res["results"][1]["metrics"]["ours"]["mean"] == 2.0
+    assert res["experiments"]["fake.first"] == {"x": [1, 2]}
+    # resume: both parts exist, nothing runs again; --fresh reruns; a full-size run does not reuse quick parts
+    calls.clear()
+    _, again = rp.run(["fake"], tmp_path, quick=True, todo=exps, progress=False, echo=False)
+    assert calls == [] and all(s.resumed for s in again)
+    assert "resumed from an earlier run" in (tmp_path / "report.md").read_text()
+    rp.run(["fake"], tmp_path, quick=True, todo=exps, progress=False, echo=False, fresh=True, only=["second"])
+    assert calls == ["second"]
+    assert load_part(tmp_path, "fake", "first", quick=False) is None
+    # an interrupted run: one part missing -> only that one runs
+    (tmp_path / "parts" / "fake.first.json").unlink()
+    calls.clear()
+    rp.run(["fake"], tmp_path, quick=True, todo=exps, progress=False, echo=False)
+    assert calls == ["first"]
+
+
+def test_a_part_file_that_is_corrupt_is_run_again(tmp_path):
+    calls = []
+    exps = _fake_experiments(calls, figure=False)
+    rp.run(["fake"], tmp_path, todo=exps, progress=False, echo=False)
+    (tmp_path / "parts" / "fake.first.json").write_text("{not json")
+    calls.clear()
+    rp.run(["fake"], tmp_path, todo=exps, progress=False, echo=False)
+    assert calls == ["first"]
+
+
+def test_a_linked_figure_that_was_not_written_is_an_error(tmp_path):
+    def run(ctx):
+        return Section("fake", "bad", "Bad", figures=[("missing", "nope.png")])
+
+    with pytest.raises(RuntimeError, match="nope.png"):
+        rp.run(["fake"], tmp_path, todo=[Experiment("fake", "bad", "bad", run)], progress=False, echo=False)
+
+
+def test_unknown_source_and_experiment_are_refused(tmp_path, capsys):
+    with pytest.raises(JaxrouteError, match="unknown source 'nope'"):
+        rp.parse_sources("lecture,nope")
+    assert rp.parse_sources("all") == list(rp.SOURCES)
+    with pytest.raises(JaxrouteError, match="unknown experiment"):
+        rp.run(["lecture"], tmp_path, only=["nope"], progress=False, echo=False)
+    with pytest.raises(SystemExit):
+        cli.main(["reproduce", "nope"])
+    assert "invalid choice: 'nope'" in capsys.readouterr().err
+    assert cli.main(["reproduce", "lecture", "--only", "nope", "--out", str(tmp_path)]) == 2
+    assert "unknown experiment(s) nope" in capsys.readouterr().err
+
+
+def test_list_names_every_experiment(capsys):
+    assert cli.main(["reproduce", "all", "--list"]) == 0
+    out = capsys.readouterr().out
+    for source in rp.SOURCES:
+        for e in rp.experiments(source):
+            assert e.name in out
+
+
+def test_every_experiment_name_is_unique_within_its_source():
+    for source in rp.SOURCES:
+        names = [e.name for e in rp.experiments(source)]
+        assert len(names) == len(set(names)), source
+        assert all(e.source == source for e in rp.experiments(source))
