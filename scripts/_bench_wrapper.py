@@ -6,8 +6,10 @@ import os
 import sys
 
 
-def run(config_kw: dict, out: str, devices: int | None = None) -> int:
-    """`jaxroute bench` with these BenchConfig settings; returns 0, or 1 when a part failed."""
+def run(config_kw: dict, out: str, devices: int | None = None, quick: bool = False) -> int:
+    """`jaxroute bench` with these BenchConfig settings; returns 0, or 1 when a part failed.
+
+    quick: the same parts at `BenchConfig.quick()`'s tiny sizes (a smoke run; the flags' sizes are ignored)."""
     if devices:
         os.environ["JAXROUTE_CPU_DEVICES"] = str(devices)
     from jaxroute.cli import use_all_cpu_cores
@@ -18,7 +20,7 @@ def run(config_kw: dict, out: str, devices: int | None = None) -> int:
     from jaxroute.experiments.bench import BenchConfig, format_report, run_bench
 
     try:
-        cfg = BenchConfig(**config_kw)
+        cfg = BenchConfig.quick(parts=config_kw["parts"]) if quick else BenchConfig(**config_kw)
     except JaxrouteError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -27,6 +29,9 @@ def run(config_kw: dict, out: str, devices: int | None = None) -> int:
     print(format_report(res))
     print(f"wrote {report.write_json(out, res)}")
     return 1 if res["errors"] else 0
+
+
+QUICK_HELP = "every part at tiny sizes (a smoke run of the same code; the size flags are ignored)"
 
 
 def ints(text: str) -> tuple[int, ...]:

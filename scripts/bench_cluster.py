@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 
-from _bench_wrapper import ints, run
+from _bench_wrapper import QUICK_HELP, ints, run
 
 
 def main(argv=None) -> int:
@@ -28,10 +28,11 @@ def main(argv=None) -> int:
                     "slowest row and so sets the batch's time)")
     ap.add_argument("--separate", type=names, default=(), help="routers each timed in a grid of their own (default none)")
     ap.add_argument("--out", default="results/bench_cluster.json")
+    ap.add_argument("--quick", action="store_true", help=QUICK_HELP)
     args = ap.parse_args(argv)
     return run(dict(parts=("cluster",), cluster_workloads=args.workload, cluster_requests=args.requests,
                     replicas=args.replicas, cluster_rate=args.rate, cluster_seeds=args.seeds, policies=args.policies,
-                    separate=args.separate), args.out)
+                    separate=args.separate), args.out, quick=args.quick)
 
 
 if __name__ == "__main__":

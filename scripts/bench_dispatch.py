@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from _bench_wrapper import ints, run
+from _bench_wrapper import QUICK_HELP, ints, run
 
 
 def main(argv=None) -> int:
@@ -26,10 +26,11 @@ def main(argv=None) -> int:
     ap.add_argument("--python-seeds", type=int, default=2, help="seeds of the Python loop timing (default 2)")
     ap.add_argument("--devices", type=int, default=None, help="CPU devices to shard over (default: one per core)")
     ap.add_argument("--out", default="results/bench_dispatch.json", help="write the JSON here")
+    ap.add_argument("--quick", action="store_true", help=QUICK_HELP)
     args = ap.parse_args(argv)
     return run(dict(parts=("dispatch",), dispatch_seeds=args.seeds, dispatch_requests=args.requests,
                     dispatch_servers=args.servers, dispatch_load=args.load, ref_seeds=args.python_seeds),
-               args.out, args.devices)
+               args.out, args.devices, quick=args.quick)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from _bench_wrapper import ints, run
+from _bench_wrapper import QUICK_HELP, ints, run
 
 
 def main(argv=None) -> int:
@@ -27,9 +27,10 @@ def main(argv=None) -> int:
     ap.add_argument("--sim-requests", type=int, default=1000, help="decode requests per seed (default 1000)")
     ap.add_argument("--sim-seeds", type=ints, default=(4,), help="comma-separated decode seed counts (default 4)")
     ap.add_argument("--out", default="results/bench_dispatch_latency.json", help="where to write the JSON")
+    ap.add_argument("--quick", action="store_true", help=QUICK_HELP)
     args = ap.parse_args(argv)
     return run(dict(parts=("decision", "decode"), decision_calls=args.calls, decode_requests=args.sim_requests,
-                    decode_seeds=args.sim_seeds), args.out)
+                    decode_seeds=args.sim_seeds), args.out, quick=args.quick)
 
 
 if __name__ == "__main__":

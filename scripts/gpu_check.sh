@@ -2,7 +2,9 @@
 # GPU check: device, `jaxroute bench` at accelerator sizes, train-predictor on the GPU vs forced to CPU,
 # and the test suite's fast subset -- all in under 10 minutes, each stage under its own time limit.
 #
-#   bash scripts/gpu_check.sh            (from the repository root; no install: python3 + PYTHONPATH=.)
+#   bash scripts/gpu_check.sh [--quick]  (from the repository root; no install: python3 + PYTHONPATH=.)
+#
+# --quick: every stage at tiny sizes (a smoke run of the same stages, on any machine; the tests run it).
 #
 # Needs jax (with CUDA), optax, orbax-checkpoint, tqdm, matplotlib and pytest; no network.
 # Writes bench_*.json, bench.json (the parts merged), ckpt_*/ and gpu_check.log to $OUT when set,
@@ -10,6 +12,9 @@
 # limit and never more than what is left of the budget.
 set -uo pipefail
 
+QUICK=0
+[[ "${1:-}" == "--quick" ]] && QUICK=1
+[[ $# -gt 0 && $QUICK == 0 ]] && { echo "usage: bash scripts/gpu_check.sh [--quick]" >&2; exit 2; }
 cd "$(dirname "$0")/.." || exit 1
 export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH}
 export JAXROUTE_NO_PROGRESS=1
@@ -54,13 +59,21 @@ nproc
 # Benchmarks: every part at accelerator seed counts (--gpu-sizes: dispatch up to 65,536 seeds, cluster and
 # decode up to 4,096; a size that runs out of memory is recorded and the smaller ones kept). Parts run in
 # three calls so a slow one cannot starve the others; each writes its JSON as it goes.
-BENCH=("$PY" -m jaxroute.cli bench --gpu-sizes --max-repeat-s 20)
-stage "bench dispatch" 110 "${BENCH[@]}" --only dispatch --dispatch-requests 10000 --out "$DEST/bench_dispatch.json"
-stage "bench cluster" 170 "${BENCH[@]}" --only cluster --workloads toolbench --cluster-requests 200 \
-  --out "$DEST/bench_cluster.json"
-stage "bench blis, trace, decode, decision" 130 "${BENCH[@]}" --only blis,trace,decode,decision \
-  --blis-requests 2000 --trace-sizes 2000,10000 --decode-requests 500 --decode-seeds 1,64,1024 --calls 500 \
-  --out "$DEST/bench_rest.json"
+if (( QUICK )); then
+  BENCH=("$PY" -m jaxroute.cli bench --quick)
+  stage "bench dispatch" 110 "${BENCH[@]}" --only dispatch --out "$DEST/bench_dispatch.json"
+  stage "bench cluster" 170 "${BENCH[@]}" --only cluster --out "$DEST/bench_cluster.json"
+  stage "bench blis, trace, decode, decision" 130 "${BENCH[@]}" --only blis,trace,decode,decision \
+    --blis-requests 16 --trace-sizes 16 --calls 20 --out "$DEST/bench_rest.json"
+else
+  BENCH=("$PY" -m jaxroute.cli bench --gpu-sizes --max-repeat-s 20)
+  stage "bench dispatch" 110 "${BENCH[@]}" --only dispatch --dispatch-requests 10000 --out "$DEST/bench_dispatch.json"
+  stage "bench cluster" 170 "${BENCH[@]}" --only cluster --workloads toolbench --cluster-requests 200 \
+    --out "$DEST/bench_cluster.json"
+  stage "bench blis, trace, decode, decision" 130 "${BENCH[@]}" --only blis,trace,decode,decision \
+    --blis-requests 2000 --trace-sizes 2000,10000 --decode-requests 500 --decode-seeds 1,64,1024 --calls 500 \
+    --out "$DEST/bench_rest.json"
+fi
 
 timeout 30 "$PY" - "$DEST" <<'PY' || STATUS=1
 import json, pathlib, sys
@@ -95,11 +108,17 @@ PY
 # to the CPU; each stage line gives its wall time.
 TRAIN=("$PY" -m jaxroute.cli train-predictor --workload synthetic-azure24 --requests 20000 --steps 1000 --batch 1024
        --patience 100 --no-progress)
+(( QUICK )) && TRAIN=("$PY" -m jaxroute.cli train-predictor --workload synthetic-azure24 --requests 500 --steps 20
+                      --batch 64 --patience 10 --no-progress)
 stage "train-predictor, default device" 60 "${TRAIN[@]}" --save "$DEST/ckpt_gpu"
 stage "train-predictor, JAX_PLATFORMS=cpu" 60 env JAX_PLATFORMS=cpu "${TRAIN[@]}" --save "$DEST/ckpt_cpu"
 
 # The test suite's fast subset (the tests simulate 4 CPU devices; a time limit stops it part-way).
-stage "pytest -m 'not slow' -x" 120 "$PY" -m pytest -q -m 'not slow' -x -p no:cacheprovider
+if (( QUICK )); then  # the suite itself is what runs --quick: one small file stands for the stage
+  stage "pytest tests/test_fast_prng.py" 120 "$PY" -m pytest -q -x -p no:cacheprovider tests/test_fast_prng.py
+else
+  stage "pytest -m 'not slow' -x" 120 "$PY" -m pytest -q -m 'not slow' -x -p no:cacheprovider
+fi
 
 echo "=== done in ${SECONDS}s (budget ${BUDGET_S}s); status $STATUS; log $LOG"
 exit $STATUS

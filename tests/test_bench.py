@@ -7,6 +7,7 @@ preble_e2 grid; the slow test runs `--quick --seeds 1,4 --request-scaling` (abou
 
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -131,3 +132,34 @@ def test_wrapper_scripts_show_help(name):
     res = subprocess.run([sys.executable, str(ROOT / "scripts" / f"{name}.py"), "--help"], capture_output=True, text=True,
                          cwd=ROOT)
     assert res.returncode == 0 and "jaxroute bench" in res.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,model", [("bench_dispatch", "dispatch"), ("bench_cluster", "cluster/toolbench"),
+                                        ("bench_dispatch_latency", "decode")])
+def test_wrapper_scripts_run_quick(name, model, tmp_path):
+    out = tmp_path / f"{name}.json"
+    res = subprocess.run([sys.executable, str(ROOT / "scripts" / f"{name}.py"), "--quick", "--out", str(out)],
+                         capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert res.returncode == 0, res.stdout + res.stderr
+    data = json.loads(out.read_text())
+    assert data["config"]["preset"] == "quick" and not data["errors"]
+    assert [m["model"] for m in data["models"]] == [model]
+    assert all(_positive(s["requests_per_s"]) for m in data["models"] for s in m["sizes"])
+
+
+@pytest.mark.slow
+def test_gpu_check_quick_runs_every_stage_on_cpu(tmp_path):
+    env = {**os.environ, "OUT": str(tmp_path), "PYTHON": sys.executable, "JAX_PLATFORMS": "cpu"}
+    res = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), "--quick"], capture_output=True, text=True,
+                         cwd=ROOT, env=env, timeout=900)
+    log = res.stdout + res.stderr
+    assert res.returncode == 0, log
+    for stage in ("bench dispatch", "bench cluster", "bench blis, trace, decode, decision", "train-predictor, default device",
+                  "train-predictor, JAX_PLATFORMS=cpu", "pytest"):
+        assert f"=== {stage}" in log and "TIMED OUT" not in log
+    merged = json.loads((tmp_path / "bench.json").read_text())
+    assert {m["model"] for m in merged["models"]} >= {"dispatch", "cluster/toolbench", "decode"}
+    assert (tmp_path / "ckpt_gpu").is_dir() and (tmp_path / "ckpt_cpu").is_dir() and (tmp_path / "gpu_check.log").exists()
+    assert subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), "--bogus"], capture_output=True,
+                          cwd=ROOT).returncode == 2

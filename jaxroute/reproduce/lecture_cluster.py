@@ -41,6 +41,7 @@ RATES_4 = {"longdoc": 1.0, "videoqa": 3.0, "toolbench": 40.0}
 HOT_RATE_8 = 112.0  # toolbench with a 40 % hot tool on 8 replicas (the hot replica gets ~45 req/s)
 F1_POLICIES = ("rr", "least_load", "least_tokens", "affinity", "threshold", "cache_guard", "sglang_cache_aware")
 F2_REPLICAS = (2, 4, 8)
+F2_REPLICAS_QUICK = (2, 4)  # one compilation fewer (the cluster size is a shape); every claim still runs
 F3_THETAS = tuple(round(0.1 * k, 1) for k in range(1, 10))
 F3_MID = (0.3, 0.4, 0.5, 0.6, 0.7)
 F4_POLICIES = ("rr", "least_load", "affinity", "threshold", "cache_guard", "sglang_cache_aware", "preble_e2")
@@ -88,9 +89,12 @@ def _speedup_verdict(s: Summary, lo: float, hi: float | None = None) -> tuple[st
     return "differs", "our CI includes no speedup (1x or less)"
 
 
-def _checks(res) -> list[str]:
-    """Rows that broke conservation (arrived != completed + in flight); empty when the model is sound."""
-    return conservation_failures(res)
+def _checks(ctx: Context, res, where: str) -> list[str]:
+    """Rows that broke conservation (arrived != completed + in flight), logged; empty when the model is sound."""
+    broken = [f"{where}: {r}" for r in conservation_failures(res)]
+    if broken:
+        ctx.log("WARNING: conservation broken in " + ", ".join(broken))
+    return broken
 
 
 def _bars(path, panels: dict, title: str) -> None:
@@ -129,7 +133,7 @@ def finding1(ctx: Context) -> Section:
         run = run_cluster(policy_rows(F1_POLICIES, rate=rate), wl, replicas_n=4, seeds=seeds)
         ctx.advance(name)
         records, grid = run.records, run.grid
-        broken += [f"{name}: {r}" for r in _checks(run)]
+        broken += _checks(ctx, run, name)
         idx = {r.policy: i for i, r in enumerate(records)}
         m = lambda p, k, records=records, idx=idx: records[idx[p]].metrics[k]
         lat = np.asarray(grid.metrics["mean_latency_s"], np.float64)
@@ -154,7 +158,8 @@ def finding1(ctx: Context) -> Section:
                             *holds_verdict(share.mean >= HERD_SHARE, f"affinity's largest replica takes "
                                            f"{share.mean:.2f} of the requests, under {HERD_SHARE}"), share.as_json()))
         if name == "longdoc":
-            claims.append(_claim(f"hit rate of the best load-only router ({best_load})", "§2.3", "0.33", hr_load,
+            claims.append(_claim(f"load-only routing's hit rate is 0.33 (best load-only router: {best_load})", "§2.3",
+                                 "0.33", hr_load,
                                  value_verdict(hr_load, 0.33)))
             claims.append(_claim("threshold affinity raises the hit rate to 0.58", "§2.3", "0.58", hr_thr,
                                  value_verdict(hr_thr, 0.58)))
@@ -199,18 +204,19 @@ def finding1(ctx: Context) -> Section:
 
 def finding2(ctx: Context) -> Section:
     seeds, n_req = _scale(ctx)
+    sizes = F2_REPLICAS_QUICK if ctx.quick else F2_REPLICAS
     rows, data, broken = [], {}, []
-    for G in F2_REPLICAS:
+    for G in sizes:
         wl = build_workload("longdoc", n_req)
         res = run_cluster(policy_rows(("rr", "threshold"), rate=0.25 * G), wl, replicas_n=G, seeds=seeds,
                           label_params={"replicas": G})
         ctx.advance(f"G={G}")
-        broken += [f"G={G}: {r}" for r in _checks(res)]
+        broken += _checks(ctx, res, f"G={G}")
         rows += res.records
         data[str(G)] = [r.as_json() for r in res.records]
     data["conservation_failures"] = broken
     hr = {(r.params["replicas"], r.policy): r.metrics["hit_rate"] for r in rows}
-    g0, g1 = F2_REPLICAS[0], F2_REPLICAS[-1]
+    g0, g1 = sizes[0], sizes[-1]
     rr_change, thr_change = _seed_diff(hr[(g1, "rr")], hr[(g0, "rr")]), _seed_diff(hr[(g1, "threshold")],
                                                                                 hr[(g0, "threshold")])
     ctx.log(f"hit rate change G={g0} -> {g1}: rr {report.fmt_ci(rr_change)}, threshold {report.fmt_ci(thr_change)}")
@@ -223,7 +229,7 @@ def finding2(ctx: Context) -> Section:
                "§2.4 demo 2", "rises", thr_change,
                holds_verdict(thr_change.lo > 0, "our CI of the rise includes 0 or a fall"), "(hit-rate change)"),
     ]
-    if 4 in F2_REPLICAS:
+    if 4 in sizes:
         gap = _seed_diff(hr[(4, "threshold")], hr[(4, "rr")])
         v_rr, v_thr = value_verdict(hr[(4, "rr")], 0.32)[0], value_verdict(hr[(4, "threshold")], 0.58)[0]
         if v_rr == v_thr == "reproduced":
@@ -240,12 +246,12 @@ def finding2(ctx: Context) -> Section:
                             f"(gap {report.fmt_ci(gap)})", *verdict, gap.as_json()))
     fig, file = ctx.figure(SOURCE, "cluster_finding2")
     report.line_plot({"long-doc QA, 0.25 req/s per replica": [
-        dict(x=list(F2_REPLICAS), y=[hr[(G, p)].mean for G in F2_REPLICAS], lo=[hr[(G, p)].lo for G in F2_REPLICAS],
-             hi=[hr[(G, p)].hi for G in F2_REPLICAS], marker="o", label=p) for p in ("rr", "threshold")]},
+        dict(x=list(sizes), y=[hr[(G, p)].mean for G in sizes], lo=[hr[(G, p)].lo for G in sizes],
+             hi=[hr[(G, p)].hi for G in sizes], marker="o", label=p) for p in ("rr", "threshold")]},
         fig, xlabel="replicas (rate scaled with them)", ylabel="hit rate (cached / prompt tokens)",
-        xticks=(list(F2_REPLICAS), [str(G) for G in F2_REPLICAS]))
+        xticks=(list(sizes), [str(G) for G in sizes]))
     return Section(SOURCE, "cluster_finding2", "Lecture §2.4: the cluster's total cache (code 02 demo 2)",
-                   intro=f"Long-doc QA, round robin and threshold affinity, replicas {', '.join(map(str, F2_REPLICAS))} "
+                   intro=f"Long-doc QA, round robin and threshold affinity, replicas {', '.join(map(str, sizes))} "
                          f"at 0.25 req/s per replica (one grid per cluster size), {seeds} seeds x {n_req:,} requests.",
                    claims=claims,
                    tables=[("round robin and threshold affinity against the cluster size (times in s)",
@@ -266,7 +272,7 @@ def finding3(ctx: Context) -> Section:
         rows = [(f"theta={th:g}", replicas.make_params("threshold", rate=rate, theta=th)) for th in F3_THETAS]
         res = run_cluster(rows, wl, replicas_n=4, seeds=seeds)
         ctx.advance(name)
-        broken += [f"{name}: {r}" for r in _checks(res)]
+        broken += _checks(ctx, res, name)
         records = res.records
         tables.append((f"theta sweep, {name}, 4 replicas, {rate:g} req/s, {seeds} seeds x {n_req:,} requests "
                        "(times in s)", records_table(records, COLS)))
@@ -297,22 +303,22 @@ def finding3(ctx: Context) -> Section:
                                  holds_verdict(drop.hi < 0, "our CI of the change includes 0 or a rise"),
                                  "(hit rate 0.9 - 0.5, paired)"))
     data["conservation_failures"] = broken
-    fig, file = ctx.figure(SOURCE, "cluster_finding3")
-    panels = {}
-    for name, by in by_wl.items():
-        for metric, what in (("mean_latency_s", "mean latency"), ("hit_rate", "hit rate")):
-            s = [by[t][metric] for t in F3_THETAS]
-            panels.setdefault(what, []).append(dict(x=list(F3_THETAS), y=[x.mean for x in s], lo=[x.lo for x in s],
-                                                    hi=[x.hi for x in s], marker="o", label=name))
-    report.line_plot({"mean latency (s, log)": panels["mean latency"],
-                      "hit rate (cached / prompt tokens)": panels["hit rate"]},
-                     fig, xlabel="threshold theta (matched fraction of the prompt)",
-                     ylabel="mean latency (s) | hit rate", ylog=("mean latency (s, log)",))
+    figures = []
+    for png, metric, caption, ylabel, ylog in (
+            ("latency", "mean_latency_s", "mean latency against theta (log scale)", "mean latency (s)", True),
+            ("hit_rate", "hit_rate", "hit rate against theta", "hit rate (cached / prompt tokens)", False)):
+        fig, file = ctx.figure(SOURCE, f"cluster_finding3_{png}")
+        title = f"threshold affinity, 4 replicas, {seeds} seeds x {n_req:,} requests"
+        report.line_plot({title: [dict(x=list(F3_THETAS), y=[by[t][metric].mean for t in F3_THETAS],
+                                       lo=[by[t][metric].lo for t in F3_THETAS], hi=[by[t][metric].hi for t in F3_THETAS],
+                                       marker="o", label=name) for name, by in by_wl.items()]},
+                         fig, xlabel="threshold theta (matched fraction of the prompt)", ylabel=ylabel,
+                         ylog=(title,) if ylog else ())
+        figures.append((caption + ", 95 % CI bands", file))
     return Section(SOURCE, "cluster_finding3", "Lecture §2.3: the threshold theta (code 02 demo 3)",
                    intro=f"Threshold affinity with theta 0.1-0.9 in one compiled grid per workload, 4 replicas, "
                          f"{seeds} seeds x {n_req:,} requests (long-doc 1 req/s, tool calling 40 req/s).",
-                   claims=claims, tables=tables,
-                   figures=[("mean latency and hit rate against theta, 95 % CI bands", file)],
+                   claims=claims, tables=tables, figures=figures,
                    data=data, seeds=seeds)
 
 
@@ -325,7 +331,9 @@ def finding4(ctx: Context) -> Section:
     wl = build_workload("toolbench", n_req, hot_tool=0.4)
     rows = [(p, replicas.make_params(p, rate=HOT_RATE_8)) for p in F4_POLICIES]
     rows.append(("preble_e2_no_rebalance", replicas.make_params("preble_e2", rate=HOT_RATE_8, e2_th_bal=math.inf)))
-    res = run_cluster(rows, wl, replicas_n=8, seeds=seeds)
+    # pure affinity queues every request on one replica: its local queue holds them all from the start
+    # (the default starts at half of them, overflows and reruns the grid with this size)
+    res = run_cluster(rows, wl, replicas_n=8, seeds=seeds, capacities={"max_queue": n_req})
     ctx.advance("hot tool")
     records, grid = res.records, res.grid
     idx = {r.policy: i for i, r in enumerate(records)}
@@ -375,13 +383,13 @@ def finding4(ctx: Context) -> Section:
                          "latency_speedup_cache_guard_vs_best_load_only": ratio.as_json(),
                          "p99_threshold_vs_best_load_only": blow.as_json(),
                          "p99_e2_without_vs_with_rebalancing": collapse.as_json(),
-                         "conservation_failures": [str(r) for r in _checks(res)]},
+                         "conservation_failures": _checks(ctx, res, "hot tool")},
                    seeds=seeds)
 
 
 EXPERIMENTS = [
     Experiment(SOURCE, "cluster_finding1", "cache vs load on 4 replicas", finding1, lambda q: len(RATES_4)),
-    Experiment(SOURCE, "cluster_finding2", "the cluster's total cache", finding2, lambda q: len(F2_REPLICAS)),
+    Experiment(SOURCE, "cluster_finding2", "the cluster's total cache", finding2, lambda q: len(F2_REPLICAS_QUICK if q else F2_REPLICAS)),
     Experiment(SOURCE, "cluster_finding3", "the threshold theta", finding3, lambda q: 2),
     Experiment(SOURCE, "cluster_finding4", "a hot prefix", finding4, lambda q: 1),
 ]
