@@ -1,45 +1,59 @@
-"""scripts/reproduce_balanceroute.py --quick runs every part end to end (same code paths as the paper-size run)."""
+"""scripts/reproduce_balanceroute.py: the wrapper over jaxroute.reproduce.balanceroute writes a report.
+
+One quick experiment (`sensitivity`: one compiled grid) end to end; the others share its code paths
+(run_comparison, best_baseline, the gain claims). The calibration script's quick run is checked here too.
+"""
+
+import json
+import re
+import runpy
+import sys
 
 import pytest
 
-from tests.cli_helpers import load_script, run_quick
+from tests.cli_helpers import SCRIPTS, run_quick
 
 
-def _load():
-    return load_script("reproduce_balanceroute")
+def _wrapper(argv, monkeypatch) -> int:
+    """`python scripts/reproduce_balanceroute.py argv` in this process; its exit code."""
+    monkeypatch.setattr(sys, "argv", ["reproduce_balanceroute.py", *argv])
+    with pytest.raises(SystemExit) as done:
+        runpy.run_path(str(SCRIPTS / "reproduce_balanceroute.py"), run_name="__main__")
+    return done.value.code
 
 
 @pytest.mark.slow
-def test_quick_reproduction_writes_every_part(tmp_path, capsys):
-    out = tmp_path / "br.json"
-    text, data = run_quick("reproduce_balanceroute", out, capsys)
-    for heading in ("== ladder", "== main table, synthetic-prod", "== scaling", "== sensitivity"):
-        assert heading in text
-    assert data["quick"] is True
-    steps = [s["step"] for s in data["ladder"]]
-    assert len(steps) == 3 and steps[0].startswith("before") and "Little" in steps[-1]
-    assert data["ladder"][0]["deployment"]["cap_immediate"] is True
-    assert data["ladder"][1]["deployment"]["parallel"] == "dp_ep"
-    main = data["main"]["synthetic-prod"]
-    assert main["conservation_error"] == 0
-    labels = {v["label"] for v in main["verdicts"]}
-    assert {"jsq", "br0", "brh[oracle]", "brh[survival]", "brh[exact]"} <= labels
-    assert 0.0 < main["kv_share"] < 1.0
-    assert set(data["scaling"]) == {"4", "8"}
-    assert len(data["sensitivity"]["gains_pct"]) == 2
-    png = out.with_suffix(".imbalance.png")
-    assert png.exists() and png.stat().st_size > 1000
-    capsys.readouterr()
-    assert _load().main(["--verdicts", str(out)]) == 0  # the verdicts again, from the JSON alone
-    again = capsys.readouterr().out
-    assert "verdict on the whole-run gain" in again and "brh[oracle]" in again
+def test_quick_sensitivity_report(tmp_path, monkeypatch):
+    out = tmp_path / "rep"
+    assert _wrapper(["--quick", "--only", "sensitivity", "--out", str(out), "--no-progress"], monkeypatch) == 0
+    text = (out / "report.md").read_text()
+    assert "QUICK RUN" in text and "BalanceRoute §12: oracle BR-H's beta x gamma sensitivity" in text
+    assert "**Claims**" in text and "| claim | where | source | ours (95 % CI) | verdict | reason |" in text
+    assert "the main table" not in text  # --only ran just this one
+    for link in re.findall(r"!\[[^\]]*\]\(([^)]+\.png)\)", text):
+        assert (out / link).stat().st_size > 1000
+    res = json.loads((out / "results.json").read_text())
+    assert len(res["results"]) == 3 and {r["verdict"] for r in res["results"]} <= {"reproduced", "direction only",
+                                                                                    "differs"}
+    data = res["experiments"]["balanceroute.sensitivity"]
+    assert data["conservation_error"] == 0  # every request and token accounted for, in every row and seed
+    recs = data["records"]
+    assert [r["policy"] for r in recs] == ["random", "rr", "p2c", "jsq", "brh", "brh"]  # 4 baselines, 1 x 2 cells
+    assert [(r["params"]["beta"], r["params"]["gamma"]) for r in recs[4:]] == [(8.0, 0.9), (8.0, 0.99)]
+    best = max(recs[:4], key=lambda r: r["metrics"]["throughput_tok_s"]["mean"])
+    assert best["metrics"]["throughput_tok_s_vs_best_pct"]["mean"] == 0  # gains are against the best baseline
+    for r in recs:
+        m = {k: v["mean"] for k, v in r["metrics"].items()}
+        assert m["completed"] == 40 and not r["overflow"]  # every request decoded, none lost
+        # per step G max - sum = sum over workers of (max - L_g) >= max - min: so on the step means too
+        assert 0 <= m["imbalance_tokens"] <= m["barrier_idle_tokens"] * (1 + 1e-5)
+        assert 0 <= m["util_min"] <= m["util_mean"] <= 1 + 1e-6
+    assert data["gains_pct"] == [r["metrics"]["throughput_tok_s_vs_best_pct"]["mean"] for r in recs[4:]]
 
 
-def test_unknown_part_is_a_usage_error(capsys):
-    mod = _load()
-    with pytest.raises(SystemExit):
-        mod.main(["--only", "ladder,plots"])
-    assert "unknown part(s) plots" in capsys.readouterr().err
+def test_unknown_experiment_is_refused(monkeypatch, capsys):
+    assert _wrapper(["--only", "ladder,plots"], monkeypatch) == 2
+    assert "unknown experiment(s) plots" in capsys.readouterr().err
 
 
 def test_calibration_script_quick(tmp_path, capsys):

@@ -30,7 +30,7 @@ from jaxroute.reproduce.document import (
 # source -> modules (under jaxroute.reproduce) holding its experiments, in report order
 SOURCES: dict[str, tuple[str, ...]] = {
     "lecture": ("lecture_dispatch", "lecture_cluster", "lecture_preble"),
-    "balanceroute": (),
+    "balanceroute": ("balanceroute",),
     "llmselector": ("llmselector",),
     "production-routers": (),
 }
