@@ -1,7 +1,11 @@
 """`jaxroute cluster` with the production routers: every router in one compiled grid, weight vectors
-from the CLI, module settings, and refusals."""
+from the CLI, module settings, and refusals; scripts/compare_production_routers.py (the reproduction's wrapper)."""
 
 import json
+import re
+import runpy
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,7 +16,7 @@ from jaxroute.clusters import replicas as R
 from jaxroute.experiments.cluster import policy_rows, run_cluster
 from jaxroute.routers.prefix import PREFIX_POLICIES
 from jaxroute.workloads import prefix as W
-from tests.cli_helpers import cli
+from tests.cli_helpers import SCRIPTS, cli
 
 
 def test_every_router_runs_in_one_grid_and_conserves_requests():
@@ -62,3 +66,45 @@ def test_bad_router_settings_are_refused(argv, message, capsys):
 def test_malformed_weights_are_usage_errors(capsys):
     assert cli(["cluster", "--policies", "llmd_precise", "--weights", "prefix=three"]) == 2
     assert "name=number" in capsys.readouterr().err
+
+
+def run_wrapper(script: str, argv, monkeypatch) -> int:
+    """Run scripts/<script>.py as `python scripts/<script>.py argv` in this process; its exit code."""
+    monkeypatch.setattr(sys, "argv", [str(SCRIPTS / f"{script}.py"), *argv])
+    with pytest.raises(SystemExit) as done:
+        runpy.run_path(str(SCRIPTS / f"{script}.py"), run_name="__main__")
+    return done.value.code
+
+
+def check_report(out: Path, title: str) -> str:
+    """report.md holds the section, its claims table and only PNGs that exist; the text."""
+    text = (out / "report.md").read_text()
+    assert "QUICK RUN" in text and f"## {title}" in text and "**Claims**" in text
+    assert "| claim | where | source | ours (95 % CI) | verdict | reason |" in text
+    links = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", text)
+    assert links and all((out / f).stat().st_size > 5000 for f in links)
+    return text
+
+
+@pytest.mark.slow
+def test_wrapper_quick_shared_prefix(tmp_path, monkeypatch):
+    """The wrapper's quick run of one workload: the report, and what must hold of its numbers."""
+    assert run_wrapper("compare_production_routers", ["--quick", "--only", "routers_shared_prefix", "--out",
+                                                      str(tmp_path), "--no-progress"], monkeypatch) == 0
+    text = check_report(tmp_path, "Production routers on shared-prefix")
+    assert "routers_toolbench" not in text.split("## Verdicts")[1]  # --only ran one experiment
+    data = json.loads((tmp_path / "results.json").read_text())
+    exp = data["experiments"]["production-routers.routers_shared_prefix"]
+    assert len(exp["records"]) == 13 * len(exp["rates"]) and exp["seeds"] == 2
+    claims = [r for r in data["results"] if r["policy"] == "production-routers.routers_shared_prefix"]
+    assert len(claims) == 10 and all(c["verdict"] in ("reproduced", "direction only", "differs") for c in claims)
+    by = {r["policy"]: r["metrics"] for r in exp["records"]}
+    for rate in exp["rates"]:
+        def m(p, k, rate=rate):
+            return by[f"{p}@{rate:g}"][k]["mean"]
+
+        for p in ("random", "llmd_precise", "vllm_prefixaware"):
+            assert 0 <= m(p, "hit_rate") <= 1 and 1 / 8 - 1e-6 <= m(p, "max_replica_share") <= 1
+        # the shared prompts: routing on the cache hits more than routing blind to it
+        assert m("llmd_precise", "hit_rate") > m("random", "hit_rate")
+        assert m("sglang_cache_aware", "hit_rate") > m("sglang_power_of_two", "hit_rate")

@@ -32,7 +32,7 @@ SOURCES: dict[str, tuple[str, ...]] = {
     "lecture": ("lecture_dispatch", "lecture_cluster", "lecture_preble"),
     "balanceroute": ("balanceroute",),
     "llmselector": ("llmselector",),
-    "production-routers": (),
+    "production-routers": ("production_routers", "pd_study", "capacity_study"),
 }
 
 
