@@ -12,7 +12,9 @@ at the pure-Python reference's speed (`tests/reference_replicas.py`, timed here 
 
 from __future__ import annotations
 
+import functools
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -41,15 +43,23 @@ GPU, MODEL, TP = "H200", "Llama-3.1-70B", 4
 # per workload: (SLO, rate range searched in req/s)
 WORKLOADS = {"shared-prefix": ("ttft_p90_s<=0.5,tpot_p90_s<=0.03", (1.0, 400.0)),
              "mooncake": ("ttft_p90_s<=5,tpot_p90_s<=0.05", (0.2, 60.0))}
+# --quick per workload: a Mooncake run costs ~20x a shared-prefix one of the same length (long prompts)
+# (its trace replay makes every seed the same: 2 suffice; shared-prefix runs are cheap: 3 seeds tighten the CIs)
+QUICK = {"shared-prefix": dict(requests=80, seeds=3, points=4, rounds=5),
+         "mooncake": dict(requests=20, seeds=2, points=3, rounds=3)}
+# Full size per workload, over sizes()'s: Mooncake's 10k-40k-token prompts make one run ~20x a shared-prefix one,
+# so it gets fewer requests, seeds and rounds (300 x 4 seeds x 6 rounds would take hours on 2 CPU cores).
+FULL = {"shared-prefix": dict(rounds=8), "mooncake": dict(requests=120, seeds=3, points=4, rounds=5)}
 SP = dict(groups=8, prompts_per_group=16, system_tokens=2000, question_tokens=300, output_tokens=400)
 TUNED_ROUTER = "llmd_precise"
 
 
 def sizes(ctx: Context) -> dict:
-    """Routers, replica counts, search and CMA-ES sizes (full = the original script's defaults)."""
+    """Routers, replica counts, search and CMA-ES sizes (full: the original script's defaults; the capacity
+    experiments apply FULL / QUICK per workload over them)."""
     if ctx.quick:
         routers, counts = ("rr", "sglang_cache_aware", "llmd_precise"), (2, 4)
-        size = dict(requests=80, seeds=2, points=4, rounds=4, tol=0.1)
+        size = dict(tol=0.1) | QUICK["shared-prefix"]
         es = dict(population=4, generations=2)
     else:
         routers, counts = ROUTERS, REPLICAS
@@ -58,6 +68,14 @@ def sizes(ctx: Context) -> dict:
     if ctx.seeds:
         size["seeds"] = ctx.seeds
     return dict(routers=routers, counts=counts, size=size, es=es)
+
+
+def workload_size(ctx: Context, name: str) -> dict:
+    """The capacity search's sizes for one workload: sizes()'s, then FULL / QUICK's, then the --seeds override."""
+    size = sizes(ctx)["size"] | (QUICK if ctx.quick else FULL)[name]
+    if ctx.seeds:
+        size["seeds"] = ctx.seeds
+    return size
 
 
 def _workload(name: str, requests: int):
@@ -120,7 +138,7 @@ def _status(ok: float, fail: float, over: bool) -> str:
     return "none"
 
 
-WHY = {"overflowed": "overflowed", "above": "meets the SLO at every rate tried", "below": "misses at every rate tried",
+WHY = {"overflowed": "overflowed", "above": "met the SLO at every rate tried", "below": "missed it at every rate tried",
        "none": "no bracket"}
 
 
@@ -176,18 +194,25 @@ def plot_capacity(part: dict, routers, counts, path) -> None:
     for p in routers:
         ok = [g for g in counts if part["rows"][f"{p}@{g}"]["mean"] is not None]
         rows = [part["rows"][f"{p}@{g}"] for g in ok]
-        series.append(dict(x=ok, y=[r["mean"] for r in rows], lo=[r["ci95"][0] for r in rows],
+        series.append(dict(x=ok, y=[r["mean"] for r in rows], lo=[max(r["ci95"][0], 0.0) for r in rows],
                            hi=[r["ci95"][1] for r in rows], marker="o", label=p))
     means = [part["rows"][f"{p}@{g}"]["mean"] for p in routers for g in counts]
     means = [m for m in means if m]
+    log = bool(means) and max(means) / min(means) > 30
     title = f"{part['workload']} ({part['slo']})"
-    report.line_plot({title: series}, path, xlabel="replicas", ylabel="capacity (req/s)",
-                     title="capacity under the SLO (95 % CI bands; unknown points left out)", xlog=True,
-                     xticks=(list(counts), [str(g) for g in counts]),
-                     ylog=(title,) if means and max(means) / min(means) > 20 else ())
+    if log:  # a band's lower end at 0 cannot be drawn on a log axis
+        for line in series:
+            line["lo"] = [max(x, min(means) / 10) for x in line["lo"]]
+    report.line_plot({title: series}, path, xlabel="replicas", ylabel="capacity (req/s)" + (", log" if log else ""),
+                     title="capacity under the SLO (95 % CI bands, cut at 0; unknown points left out)",
+                     xticks=(list(counts), [str(g) for g in counts]), ylog=(title,) if log else ())
 
 
 # --------------------------------------------------------------------------- claims
+
+
+def _signed(s: Summary) -> str:
+    return ("+" if s.mean >= 0 else "") + fmt(s)
 
 
 def _rank(verdict: str) -> int:
@@ -210,7 +235,7 @@ def growth_claim(part: dict, router: str, counts) -> Claim:
         steps.append((a, b, d, censored))
         if d.lo <= 0:
             bad.append(f"{a}->{b} replicas: {fmt(d)} req/s")
-    ours = "; ".join(f"{a}->{b}: {'>= ' if c else ''}+{fmt(d)}" for a, b, d, c in steps) or "not measured"
+    ours = "; ".join(f"{a}->{b}: {'>= ' if c else ''}{_signed(d)}" for a, b, d, c in steps) or "not measured"
     ours += " req/s (paired increase per step)" if steps else ""
     if not steps:
         verdict, reason = "differs", "capacity not measured: " + "; ".join(unmeasured)
@@ -220,9 +245,7 @@ def growth_claim(part: dict, router: str, counts) -> Claim:
         verdict, reason = "direction only", "grows at every measured step; not measured: " + "; ".join(unmeasured)
     else:
         verdict, reason = "reproduced", ""
-    first, last = steps[0][2] if steps else None, steps[-1][2] if steps else None
     value = {"steps": [{"from": a, "to": b, "censored": c, **d.as_json()} for a, b, d, c in steps]} if steps else None
-    del first, last
     return Claim(f"{router}: capacity under the SLO grows with the replica count ({part['workload']})",
                  "lecture §2.4 (capacity grows with cluster size)", "grows (no number)", ours, verdict, reason, value)
 
@@ -230,20 +253,17 @@ def growth_claim(part: dict, router: str, counts) -> Claim:
 def cache_aware_claim(part: dict, router: str, counts, baselines) -> tuple[Claim, list]:
     """The router's capacity minus the better load-only router's, per seed, at each count: the verdict is the
     largest measured count's gain_verdict, lowered to 'direction only' when a smaller count is within noise."""
-    base_cells = [part["per_seed"][f"{b}@{g}"] for b in baselines for g in counts]
-    del base_cells
     gains, rows = [], []
     for g in counts:
-        base = np.nanmax(np.stack([_arr(part["per_seed"][f"{b}@{g}"]["capacity"]) for b in baselines]), axis=0) \
-            if all(np.isfinite(_arr(part["per_seed"][f"{b}@{g}"]["capacity"])).any() for b in baselines) else None
+        base = functools.reduce(np.fmax, [_arr(part["per_seed"][f"{b}@{g}"]["capacity"]) for b in baselines])
         cell = part["per_seed"][f"{router}@{g}"]
-        d = None if base is None else _paired(_lower(cell), base)
+        d = _paired(_lower(cell), base)
         censored = any(s == "above" for s in cell["status"])
         if d is not None:
             gains.append((g, d, censored, gain_verdict(d, None)))
         rows.append([router, g, "not measured" if d is None else ("≥ " if censored else "") + fmt(d),
                      "" if d is None else f"{100 * d.mean / np.nanmean(base):+.0f} %"])
-    ours = "; ".join(f"{g}: {'>= ' if c else ''}{fmt(d)}" for g, d, c, _ in gains) or "not measured"
+    ours = "; ".join(f"{g}: {'>= ' if c else ''}{_signed(d)}" for g, d, c, _ in gains) or "not measured"
     ours += " req/s over the better load-only router" if gains else ""
     if not gains:
         verdict, reason = "differs", "not measured at any replica count (capacity unknown)"
@@ -276,7 +296,8 @@ def speed_row(part: dict, ref: float | None) -> dict:
 
 def speed_table(speed: list[dict]) -> str:
     rows = [[s["workload"], f"{s['runs']:,}", s.get("batches", ""), s.get("rounds", ""), f"{s['wall_s']:.1f}",
-             "unavailable" if not s["reference_s_per_run"] else f"{s['reference_s_per_run']:.2f}",
+             f"{s['reference_s_per_run']:.2f}" if s["reference_s_per_run"] else
+             ("" if s["reference_estimate_s"] else "unavailable"),
              "" if not s["reference_estimate_s"] else f"{s['reference_estimate_s']:,.0f}",
              "" if not s["speedup"] else f"{s['speedup']:.0f}x"] for s in speed]
     return markdown_table(["workload", "runs (configurations x seeds)", "batches", "rounds", "wall s (compilation included)",
@@ -288,7 +309,7 @@ def speed_table(speed: list[dict]) -> str:
 
 def _capacity_experiment(ctx: Context, name: str) -> Section:
     z = sizes(ctx)
-    routers, counts, size = z["routers"], z["counts"], z["size"]
+    routers, counts, size = z["routers"], z["counts"], workload_size(ctx, name)
     part, wl = capacity_part(ctx, name, routers, counts, **size)
     ctx.log(f"{name}: capacity (req/s, mean ± 95 % CI over {part['seeds']} seeds) under {part['slo']}")
     table = capacity_table(part, routers, counts)
@@ -317,27 +338,32 @@ def _capacity_experiment(ctx: Context, name: str) -> Section:
                        markdown_table(["router", "replicas", "gain (req/s)", "gain (% of load-only)"], gain_rows)))
     speed_rows = [speed]
     other = load_part(ctx.out_dir, SOURCE, "capacity_shared_prefix", ctx.quick) if name == "mooncake" else None
-    if other is not None and other.data.get("speed"):
+    if other is not None and other.data.get("speed"):  # both workloads' searches, and their total
         speed_rows = [other.data["speed"], speed]
-        s = speed_rows
-        runs, wall = sum(x["runs"] for x in s), sum(x["wall_s"] for x in s)
-        if all(x["reference_estimate_s"] for x in s):
-            est = sum(x["reference_estimate_s"] for x in s)
+        runs, wall = sum(x["runs"] for x in speed_rows), sum(x["wall_s"] for x in speed_rows)
+        ests = [x["reference_estimate_s"] for x in speed_rows]
+        est = sum(ests) if all(ests) else None
+        if est:
             ctx.log(f"in all: {runs:,} runs in {wall:.0f} s; at the reference's speed {est:,.0f} s ({est / wall:.0f}x)")
-            speed_rows = s + [{"workload": "in all", "runs": runs, "wall_s": wall, "reference_s_per_run": None,
-                               "reference_estimate_s": est, "speedup": est / wall}]
-            speed_rows[-1]["reference_s_per_run"] = None
+        speed_rows.append({"workload": "in all", "runs": runs, "wall_s": wall, "reference_s_per_run": None,
+                           "reference_estimate_s": est, "speedup": est / wall if est else None})
     tables.append(("speed: the capacity search against the pure-Python reference's speed (rr, 4 replicas, one run "
                    "timed on one core, times the runs)", speed_table(speed_rows)))
+    spread = [np.ptp(_arr(c["capacity"])[np.isfinite(_arr(c["capacity"]))]) for c in part["per_seed"].values()
+              if np.isfinite(_arr(c["capacity"])).sum() >= 2]
+    same = bool(spread) and max(spread) == 0
     fig, file = ctx.figure(SOURCE, f"capacity_{name.replace('-', '_')}")
     plot_capacity(part, routers, counts, fig)
-    return Section(SOURCE, "", f"Capacity under the SLO: {name}",
+    return Section(SOURCE, f"capacity_{name.replace('-', '_')}", f"Capacity under the SLO: {name}",
                    intro=(f"{len(routers)} routers x replicas {', '.join(map(str, counts))} of {MODEL} on {TP} x {GPU} "
                           f"each (TP {TP}, roofline), {size['requests']} requests, {part['seeds']} seeds; the largest "
                           f"rate under {part['slo']} searched in {part['rate_range'][0]}-{part['rate_range'][1]} req/s "
                           f"(the search may go to twice the top), {size['points']} rates per row and round, up to "
                           f"{size['rounds']} rounds, tolerance {size['tol']:.0%}. Unknown: a seed whose bracket did "
-                          "not close (every rate met or missed the SLO) or held an overflowed run."),
+                          "not close (every rate met or missed the SLO) or held an overflowed run.")
+                   + (" Every seed gave the same capacity, so the CIs are 0 wide" if same else "")
+                   + (": the trace replays its recorded arrivals (rescaled to the rate) and nothing else in the "
+                      "model is random." if same and name == "mooncake" else "." if same else ""),
                    claims=claims, tables=tables,
                    figures=[(f"{name}: capacity against replicas, 95 % CI bands over seeds", file)],
                    data=part, seeds=part["seeds"])
@@ -354,12 +380,12 @@ def capacity_mooncake(ctx: Context) -> Section:
 def default_capacity(ctx: Context, replicas_n: int) -> tuple[dict, str]:
     """llm-d's (default weights) shared-prefix capacity row at replicas_n: from the shared-prefix experiment's
     part when it ran at these sizes, else searched here (that row alone, same search)."""
-    z = sizes(ctx)
+    size = workload_size(ctx, "shared-prefix")
     done = load_part(ctx.out_dir, SOURCE, "capacity_shared_prefix", ctx.quick)
     key = f"{TUNED_ROUTER}@{replicas_n}"
-    if done is not None and done.data.get("seeds") == z["size"]["seeds"] and key in done.data.get("rows", {}):
+    if done is not None and done.data.get("seeds") == size["seeds"] and key in done.data.get("rows", {}):
         return done.data, "the capacity_shared_prefix experiment's part"
-    part, _ = capacity_part(ctx, "shared-prefix", (TUNED_ROUTER,), (replicas_n,), **z["size"])
+    part, _ = capacity_part(ctx, "shared-prefix", (TUNED_ROUTER,), (replicas_n,), **size)
     return part, "searched here (the capacity_shared_prefix part was not there)"
 
 
@@ -393,7 +419,8 @@ def capacity_tuned(ctx: Context) -> Section:
         gain = "" if c.gain is None else f", gain {c.gain.mean:+.3f} ± {c.gain.half_width:.3f} ({c.gain_pct:+.1f} %)"
         ctx.log(f"  {c.label:<10} {c.values}: goodput {c.final.mean:.3f} ± {c.final.half_width:.3f} req/s on fresh "
                 f"seeds{gain}")
-        cand_rows.append([c.label, ", ".join(f"{k} {v:.3g}" for k, v in c.values.items()), fmt(c.final),
+        cand_rows.append([c.label, ", ".join(f"{k} {v:.3g}" for k, v in c.values.items()),
+                          "every run overflowed" if np.isnan(c.final.mean) else fmt(c.final),
                           "" if c.gain is None else fmt(c.gain), "" if c.gain_pct is None else f"{c.gain_pct:+.1f} %"])
     tuned = next((c for c in res.candidates if c.label != "defaults"), res.candidates[0])  # best-ever unless = defaults
     rows = [(TUNED_ROUTER, replicas_n, {}), (TUNED_ROUTER, replicas_n, tuned.settings)]
@@ -432,7 +459,7 @@ def capacity_tuned(ctx: Context) -> Section:
     cap_rows.append(["tuned - default (paired per seed)", "unknown" if not gain else
                      f"{gain['mean']:+.2f} [{gain['ci95'][0]:+.2f}, {gain['ci95'][1]:+.2f}]"])
     runs = res.runs + c.evaluations
-    return Section(SOURCE, "", f"llm-d's scorer weights tuned for shared-prefix ({replicas_n} replicas)",
+    return Section(SOURCE, "capacity_tuned", f"llm-d's scorer weights tuned for shared-prefix ({replicas_n} replicas)",
                    intro=(f"CMA-ES (evosax) over {TUNED_ROUTER}'s {', '.join(space.names)}: population "
                           f"{es['population']}, {es['generations']} generations, {seeds} search seeds, goodput at "
                           f"the default's capacity {default_cap:.2f} req/s ({origin}); the candidates re-evaluated "
@@ -452,15 +479,22 @@ def capacity_tuned(ctx: Context) -> Section:
                    seeds=2 * seeds)
 
 
-def _steps_capacity(quick: bool) -> int:
-    return (4 if quick else 6) + 1
+def _steps(name: str):
+    """Progress ticks: one per search round (+ the reference timing); the tuning's: generations + its rounds."""
+    def steps(quick: bool) -> int:
+        ctx = Context(out_dir=Path("."), quick=quick)
+        if name == "tuned":
+            z = sizes(ctx)
+            return z["es"]["generations"] + z["size"]["rounds"]
+        return workload_size(ctx, name)["rounds"] + 1
+    return steps
 
 
 EXPERIMENTS = [
     Experiment(SOURCE, "capacity_shared_prefix", "capacity under the SLO, shared-prefix", capacity_shared_prefix,
-               _steps_capacity),
+               _steps("shared-prefix")),
     Experiment(SOURCE, "capacity_mooncake", "capacity under the SLO, Mooncake trace", capacity_mooncake,
-               _steps_capacity),
+               _steps("mooncake")),
     Experiment(SOURCE, "capacity_tuned", "llm-d's scorer weights tuned, capacity beside the defaults'", capacity_tuned,
-               lambda q: (2 + 4) if q else (8 + 6)),
+               _steps("tuned")),
 ]
