@@ -30,14 +30,14 @@ def register(subparsers) -> None:
     p.add_argument("--out", default="results/reproduce", metavar="DIR",
                    help="report folder: report.md, results.json, PNGs, parts/ (default results/reproduce)")
     p.add_argument("--quick", action="store_true",
-                   help="small sizes, same code paths (a few minutes on 2 cores); marked QUICK in the report")
+                   help="small sizes, same code paths (a few minutes on 2 cores); marked QUICK in the report (default: full size)")
     p.add_argument("--only", type=csv_list, default=[], metavar="NAMES",
-                   help="comma-separated experiment names to run (see --list); the report holds only those")
+                   help="comma-separated experiment names to run (see --list); the report holds only those (default: all)")
     p.add_argument("--seeds", type=positive_int, default=None, metavar="N",
                    help="seeds per configuration in every experiment (default: each experiment's own)")
-    p.add_argument("--fresh", action="store_true", help="rerun experiments already written in DIR/parts/")
-    p.add_argument("--list", action="store_true", help="list the source's experiments and exit")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars (also JAXROUTE_NO_PROGRESS=1)")
+    p.add_argument("--fresh", action="store_true", help="rerun experiments already written in DIR/parts/ (default: resume, skipping them)")
+    p.add_argument("--list", action="store_true", help="list the source's experiments and exit (default off)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars (also JAXROUTE_NO_PROGRESS=1; default: one bar per experiment)")
     p.set_defaults(func=main)
 
 
