@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from jaxroute import cost_models as cm
@@ -24,12 +25,16 @@ from jaxroute.commands._common import (
 )
 from jaxroute.errors import JaxrouteError
 from jaxroute.experiments import capacity as cap
+from jaxroute.experiments import decode as dx
 from jaxroute.experiments import tune as tn
+from jaxroute.experiments import tune_decode as td
 from jaxroute.experiments.cluster import WORKLOADS, build_workload
 from jaxroute.experiments.pd import DEFAULT_SLO_TPOT_S, DEFAULT_SLO_TTFT_S
 from jaxroute.workloads import prefix as wl_prefix
+from jaxroute.workloads.decode import DECODE_WORKLOADS
 
-MODELS = ("cluster",)
+MODELS = ("cluster", "decode")
+DECODE_REQUESTS = 500
 DEFAULT_SLO = f"ttft_p90_s<={DEFAULT_SLO_TTFT_S:g},tpot_p90_s<={DEFAULT_SLO_TPOT_S:g}"
 
 
@@ -38,8 +43,21 @@ def _knob_table() -> str:
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser(
+    top = subparsers.add_parser(
         "tune", help="search a router's settings (CMA-ES) for goodput, capacity or a metric, with the gain's CI",
+        description="Search a router's traced settings with CMA-ES (evosax): `jaxroute tune cluster` tunes a "
+        "prefix-cache cluster router, `jaxroute tune decode` BalanceRoute BR-H's weights in the decode model. "
+        "See `jaxroute tune cluster --help` and `jaxroute tune decode --help`.")
+    models = top.add_subparsers(dest="sim_model", metavar="model", required=True,
+                                help="which simulation: cluster (replicas with prefix caches) or decode (decode DP "
+                                "workers behind a barrier, BR-H)")
+    _register_cluster(models)
+    _register_decode(models)
+
+
+def _register_cluster(models) -> None:
+    p = models.add_parser(
+        "cluster", help="tune a cluster router's settings (replicas with prefix caches)",
         description="Search a router's traced settings with CMA-ES (evosax) in a normalised box (log-scale where a "
         "setting spans decades), starting from the preset's defaults. Each generation runs population x seeds in one "
         "compiled batch on common seeds (the same seeds every generation; generation 0 holds the defaults). The "
@@ -47,8 +65,6 @@ def register(subparsers) -> None:
         "on fresh seeds: means with 95 % CIs and the gain over the defaults (+ = better), paired per seed. "
         f"Tunable settings (their defaults are the preset's): {_knob_table()}; the weighted presets also take "
         "any w_<scorer>.")
-    p.add_argument("sim_model", metavar="model", choices=MODELS,
-                   help="which simulation: cluster (replicas with prefix caches)")
     p.add_argument("--router", required=True, metavar="NAME", help=f"router to tune: {', '.join(tn.TUNABLE_ROUTERS)}")
     p.add_argument("--params", default=None, metavar="NAME,...",
                    help="settings to tune, e.g. w_prefix,w_queue (default: all tunable ones of the router; the others "
@@ -90,6 +106,58 @@ def register(subparsers) -> None:
     p.add_argument("--admission", default="reserve", metavar="MODE", help=f"KV admission: {', '.join(ADMISSIONS)} (default reserve)")
     p.add_argument("--chunk", type=positive_int, default=512, metavar="TOKENS", help="prefill tokens per iteration (default 512)")
     p.add_argument("--max-running", type=positive_int, default=64, metavar="B", help="max running requests per replica (default 64)")
+    _add_search_args(p)
+    p.add_argument("--params-out", metavar="PATH.json",
+                   help="write the best candidate's settings for `jaxroute cluster --params-json` (default: none)")
+    p.set_defaults(func=run)
+
+
+def _register_decode(models) -> None:
+    dd = dx.dd
+    knobs = "; ".join(f"{k.name} in [{k.lo:g}, {k.hi:g}]{' (log scale)' if k.log else ''}" for k in td.KNOBS)
+    p = models.add_parser(
+        "decode", help="tune BalanceRoute BR-H's weights beta, gamma, alpha (decode DP workers behind a barrier)",
+        description="Search BR-H's traced weights in the decode model (as `jaxroute decode` runs it, saturated "
+        "arrivals) with CMA-ES (evosax) in a normalised box, starting from the defaults (beta = G, the number of "
+        f"workers; gamma {dd.DEFAULT_GAMMA:g}; alpha {dd.DEFAULT_ALPHA:g}): {knobs} (beta's range reaches 2 G when "
+        "G > 32). Each generation is one compiled run_comparison grid of BR-H rows x seeds on common seeds (the "
+        "same seeds every generation; generation 0 holds the defaults); the final candidates and the defaults are "
+        "rerun on fresh seeds with 95 % CIs and the gain over the defaults (+ = better), paired per seed. The "
+        "horizon H (--horizon) is a static shape of the compiled model, not a traced weight: it stays fixed and "
+        "is not tuned.")
+    p.add_argument("--params", default=None, metavar="NAME,...",
+                   help="settings to tune, from beta, gamma, alpha (default: all three; the others keep their defaults)")
+    p.add_argument("--objective", default=td.DEFAULT_OBJECTIVE, metavar="NAME",
+                   help=f"a metric of the decode model: {', '.join(td.OBJECTIVES)}; throughput_*, tokens_per_step* "
+                   f"and util_* are maximised, the others minimised (default {td.DEFAULT_OBJECTIVE})")
+    p.add_argument("--workload", default="synthetic-prod", metavar="NAME",
+                   help=f"one of {', '.join(DECODE_WORKLOADS)} (default synthetic-prod)")
+    p.add_argument("--trace", default=None, metavar="PATH",
+                   help="Azure trace CSV for azure-conv / azure-code (default ../shared/data/azure_llm_2023_*.csv)")
+    p.add_argument("--requests", type=positive_int, default=DECODE_REQUESTS, metavar="N",
+                   help=f"requests per run (default {DECODE_REQUESTS})")
+    p.add_argument("--workers", type=positive_int, default=8, metavar="G", help="decode DP workers (default 8)")
+    p.add_argument("--predictor", default="oracle", metavar="NAME",
+                   help="BR-H horizon predictor, one of: none, oracle, survival, exact, learned:DIR (deployable ones "
+                   "are fitted on requests distinct from the simulated ones) (default oracle)")
+    p.add_argument("--deployment", default="default", metavar="NAME",
+                   help=f"{' or '.join(dx.DEPLOYMENTS)}, as jaxroute decode has them (default default)")
+    p.add_argument("--horizon", type=non_negative_int, default=dd.DEFAULT_HORIZON, metavar="H",
+                   help=f"BR-H horizon H: a static shape, fixed during the search (default {dd.DEFAULT_HORIZON})")
+    p.add_argument("--slots", type=positive_int, default=dd.DEFAULT_SLOTS, metavar="S",
+                   help=f"slots per worker (default {dd.DEFAULT_SLOTS})")
+    p.add_argument("--pool", type=positive_int, default=dd.DEFAULT_POOL, metavar="P",
+                   help=f"prompt pool of BR-H's pooled dispatch (default {dd.DEFAULT_POOL})")
+    p.add_argument("--window", type=positive_int, default=dd.DEFAULT_WINDOW, metavar="W",
+                   help=f"BR stage-2 candidate window, 2^W subsets (default {dd.DEFAULT_WINDOW})")
+    p.add_argument("--r-max", type=positive_int, default=dd.DEFAULT_R_MAX, metavar="R",
+                   help=f"new requests per worker per step (default {dd.DEFAULT_R_MAX})")
+    _add_search_args(p)
+    p.set_defaults(func=run_decode)
+
+
+def _add_search_args(p) -> None:
+    """The CMA-ES, seed and output flags of every `tune` model."""
     p.add_argument("--population", type=positive_int, default=8, metavar="P", help="CMA-ES population per generation (default 8)")
     p.add_argument("--generations", type=positive_int, default=10, metavar="N", help="CMA-ES generations (default 10)")
     p.add_argument("--std-init", type=positive_float, default=0.2, metavar="F",
@@ -100,11 +168,8 @@ def register(subparsers) -> None:
     p.add_argument("--seed", type=non_negative_int, default=0, metavar="INT", help="base PRNG seed (default 0)")
     p.add_argument("--out", metavar="PATH.json", help="write the results JSON: curve, candidates, CIs (default: none)")
     p.add_argument("--plot", metavar="PATH.png", help="write the search curve as a PNG (default: none)")
-    p.add_argument("--params-out", metavar="PATH.json",
-                   help="write the best candidate's settings for `jaxroute cluster --params-json` (default: none)")
     p.add_argument("--no-progress", action="store_true",
                    help="print the generations' lines after the search instead of as each one ends (default: as it ends)")
-    p.set_defaults(func=run)
 
 
 def _objective(args) -> tn.Objective:
@@ -167,6 +232,43 @@ def _plot(res: tn.TuneResult, path: str, title: str) -> None:
                      xlabel="generation", ylabel=res.objective.metric, title=title, xticks=ticks)
 
 
+def _search(args, title: str, run_tune) -> tn.TuneResult:
+    """Print the title, run the search (`run_tune(on_generation)`) and print its curve."""
+    if args.seeds < 2 or args.final_seeds < 2:
+        warn("one seed gives no confidence interval")
+    print(title)
+    print(f"CMA-ES (evosax): population {args.population} x {args.generations} generations x {args.seeds} seeds; "
+          f"final: {args.final_seeds} fresh seeds")
+    live = show_progress(args)
+    res = run_tune(_print_generation if live else None)
+    if not live:  # the curve, printed once the search is done
+        for g in res.generations:
+            _print_generation(g)
+    return res
+
+
+def _report(res: tn.TuneResult) -> None:
+    print(f"defaults on the search seeds: {_fmt(res.start_score)}; best found: {_fmt(res.generations[-1].best_ever)}")
+    print(_table(res))
+    print(f"best (*): {res.best.label}, settings {report.jsonable(res.best.settings)}")
+    if res.best.label == "defaults":
+        warn("no tuned candidate beat the defaults on the fresh seeds: try more --seeds or --generations")
+    print(f"simulated {res.runs:,} configurations x seeds in {res.elapsed_s:.1f} s (compilation included)")
+
+
+def _write(res: tn.TuneResult, args, title: str, config: dict) -> None:
+    if args.out:
+        print(f"wrote {report.write_json(args.out, {'command': 'tune', 'config': config, **res.as_json()})}")
+    if args.plot:
+        _plot(res, args.plot, title.replace("; ", "\n", 1))
+        print(f"wrote {args.plot}")
+
+
+def _search_kw(args) -> dict:
+    return dict(population=args.population, generations=args.generations, seeds=args.seeds,
+                final_seeds=args.final_seeds, seed=args.seed, std_init=args.std_init)
+
+
 def run(args) -> int:
     router = choose([args.router], tn.TUNABLE_ROUTERS, "tunable router")[0]
     space = tn.Space.of(router, csv_list(args.params) if args.params is not None else None)
@@ -175,40 +277,51 @@ def run(args) -> int:
     args.workload = name
     workload = build_workload(name, args.requests, args.trace, args.hot_tool, shared_prefix=shared_prefix_settings(args))
     setup = _setup(args, workload)
-    if args.seeds < 2 or args.final_seeds < 2:
-        warn("one seed gives no confidence interval")
     where = (f"rates {obj.search.lo:g}-{obj.search.hi:g} req/s" if obj.metric == "capacity" else
              "recorded times" if setup.rate <= 0 else f"{setup.rate:g} req/s")
     slo = f" under {obj.slo_text}" if obj.slo else ""
     title = (f"tune {router} ({', '.join(space.names)}): {'max' if obj.maximise else 'min'} {obj.metric}{slo}; "
              f"{name}, {args.requests} requests, {args.replicas} replicas ({args.model} on {args.gpu}), {where}")
-    print(title)
-    print(f"CMA-ES (evosax): population {args.population} x {args.generations} generations x {args.seeds} seeds; "
-          f"final: {args.final_seeds} fresh seeds")
-    live = show_progress(args)
-    res = tn.tune(space, obj, setup, population=args.population, generations=args.generations, seeds=args.seeds,
-                  final_seeds=args.final_seeds, seed=args.seed, std_init=args.std_init,
-                  on_generation=_print_generation if live else None)
-    if not live:  # the curve, printed once the search is done
-        for g in res.generations:
-            _print_generation(g)
-    print(f"defaults on the search seeds: {_fmt(res.start_score)}; best found: {_fmt(res.generations[-1].best_ever)}")
-    print(_table(res))
-    print(f"best (*): {res.best.label}, settings {report.jsonable(res.best.settings)}")
-    if res.best.label == "defaults":
-        warn("no tuned candidate beat the defaults on the fresh seeds: try more --seeds or --generations")
-    print(f"simulated {res.runs:,} configurations x seeds in {res.elapsed_s:.1f} s (compilation included)")
+    res = _search(args, title, lambda on_gen: tn.tune(space, obj, setup, **_search_kw(args), on_generation=on_gen))
+    _report(res)
     config = {"model": args.model, "gpu": args.gpu, "tp": args.tp, "workload": name, "trace": args.trace,
               "requests": args.requests, "replicas": args.replicas, "rate": setup.rate, "seed": args.seed,
               "kv_capacity": args.kv_capacity, "cost_model": setup.cost_model, "stale_s": args.stale,
               "local": setup.local, "admission": setup.admission, "chunk": args.chunk, "max_running": args.max_running}
-    if args.out:
-        print(f"wrote {report.write_json(args.out, {'command': 'tune', 'config': config, **res.as_json()})}")
-    if args.plot:
-        _plot(res, args.plot, title.replace("; ", "\n", 1))
-        print(f"wrote {args.plot}")
+    _write(res, args, title, config)
     if args.params_out:
         about = {"command": "tune", **config}
         print(f"wrote {report.write_json(args.params_out, res.params_json(about))} "
               f"(rerun: jaxroute cluster --params-json {args.params_out})")
+    return 0
+
+
+def run_decode(args) -> int:
+    from jaxroute.predictors import bank as bank_lib  # registers the deployable kinds
+    from jaxroute.workloads.decode import make_decode_requests
+
+    obj = td.objective(args.objective)
+    space = td.DecodeSpace.of(args.workers, csv_list(args.params) if args.params is not None else None)
+    if args.population < 2:
+        raise JaxrouteError(f"CMA-ES needs a population of at least 2, got {args.population}")
+    specs = csv_list(args.predictor)
+    if len(specs) != 1:
+        raise JaxrouteError(f"give one predictor, e.g. --predictor oracle; choose from: {bank_lib.SPEC_HELP}")
+    predictor = bank_lib.parse_spec(specs[0])[0]
+    workload = choose([args.workload], DECODE_WORKLOADS, "decode workload")[0]
+    base = dx.DEPLOYMENTS[choose([args.deployment], tuple(dx.DEPLOYMENTS), "deployment")[0]]
+    dep = dataclasses.replace(base, slots=args.slots, pool=args.pool, window=args.window, horizon=args.horizon,
+                              r_max=args.r_max)
+    req = make_decode_requests(workload, args.requests, seed=args.seed, trace_path=args.trace)
+    bank, _, _ = bank_lib.bank_for_simulation(specs, workload, args.requests, args.seed, args.trace, dep.horizon)
+    setup = td.DecodeSetup(req, workers=args.workers, predictor=predictor, dep=dep, bank=bank)
+    title = (f"tune brh[{predictor}] ({', '.join(space.names)}): {'max' if obj.maximise else 'min'} {obj.metric}; "
+             f"{workload}, {len(req)} requests, G={args.workers} workers x {dep.slots} slots ({dep.model} on "
+             f"{dep.tp}x{dep.gpu}), saturated, H={dep.horizon} fixed")
+    res = _search(args, title, lambda on_gen: td.tune(space, obj, setup, **_search_kw(args), on_generation=on_gen))
+    _report(res)
+    config = {"workload": workload, "trace": args.trace, "requests": len(req), "workers": args.workers,
+              "predictor": specs[0], "deployment": args.deployment, **dataclasses.asdict(dep), "seed": args.seed,
+              "defaults": space.defaults()}
+    _write(res, args, title, config)
     return 0

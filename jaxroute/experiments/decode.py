@@ -166,8 +166,9 @@ def _pct(rec, metric):
     return "" if s is None else f"{s.mean:+.1f}±{s.half_width:.1f}%"
 
 
-def format_records(records) -> str:
-    extra = {"imb vs best": lambda r: _pct(r, "imbalance_tokens"),
+def comparison_columns() -> dict:
+    """The comparison table's extra columns: title -> record -> text (changes vs the best baseline, step stats)."""
+    return {"imb vs best": lambda r: _pct(r, "imbalance_tokens"),
              "tpot vs best": lambda r: _pct(r, "tpot_p95_s"),
              "tput vs best": lambda r: _pct(r, "throughput_tok_s"),
              "tok/step": lambda r: f"{r.metrics['tokens_per_step'].mean:.1f}",
@@ -178,6 +179,9 @@ def format_records(records) -> str:
              "loaded tok/step": lambda r: f"{r.metrics['tokens_per_step_loaded'].mean:.1f}",
              "preempt": lambda r: f"{r.metrics['preemptions'].mean:.0f}",
              "recomputed tok": lambda r: f"{r.metrics['recomputed_tokens'].mean:,.0f}"}
-    return report.format_table(records, METRICS, label=lambda r: r.params["label"], extra=extra)
+
+
+def format_records(records) -> str:
+    return report.format_table(records, METRICS, label=lambda r: r.params["label"], extra=comparison_columns())
 
 

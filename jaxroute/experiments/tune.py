@@ -474,21 +474,29 @@ def _paired_gain(tuned: np.ndarray, default: np.ndarray, sign: float) -> Summary
     return summarize(sign * (tuned[ok] - default[ok])) if ok.any() else None
 
 
-def tune(space: Space, obj: Objective, setup: Setup, *, population: int = 8, generations: int = 10, seeds: int = 4,
-         final_seeds: int = 8, seed: int = 0, std_init: float = 0.2, start=None,
-         on_generation: Callable[[Generation], None] | None = None) -> TuneResult:
+def tune(space: Space, obj: Objective, setup: Setup | None, *, population: int = 8, generations: int = 10,
+         seeds: int = 4, final_seeds: int = 8, seed: int = 0, std_init: float = 0.2, start=None,
+         on_generation: Callable[[Generation], None] | None = None,
+         make_evaluator: Callable[[int, int], Evaluate] | None = None) -> TuneResult:
     """CMA-ES over `space` (the unit box; std_init in box units); see the module docstring.
 
     start: knob values to start from instead of the defaults (they then take member 0 of generation 0; the
-    defaults are still re-evaluated at the end). on_generation(Generation) is called after each generation."""
+    defaults are still re-evaluated at the end). on_generation(Generation) is called after each generation.
+    make_evaluator(seeds, seed) -> Evaluate replaces the cluster evaluator (`evaluator(space, obj, setup, ...)`;
+    setup may then be None), e.g. the decode model's (`tune_decode`): it is called once for the search seeds
+    (base key `seed`) and once for the final fresh seeds (`seed + FRESH_SEED`)."""
     import jax
     import jax.numpy as jnp
     from evosax.algorithms import CMA_ES
 
     if population < 2:
         raise JaxrouteError(f"CMA-ES needs a population of at least 2, got {population}")
+    if make_evaluator is None:
+        if setup is None:
+            raise JaxrouteError("tune needs a cluster Setup or an evaluator factory (make_evaluator)")
+        make_evaluator = lambda n, s: evaluator(space, obj, setup, seeds=n, seed=s)
     t0 = time.perf_counter()
-    search = evaluator(space, obj, setup, seeds=seeds, seed=seed)
+    search = make_evaluator(seeds, seed)
     d = len(space.knobs)
     x_def = space.to_unit(space.default_values())
     lo, hi = np.array([k.lo for k in space.knobs]), np.array([k.hi for k in space.knobs])
@@ -533,7 +541,7 @@ def tune(space: Space, obj: Objective, setup: Setup, *, population: int = 8, gen
     for p in picks:
         if not any(np.allclose(p[1], q[1]) for q in unique):
             unique.append(p)
-    final = evaluator(space, obj, setup, seeds=final_seeds, seed=seed + FRESH_SEED)
+    final = make_evaluator(final_seeds, seed + FRESH_SEED)
     exact = [space.default_values() if label == "defaults" else space.from_unit(u) for label, u, _ in unique]
     batch = final([space.settings(v) for v in exact])
     runs += batch.runs

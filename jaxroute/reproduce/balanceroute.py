@@ -34,8 +34,8 @@ from jaxroute.experiments.decode import (
     PAPER_DEPLOYMENT,
     DecodeRow,
     Deployment,
-    _pct,
     best_baseline,
+    comparison_columns,
     rows_for,
     run_comparison,
 )
@@ -194,15 +194,7 @@ def records_tables(records) -> list[tuple[str, str]]:
     label = lambda r: r.params["label"] + (" (OVERFLOW)" if r.overflow else "")
     metrics = markdown_table(["row"] + list(METRICS),
                              [[label(r)] + [report.fmt_ci(r.metrics[m]) for m in METRICS] for r in records])
-    cols = {"imb vs best": lambda r: _pct(r, "imbalance_tokens"), "tpot vs best": lambda r: _pct(r, "tpot_p95_s"),
-            "tput vs best": lambda r: _pct(r, "throughput_tok_s"), "tok/step": lambda r: f"{_m(r, 'tokens_per_step'):.1f}",
-            "loaded imb vs best": lambda r: _pct(r, "imbalance_loaded_tokens"),
-            "loaded tput": lambda r: report.fmt_ci(r.metrics["throughput_loaded_tok_s"]),
-            "loaded vs best": lambda r: _pct(r, "throughput_loaded_tok_s"),
-            "loaded tpot vs best": lambda r: _pct(r, "tpot_p95_loaded_s"),
-            "loaded tok/step": lambda r: f"{_m(r, 'tokens_per_step_loaded'):.1f}",
-            "preempt": lambda r: f"{_m(r, 'preemptions'):.0f}",
-            "recomputed tok": lambda r: f"{_m(r, 'recomputed_tokens'):,.0f}"}
+    cols = comparison_columns()
     changes = markdown_table(["row"] + list(cols), [[label(r)] + [fn(r) for fn in cols.values()] for r in records])
     return [("every row (mean ± 95 % CI; imbalance and idle in tokens, TPOT in s, throughput in tok/s)", metrics),
             ("changes against the best baseline (paired per seed) and step statistics", changes)]
