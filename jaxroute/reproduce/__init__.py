@@ -139,6 +139,9 @@ def _run_one(exp: Experiment, out_dir: Path, *, quick: bool, seeds: int | None, 
     finally:
         if bar is not None:
             bar.close()
+        import jax
+
+        jax.clear_caches()  # one process runs every experiment: free their compiled programs between them
     section.source, section.name, section.quick = exp.source, exp.name, quick
     section.wall_s = time.perf_counter() - start
     section.log = ctx.lines
