@@ -21,7 +21,7 @@ def register(subparsers) -> None:
         "reproduce",
         help="reproduce a source's claims: DIR/report.md (claims, our numbers with CIs, verdicts), results.json, PNGs",
         description="Run the reproductions of a source and write DIR/report.md: for each claim of the source, our "
-        "number with its 95 %% CI beside the source's, a verdict (reproduced / direction only / differs) and a reason "
+        "number with its 95 % CI beside the source's, a verdict (reproduced / direction only / differs) and a reason "
         "where it differs; Markdown tables; PNG figures beside the report. Also DIR/results.json (DESIGN.md's "
         "results convention: one record per claim). Each experiment's part is saved in DIR/parts/ as soon as it is "
         f"done, so an interrupted run resumes where it stopped (--fresh reruns everything). Sources: {listing}.",
@@ -30,7 +30,7 @@ def register(subparsers) -> None:
     p.add_argument("--out", default="results/reproduce", metavar="DIR",
                    help="report folder: report.md, results.json, PNGs, parts/ (default results/reproduce)")
     p.add_argument("--quick", action="store_true",
-                   help="small sizes, same code paths (a few minutes on 2 cores); marked QUICK in the report (default: full size)")
+                   help="small sizes, same code paths (about 20 minutes for all on 2 busy cores; a smoke run, not results); marked QUICK in the report (default: full size)")
     p.add_argument("--only", type=csv_list, default=[], metavar="NAMES",
                    help="comma-separated experiment names to run (see --list); the report holds only those (default: all)")
     p.add_argument("--seeds", type=positive_int, default=None, metavar="N",
