@@ -105,8 +105,11 @@ def knobs_for(router: str, names=None) -> tuple[Knob, ...]:
     table = {k.name: k for k in TUNABLE[router]}
     if uses_weights(router):
         table.update({k.name: k for k in _w(*SCORERS) if k.name not in table})
-    if names is None:
-        return TUNABLE[router]
+    return TUNABLE[router] if names is None else pick_knobs(table, names, router)
+
+
+def pick_knobs(table: dict[str, Knob], names, router: str) -> tuple[Knob, ...]:
+    """The knobs of `table` named, in order; unknown, repeated or no names are refused."""
     out = []
     for n in names:
         if n not in table:

@@ -58,16 +58,7 @@ class DecodeSpace(tn.Space):
         table = {k.name: k for k in knobs(workers)}
         if names is None:
             return cls(POLICY, tuple(table.values()), workers)
-        out = []
-        for n in names:
-            if n not in table:
-                raise JaxrouteError(f"'{n}' is not a tunable setting of brh; choose from: {', '.join(table)}")
-            if table[n] in out:
-                raise JaxrouteError(f"setting '{n}' is listed twice")
-            out.append(table[n])
-        if not out:
-            raise JaxrouteError(f"no setting given; choose from: {', '.join(table)}")
-        return cls(POLICY, tuple(out), workers)
+        return cls(POLICY, tn.pick_knobs(table, names, "brh"), workers)
 
     def defaults(self) -> dict[str, float]:
         return {"beta": float(self.workers), "gamma": float(dd.DEFAULT_GAMMA), "alpha": float(dd.DEFAULT_ALPHA)}
