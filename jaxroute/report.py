@@ -139,12 +139,13 @@ def _pyplot():
 
 
 def bar_plot(records: Sequence[Record], metric_names: Sequence[str], path: str | Path, title: str, *,
-             ylabel: str | None = None, log_if_spread: bool = True, ylim: tuple[float, float] | None = None,
-             label=None) -> Path:
+             ylabel: str | Mapping[str, str] | None = None, log_if_spread: bool = True,
+             ylim: tuple[float, float] | None = None, label=None) -> Path:
     """PNG bar chart: one panel per metric, one bar per record with its 95 % CI as an error bar.
 
-    log_if_spread: a log y axis when a panel's positive means span more than 20x.
-    label(record) -> str names the bars (default: policy).
+    ylabel: one label for every panel, or {metric: label}; log_if_spread: a log y axis when a panel's positive
+    means span more than 20x; label(record) -> str names the bars (default: policy). A metric whose per-seed
+    values are all >= 0 has its error bars cut at 0 (a t interval over few seeds can cross it).
     """
     plt = _pyplot()
     label = label or (lambda r: r.policy)
@@ -152,13 +153,16 @@ def bar_plot(records: Sequence[Record], metric_names: Sequence[str], path: str |
     fig, axes = plt.subplots(1, n, figsize=(max(4.2 * n, 5.0), 3.8), squeeze=False)
     names = [label(r) for r in records]
     for ax, metric in zip(axes[0], metric_names, strict=True):
-        means = [r.metrics[metric].mean for r in records]
-        errs = [r.metrics[metric].half_width for r in records]
-        ax.bar(range(len(names)), means, yerr=errs, capsize=3, color="tab:blue")
+        sums = [r.metrics[metric] for r in records]
+        means = [s.mean for s in sums]
+        nonneg = all(min(s.per_seed, default=s.mean) >= 0 for s in sums)
+        low = [min(s.half_width, s.mean) if nonneg else s.half_width for s in sums]
+        ax.bar(range(len(names)), means, yerr=[low, [s.half_width for s in sums]], capsize=3, color="tab:blue")
         ax.set_xticks(range(len(names)), names, rotation=35, ha="right", fontsize=8)
-        ax.set_title(metric)
-        if ylabel:
-            ax.set_ylabel(ylabel)
+        ax.set_title(metric, fontsize=9)
+        text = ylabel.get(metric) if isinstance(ylabel, Mapping) else ylabel
+        if text:
+            ax.set_ylabel(text)
         if ylim is not None:
             ax.set_ylim(*ylim)
         positive = [m for m in means if m > 0]
@@ -171,42 +175,60 @@ def bar_plot(records: Sequence[Record], metric_names: Sequence[str], path: str |
     return Path(path)
 
 
-def line_plot(panels: Mapping[str, Sequence[dict]], path: str | Path, *, xlabel: str, ylabel: str,
-              title: str | None = None, sharey: bool = False, xticks: tuple | None = None, ylog=(),
-              xlog: bool = False) -> Path:
+def line_plot(panels: Mapping[str, Sequence[dict]], path: str | Path, *, xlabel: str,
+              ylabel: str | Mapping[str, str], title: str | None = None, sharey: bool = False,
+              xticks: tuple | None = None, ylog=(), xlog: bool = False) -> Path:
     """PNG line chart: one panel per title; each line is a dict of `ax.plot` keywords plus x and y.
-    xticks: (positions, labels) for every panel (e.g. categorical x values); ylog: titles of panels on a log y axis;
-    xlog: every panel on a log x axis.
+    ylabel: one label (on the first panel) or {panel title: label}; xticks: (positions, labels) for every panel
+    (e.g. categorical x values); ylog: titles of panels on a log y axis; xlog: every panel on a log x axis.
 
     A line with `vline` instead of x and y is a vertical marker at that x; one with `lo` and `hi`
-    also shades that band (e.g. a 95 % CI) in its colour.
+    also shades that band (e.g. a 95 % CI) in its colour, or draws error bars where a panel has more
+    than 6 such lines (overlapping bands hide each other). When the panels label the same lines, or a
+    panel labels more than 6, one legend beside the panels replaces the per-panel legends.
     """
     plt = _pyplot()
     fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 3.8), sharey=sharey, squeeze=False)
+    label_sets = [[line["label"] for line in lines if "label" in line] for lines in panels.values()]
+    shared = any(len(labels) > 6 for labels in label_sets) or (
+        len(panels) > 1 and len({tuple(labels) for labels in label_sets if labels}) == 1)
+    handles: dict[str, Any] = {}
     for ax, (name, lines) in zip(axes[0], panels.items(), strict=True):
+        banded = sum(1 for line in lines if "lo" in line and "hi" in line)
         for line in lines:
             kw = dict(line)
             if "vline" in kw:
                 ax.axvline(kw.pop("vline"), color=kw.pop("color", "grey"), lw=kw.pop("lw", 0.8), **kw)
-            else:
-                lo, hi = kw.pop("lo", None), kw.pop("hi", None)
-                (drawn,) = ax.plot(kw["x"], kw["y"], **{k: v for k, v in kw.items() if k not in ("x", "y")})
-                if lo is not None and hi is not None:
+                continue
+            lo, hi = kw.pop("lo", None), kw.pop("hi", None)
+            (drawn,) = ax.plot(kw["x"], kw["y"], **{k: v for k, v in kw.items() if k not in ("x", "y")})
+            if lo is not None and hi is not None:
+                if banded > 6:
+                    ax.errorbar(kw["x"], kw["y"], yerr=[np.subtract(kw["y"], lo), np.subtract(hi, kw["y"])],
+                                fmt="none", ecolor=drawn.get_color(), elinewidth=0.8, capsize=2)
+                else:
                     ax.fill_between(kw["x"], lo, hi, color=drawn.get_color(), alpha=0.15, lw=0)
+            if "label" in kw:
+                handles.setdefault(kw["label"], drawn)
         ax.set_title(name, fontsize=9)
         ax.set_xlabel(xlabel)
+        if isinstance(ylabel, Mapping):
+            ax.set_ylabel(ylabel.get(name, ""))
         if xticks is not None:
             ax.set_xticks(*xticks)
         if name in ylog:
             ax.set_yscale("log")
         if xlog:
             ax.set_xscale("log")
-        if any("label" in line for line in lines):
+        if not shared and any("label" in line for line in lines):
             ax.legend(fontsize=8)
-    axes[0][0].set_ylabel(ylabel)
+    if not isinstance(ylabel, Mapping):
+        axes[0][0].set_ylabel(ylabel)
     if title:
         fig.suptitle(title, fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    if shared and handles:
+        fig.legend(list(handles.values()), list(handles), fontsize=8, loc="center left", bbox_to_anchor=(1.0, 0.5))
+    fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
     return Path(path)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shutil
 from pathlib import Path
 
 from jaxroute.cli import main
@@ -45,3 +46,13 @@ def leak(monkeypatch, module, runner: str, row: int, seed: int, amount: int = 1)
         return res
 
     monkeypatch.setattr(module, runner, leaky)
+
+
+def resume_from(report, out, keys) -> None:
+    """Copy the parts `keys` ("source.name") of a report folder and the PNGs they link into `out`."""
+    (out / "parts").mkdir(parents=True, exist_ok=True)
+    for key in keys:
+        part = report / "parts" / f"{key}.json"
+        shutil.copy(part, out / "parts" / part.name)
+        for _, png in json.loads(part.read_text())["figures"]:
+            shutil.copy(report / png, out / png)

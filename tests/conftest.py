@@ -40,3 +40,26 @@ def _release_compiled_programs():
         sim.clear_compiled()
         replica_model._SINGLE.clear()
         jax.clear_caches()
+
+
+@pytest.fixture(scope="session")
+def quick_report(tmp_path_factory):
+    """`jaxroute reproduce all --quick` run once per session, in a fresh process (as a user would): its folder.
+
+    The wrapper tests of scripts/ resume from its parts (cli_helpers.resume_from), so each experiment runs once per
+    suite. JAXROUTE_TEST_QUICK_REPORT=DIR reuses a finished `reproduce all --quick --out DIR` instead (development)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    if os.environ.get("JAXROUTE_TEST_QUICK_REPORT"):
+        return Path(os.environ["JAXROUTE_TEST_QUICK_REPORT"])
+    out = tmp_path_factory.mktemp("reproduce") / "all"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("XLA_")}
+    env |= {"JAX_PLATFORMS": "cpu", "JAXROUTE_NO_COMPILE_CACHE": "1"}
+    res = subprocess.run([sys.executable, "-m", "jaxroute", "reproduce", "all", "--quick", "--out", str(out),
+                          "--no-progress"], capture_output=True, text=True, env=env, timeout=3600)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    (out / "stdout.txt").write_text(res.stdout)
+    return out
+

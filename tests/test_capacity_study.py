@@ -10,12 +10,15 @@ from pathlib import Path
 
 import pytest
 
+from tests.cli_helpers import resume_from
+
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "capacity_study.py"
 NAME = "capacity_shared_prefix"
 
 
 @pytest.mark.slow
-def test_quick_capacity_shared_prefix(tmp_path, monkeypatch):
+def test_quick_capacity_shared_prefix(tmp_path, monkeypatch, quick_report):
+    resume_from(quick_report, tmp_path, ["production-routers.capacity_shared_prefix"])  # the suite's `reproduce all --quick` ran it; the wrapper resumes
     monkeypatch.setattr(sys, "argv", [str(SCRIPT), "--quick", "--only", NAME, "--out", str(tmp_path), "--no-progress"])
     with pytest.raises(SystemExit) as done:
         runpy.run_path(str(SCRIPT), run_name="__main__")

@@ -4,11 +4,13 @@ import json
 
 import pytest
 
+from tests.cli_helpers import resume_from
 from tests.test_production_routers_cli import check_report, run_wrapper
 
 
 @pytest.mark.slow
-def test_wrapper_quick_cache_aware(tmp_path, monkeypatch):
+def test_wrapper_quick_cache_aware(tmp_path, monkeypatch, quick_report):
+    resume_from(quick_report, tmp_path, ["production-routers.pd_cache_aware"])  # the suite's `reproduce all --quick` ran it; the wrapper resumes
     assert run_wrapper("pd_study", ["--quick", "--only", "pd_cache_aware", "--out", str(tmp_path), "--no-progress"],
                        monkeypatch) == 0
     check_report(tmp_path, "Cache-aware BalanceRoute on decode DP ranks with prefix caches")

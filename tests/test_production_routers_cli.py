@@ -16,7 +16,7 @@ from jaxroute.clusters import replicas as R
 from jaxroute.experiments.cluster import policy_rows, run_cluster
 from jaxroute.routers.prefix import PREFIX_POLICIES
 from jaxroute.workloads import prefix as W
-from tests.cli_helpers import SCRIPTS, cli
+from tests.cli_helpers import SCRIPTS, cli, resume_from
 
 
 def test_every_router_runs_in_one_grid_and_conserves_requests():
@@ -87,8 +87,9 @@ def check_report(out: Path, title: str) -> str:
 
 
 @pytest.mark.slow
-def test_wrapper_quick_shared_prefix(tmp_path, monkeypatch):
+def test_wrapper_quick_shared_prefix(tmp_path, monkeypatch, quick_report):
     """The wrapper's quick run of one workload: the report, and what must hold of its numbers."""
+    resume_from(quick_report, tmp_path, ["production-routers.routers_shared_prefix"])  # the suite's `reproduce all --quick` ran it; the wrapper resumes
     assert run_wrapper("compare_production_routers", ["--quick", "--only", "routers_shared_prefix", "--out",
                                                       str(tmp_path), "--no-progress"], monkeypatch) == 0
     text = check_report(tmp_path, "Production routers on shared-prefix")

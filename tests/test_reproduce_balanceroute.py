@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from tests.cli_helpers import SCRIPTS, run_quick
+from tests.cli_helpers import SCRIPTS, resume_from, run_quick
 
 
 def _wrapper(argv, monkeypatch) -> int:
@@ -23,8 +23,9 @@ def _wrapper(argv, monkeypatch) -> int:
 
 
 @pytest.mark.slow
-def test_quick_sensitivity_report(tmp_path, monkeypatch):
+def test_quick_sensitivity_report(tmp_path, monkeypatch, quick_report):
     out = tmp_path / "rep"
+    resume_from(quick_report, out, ["balanceroute.sensitivity"])  # the suite's `reproduce all --quick` ran it; the wrapper resumes
     assert _wrapper(["--quick", "--only", "sensitivity", "--out", str(out), "--no-progress"], monkeypatch) == 0
     text = (out / "report.md").read_text()
     assert "QUICK RUN" in text and "BalanceRoute §12: oracle BR-H's beta x gamma sensitivity" in text

@@ -8,12 +8,13 @@ import sys
 
 import pytest
 
-from tests.cli_helpers import SCRIPTS
+from tests.cli_helpers import SCRIPTS, resume_from
 
 
 @pytest.mark.slow
-def test_quick_cluster_finding2_report(tmp_path, monkeypatch):
+def test_quick_cluster_finding2_report(tmp_path, monkeypatch, quick_report):
     out = tmp_path / "rep"
+    resume_from(quick_report, out, ["lecture.cluster_finding2"])  # the suite's `reproduce all --quick` ran it; the wrapper resumes
     monkeypatch.setattr(sys, "argv", ["reproduce_lecture_cluster.py", "--quick", "--only", "cluster_finding2",
                                       "--out", str(out), "--no-progress"])
     with pytest.raises(SystemExit) as done:

@@ -7,12 +7,13 @@ import sys
 
 import pytest
 
-from tests.cli_helpers import SCRIPTS
+from tests.cli_helpers import SCRIPTS, resume_from
 
 
 @pytest.mark.slow
-def test_quick_theory_report(tmp_path, monkeypatch):
+def test_quick_theory_report(tmp_path, monkeypatch, quick_report):
     out = tmp_path / "disp"
+    resume_from(quick_report, out, ["lecture.theory"])  # the suite's `reproduce all --quick` ran it; the wrapper resumes
     monkeypatch.setattr(sys, "argv", ["reproduce_lecture_dispatch.py", "--quick", "--only", "theory", "--out", str(out),
                                       "--no-progress"])
     with pytest.raises(SystemExit) as exit_info:

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from tests.cli_helpers import SCRIPTS
+from tests.cli_helpers import SCRIPTS, resume_from
 
 
 def _wrapper(argv, monkeypatch) -> int:
@@ -22,8 +22,9 @@ def _wrapper(argv, monkeypatch) -> int:
 
 
 @pytest.mark.slow
-def test_quick_hot_tool_report(tmp_path, monkeypatch):
+def test_quick_hot_tool_report(tmp_path, monkeypatch, quick_report):
     out = tmp_path / "rep"
+    resume_from(quick_report, out, ["lecture.preble_hot_tool"])  # the suite's `reproduce all --quick` ran it; the wrapper resumes
     assert _wrapper(["--quick", "--only", "preble_hot_tool", "--out", str(out), "--no-progress"], monkeypatch) == 0
     text = (out / "report.md").read_text()
     assert "QUICK RUN" in text and "Lecture §3.4 demo 3" in text and "**Claims**" in text

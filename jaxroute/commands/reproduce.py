@@ -3,9 +3,18 @@
 from __future__ import annotations
 
 import shlex
+from pathlib import Path
 
 from jaxroute.commands._common import csv_list, positive_int, show_progress
-from jaxroute.reproduce import SOURCES, experiments, parse_sources, run
+from jaxroute.errors import JaxrouteError
+from jaxroute.reproduce import (
+    SOURCES,
+    experiments,
+    parse_sources,
+    run,
+    write_readme_block,
+)
+from jaxroute.reproduce.document import block_markers
 
 _ABOUT = {
     "lecture": "the lecture's §1-§3: dispatch theory, balls into bins, stale information, the cache-aware cluster, Preble",
@@ -30,13 +39,17 @@ def register(subparsers) -> None:
     p.add_argument("--out", default="results/reproduce", metavar="DIR",
                    help="report folder: report.md, results.json, PNGs, parts/ (default results/reproduce)")
     p.add_argument("--quick", action="store_true",
-                   help="small sizes, same code paths (about 20 minutes for all on 2 busy cores; a smoke run, not results); marked QUICK in the report (default: full size)")
+                   help="small sizes, same code paths (about 15 minutes for all on 2 idle cores; a smoke run, not results); marked QUICK in the report (default: full size)")
     p.add_argument("--only", type=csv_list, default=[], metavar="NAMES",
                    help="comma-separated experiment names to run (see --list); the report holds only those (default: all)")
     p.add_argument("--seeds", type=positive_int, default=None, metavar="N",
                    help="seeds per configuration in every experiment (default: each experiment's own)")
     p.add_argument("--fresh", action="store_true", help="rerun experiments already written in DIR/parts/ (default: resume, skipping them)")
     p.add_argument("--list", action="store_true", help="list the source's experiments and exit (default off)")
+    p.add_argument("--readme", default=None, metavar="FILE",
+                   help="also write a summary of the report (provenance, verdict tally, every claim with its verdict) into "
+                        "FILE between the lines '<!-- reproduce:SOURCE begin -->' and '<!-- reproduce:SOURCE end -->' "
+                        "(rerun on a finished DIR, this only resumes and rewrites; default: no summary)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars (also JAXROUTE_NO_PROGRESS=1; default: one bar per experiment)")
     p.set_defaults(func=main)
 
@@ -51,6 +64,24 @@ def main(args) -> int:
     command = " ".join(["jaxroute reproduce", args.source, "--out", shlex.quote(str(args.out))]
                        + (["--quick"] if args.quick else []) + (["--only", ",".join(args.only)] if args.only else [])
                        + (["--seeds", str(args.seeds)] if args.seeds else []) + (["--fresh"] if args.fresh else []))
+    if args.readme is not None:
+        _check_readme(args.readme, args.source)
+        command += f" --readme {shlex.quote(str(args.readme))}"
     run(sources, args.out, quick=args.quick, seeds=args.seeds, only=args.only, fresh=args.fresh,
         progress=show_progress(args), command=command)
+    if args.readme is not None:
+        path = write_readme_block(args.readme, args.source, args.out, command)
+        print(f"wrote the {args.source} summary into {path}")
     return 0
+
+
+def _check_readme(path: str, key: str) -> None:
+    """Refuse before any simulation when FILE cannot take the summary."""
+    file = Path(path)
+    if not file.is_file():
+        raise JaxrouteError(f"--readme {path}: no such file")
+    begin, end = block_markers(key)
+    text = file.read_text()
+    if begin not in text or end not in text:
+        raise JaxrouteError(f"--readme {path}: no block for '{key}'; add the lines '{begin}' and '{end}' where the "
+                            "summary should go")

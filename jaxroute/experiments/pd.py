@@ -495,7 +495,9 @@ def ratio_plot(results: Results, rows: list[PDRow], path, title: str) -> None:
         for r in (r for r in rows if r.colocated):
             s = results.record(r.label).metrics[metric]
             out[name].append(dict(x=[xs[0], xs[-1]] if xs else [0, 1], y=[s.mean, s.mean], ls="--", label=r.label))
-    report.line_plot(out, path, xlabel="prefill:decode groups", ylabel="value (units in each title)", title=title,
+    report.line_plot(out, path, xlabel="prefill:decode groups", title=title,
+                     ylabel={"goodput (requests/s within both SLOs)": "goodput (requests/s)",
+                             "TTFT p90 (s)": "TTFT p90 (s, log)", "TPOT p90 (s)": "TPOT p90 (s)"},
                      xticks=(xs, [f"{a}:{b}" for a, b in ratios]), ylog=("TTFT p90 (s)",))
 
 

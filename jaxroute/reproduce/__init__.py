@@ -8,6 +8,8 @@ stopped), then `DIR/report.md` and `DIR/results.json` from all parts.
 from __future__ import annotations
 
 import importlib
+import json
+import os
 import platform
 import subprocess
 import sys
@@ -23,7 +25,9 @@ from jaxroute.reproduce.document import (
     Section,
     load_part,
     render,
+    replace_block,
     save_part,
+    summary_markdown,
     tally,
 )
 
@@ -105,7 +109,8 @@ def run(sources: Sequence[str], out_dir: str | Path, *, quick: bool = False, see
             continue
         sections.append(_run_one(exp, out_dir, quick=quick, seeds=seeds, progress=progress, echo=echo))
         save_part(out_dir, sections[-1])
-    header = {"sources": ", ".join(sources), "quick": quick, "command": command, "commit": git_commit(),
+    commits = list(dict.fromkeys(s.commit or "unknown" for s in sections)) or [git_commit()]
+    header = {"sources": ", ".join(sources), "quick": quick, "command": command, "commit": ", ".join(commits),
               "device": device_line(),
               "seeds": "; ".join(f"{s.key} {s.seeds}" for s in sections if s.seeds is not None) or "-",
               "wall_s": sum(s.wall_s for s in sections), "resumed": sum(s.resumed for s in sections)}
@@ -144,11 +149,25 @@ def _run_one(exp: Experiment, out_dir: Path, *, quick: bool, seeds: int | None, 
         jax.clear_caches()  # one process runs every experiment: free their compiled programs between them
     section.source, section.name, section.quick = exp.source, exp.name, quick
     section.wall_s = time.perf_counter() - start
+    section.commit = git_commit()
     section.log = ctx.lines
     for _, file in section.figures:
         if not (out_dir / file).exists():
             raise RuntimeError(f"{exp.source}.{exp.name} links figure {file}, which it did not write")
     return section
+
+
+def write_readme_block(readme: str | Path, key: str, out_dir: str | Path, command: str) -> Path:
+    """Put the summary of the report in out_dir (its results.json) into readme's block for `key`."""
+    readme, out_dir = Path(readme), Path(out_dir)
+    results = json.loads((out_dir / "results.json").read_text())
+    link = os.path.relpath(out_dir / "report.md", readme.resolve().parent).replace(os.sep, "/")
+    try:
+        text = replace_block(readme.read_text(), key, summary_markdown(results, link), command)
+    except ValueError as e:
+        raise JaxrouteError(f"--readme {readme}: {e}") from None
+    readme.write_text(text)
+    return readme
 
 
 def script_main(module: str, argv: Sequence[str] | None = None, description: str | None = None) -> int:

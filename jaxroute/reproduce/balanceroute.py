@@ -408,6 +408,11 @@ def gains_plot(panels: dict[str, list[tuple[str, Summary, float]]], path) -> Non
         ax.bar(x - 0.2, [b[1].mean for b in bars], 0.4, yerr=[b[1].half_width for b in bars], capsize=3,
                color="tab:blue", label="ours (95 % CI)")
         ax.bar(x + 0.2, [b[2] for b in bars], 0.4, color="tab:orange", label="paper")
+        for i, b in enumerate(bars):  # the numbers too: a gain near 0 draws no visible bar
+            ax.annotate(f"{b[1].mean:+.1f}", (i - 0.2, max(b[1].hi, 0)), ha="center", va="bottom", fontsize=7,
+                        xytext=(0, 2), textcoords="offset points")
+            ax.annotate(f"{b[2]:+.1f}", (i + 0.2, max(b[2], 0)), ha="center", va="bottom", fontsize=7,
+                        xytext=(0, 2), textcoords="offset points")
         ax.axhline(0, color="grey", lw=0.8)
         ax.set_xticks(x, [ROW_NAMES[b[0]].replace(" (", "\n(") for b in bars], fontsize=7)
         ax.set_title(title, fontsize=9)

@@ -237,7 +237,7 @@ def _why(s: Summary, sign: float, what: str) -> str:
     return f"{what}: the other sign ({s.mean:+.1f} %)"
 
 
-def _bars(path, labels, panels: dict[str, list[Summary]], title: str, ylabel: str) -> None:
+def _bars(path, labels, panels: dict[str, list[Summary]], title: str, ylabel: str | dict[str, str]) -> None:
     """bar_plot of Summaries: one panel per metric name, one bar per label, 95 % CI error bars."""
     recs = [report.Record(lab, {}, False, {m: v[i] for m, v in panels.items()}) for i, lab in enumerate(labels)]
     report.bar_plot(recs, list(panels), path, title, ylabel=ylabel)
@@ -430,7 +430,8 @@ def hot_tool(ctx: Context) -> Section:
           {"P99 latency (s)": [r.metrics["p99_latency_s"] for r in res.records],
            "busiest replica's share of requests (fraction)": [r.metrics["max_replica_share"] for r in res.records]},
           f"toolbench, hot tool {HOT_SHARE:.0%}, 8 replicas, {HOT_RATE:g} req/s, {scale.seeds} seeds x {n_req} requests "
-          "(E2 rows: preble_e2)", "P99 (s) / share (fraction)")
+          "(E2 rows: preble_e2)", {"P99 latency (s)": "P99 latency (s)",
+                                   "busiest replica's share of requests (fraction)": "share of requests"})
     return Section(SOURCE, "preble_hot_tool", "Lecture §3.4 demo 3: a hot tool, rebalancing and autoscaling",
                    intro=f"Toolbench with one tool taking {HOT_SHARE:.0%} of the traffic, 8 replicas, {HOT_RATE:g} "
                          f"req/s, {scale.seeds} seeds x {n_req} requests (arrivals over {n_req / HOT_RATE:.1f} s). "

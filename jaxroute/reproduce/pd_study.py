@@ -243,7 +243,8 @@ def cache_aware(ctx: Context) -> Section:
     recs = [report.Record(f"{r.policy} ({a})", r.params, r.overflow, r.metrics) for a, res in results.items()
             for r in res.records]
     report.bar_plot(recs, metrics, fig, f"shared-prefix on {GROUPS} DP ranks with prefix caches ({DEP.model}, TP "
-                    f"{DEP.tp}); {seeds} seeds x {requests} requests; error bars 95 % CI", ylabel="value (metric in title)")
+                    f"{DEP.tp}); {seeds} seeds x {requests} requests; error bars 95 % CI", ylabel={"hit_rate": "hit rate (cached / prompt tokens)", "tpot_p95_s": "TPOT p95 (s)",
+                                  "imbalance_tokens": "KV imbalance (tokens)", "throughput_tok_s": "throughput (tokens/s)"})
     return Section(SOURCE, "pd_cache_aware", "Cache-aware BalanceRoute on decode DP ranks with prefix caches",
                    intro=f"shared-prefix ({SP['groups']} system prompts of {SP['system_tokens']:,} tokens x "
                          f"{SP['prompts_per_group']} questions of {SP['question_tokens']}, outputs of "

@@ -196,7 +196,8 @@ def _plot(res, rates, name: str, path, seeds: int, requests: int) -> None:
                               hi=[v.hi for v in s], **style, **({"label": p} if k == 0 else {})))
         panels[f"{name}: {title}"] = lines
     report.line_plot(panels, path, xlabel="arrival rate (requests/s)",
-                     ylabel="mean with 95 % CI over seeds (unit in the title)", ylog=(f"{name}: TTFT p90 (s, log)",),
+                     ylabel={f"{name}: TTFT p90 (s, log)": "TTFT p90 (s), 95 % CI",
+                             f"{name}: output tokens/s": "output tokens/s, 95 % CI"}, ylog=(f"{name}: TTFT p90 (s, log)",),
                      title=f"production routers, {REPLICAS} x Qwen3-32B (TP 2, H100), {seeds} seeds x {requests} requests")
 
 
