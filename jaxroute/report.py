@@ -138,6 +138,24 @@ def _pyplot():
     return plt
 
 
+def log_scale(ax, axis: str = "y") -> None:
+    """A log axis labelled in plain numbers (2, 5, 10, 20 rather than 2x10^0): minor ticks at 2, 3 and 5 x 10^k
+    are labelled when the axis spans under 30x, so a narrow log range still shows its values."""
+    from matplotlib.ticker import FuncFormatter
+
+    (ax.set_yscale if axis == "y" else ax.set_xscale)("log")
+    scale_axis = ax.yaxis if axis == "y" else ax.xaxis
+    limits = ax.get_ylim if axis == "y" else ax.get_xlim
+
+    def minor(value: float, _pos) -> str:
+        lo, hi = sorted(limits())
+        mantissa = round(value / 10 ** np.floor(np.log10(value)), 6) if value > 0 else 0
+        return f"{value:g}" if lo > 0 and hi / lo < 30 and mantissa in (2, 3, 5) else ""
+
+    scale_axis.set_major_formatter(FuncFormatter(lambda value, _pos: f"{value:g}"))
+    scale_axis.set_minor_formatter(FuncFormatter(minor))
+
+
 def bar_plot(records: Sequence[Record], metric_names: Sequence[str], path: str | Path, title: str, *,
              ylabel: str | Mapping[str, str] | None = None, log_if_spread: bool = True,
              ylim: tuple[float, float] | None = None, label=None) -> Path:
@@ -167,7 +185,7 @@ def bar_plot(records: Sequence[Record], metric_names: Sequence[str], path: str |
             ax.set_ylim(*ylim)
         positive = [m for m in means if m > 0]
         if log_if_spread and positive and min(means) > 0 and max(positive) > 20 * min(positive):
-            ax.set_yscale("log")
+            log_scale(ax)
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -217,9 +235,9 @@ def line_plot(panels: Mapping[str, Sequence[dict]], path: str | Path, *, xlabel:
         if xticks is not None:
             ax.set_xticks(*xticks)
         if name in ylog:
-            ax.set_yscale("log")
+            log_scale(ax)
         if xlog:
-            ax.set_xscale("log")
+            log_scale(ax, "x")
         if not shared and any("label" in line for line in lines):
             ax.legend(fontsize=8)
     if not isinstance(ylabel, Mapping):

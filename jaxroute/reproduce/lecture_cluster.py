@@ -114,7 +114,7 @@ def _bars(path, panels: dict, title: str) -> None:
         ax.set_title(name, fontsize=9)
         ax.set_ylabel(ylabel)
         if log:
-            ax.set_yscale("log")
+            report.log_scale(ax)
         ax.legend(fontsize=7)
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()

@@ -587,7 +587,7 @@ def _pareto_figure(path, costs, train, test, allocs, lam, down) -> None:
             ax.errorbar([s.mean for s in c], [s.mean for s in a], xerr=[s.half_width for s in c],
                         yerr=[s.half_width for s in a], ls="none", marker=marker, ms=5, capsize=2, color=color,
                         alpha=0.8, label=f"{name} (each setting)", zorder=3)
-        ax.set_xscale("log")
+        report.log_scale(ax, "x")
         ax.set_ylim(-0.02, 1.05)  # accuracy is a fraction; a few-pool CI may reach past it
         ax.set_xlabel("cost per question (price units, log)")
         ax.set_title(f"{split} set", fontsize=9)
