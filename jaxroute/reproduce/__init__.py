@@ -66,10 +66,11 @@ def git_commit() -> str:
         here = Path(__file__).resolve().parent
         rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True, text=True,
                              timeout=10)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
-                               capture_output=True, text=True, timeout=10)
+        # only the package's own code makes the numbers: edits elsewhere (README, docs, tests) do not count
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", str(here.parent)],
+                               cwd=here, capture_output=True, text=True, timeout=10)
         if rev.returncode == 0:
-            return rev.stdout.strip() + (" (with uncommitted changes)" if dirty.stdout.strip() else "")
+            return rev.stdout.strip() + (" (with uncommitted changes to jaxroute/)" if dirty.stdout.strip() else "")
     except (OSError, subprocess.SubprocessError):
         pass
     return "unknown (not a git checkout)"
