@@ -91,36 +91,23 @@ LADDER = [
 LITTLE_SLOTS = int(843 * 0.0832 / 8 + 0.5)
 
 
-# Quick runs clip outputs here: a run lasts until its longest request drains (up to ~7,000 steps at 40
-# requests), so the clip cuts a quick decode run's steps ~5x without changing any code path.
-QUICK_MAX_OUTPUT = 1_000
-
-
 def settings(quick: bool, seeds: int | None) -> dict:
     if quick:
         # The drain of the longest request sets a run's steps: 40 requests of synthetic-prod (seed 0) reach 7,009
         # output tokens, 120 reach 18,481 (3x the steps), so quick stays at 40 (5 per worker in `scaling`).
         return dict(sizes={"synthetic-prod": 40, "synthetic-azure24": 40}, seeds=seeds or 2, slots=4,
                     per_worker=5, workers=(4, 8), betas=(8.0,), gammas=(0.9, 0.99), little_slots=2,
-                    workloads=("synthetic-prod",), ladder=(0,), max_output=QUICK_MAX_OUTPUT)
+                    workloads=("synthetic-prod",), ladder=(0,))
     return dict(sizes=dict(PAPER_SIZES), seeds=seeds or 3, slots=PAPER_DEPLOYMENT.slots, per_worker=1000,
                 workers=(4, 8, 16), betas=(4.0, 8.0, 16.0), gammas=(0.9, 0.95, 0.99), little_slots=LITTLE_SLOTS,
-                workloads=("synthetic-prod", "synthetic-azure24"), ladder=tuple(range(len(LADDER))), max_output=None)
-
-
-def requests(workload: str, n: int, s: dict, **kw):
-    """The first n requests of a decode workload; quick runs clip output lengths at s["max_output"]."""
-    req = make_decode_requests(workload, n, seed=0, **kw)
-    if s["max_output"] is None:
-        return req
-    return dataclasses.replace(req, output_tokens=np.minimum(req.output_tokens, s["max_output"]))
+                workloads=("synthetic-prod", "synthetic-azure24"), ladder=tuple(range(len(LADDER))))
 
 
 def deployment_line(s: dict) -> str:
     dep = PAPER_DEPLOYMENT
     return (f"{dep.model} on {dep.tp}x{dep.gpu} per worker ({dep.parallel}), {s['slots']} slots, KV blocks of "
             f"{dep.block_size}, preemption on, pool {dep.pool}, W={dep.window}, H={dep.horizon}, R_max={dep.r_max}; "
-            "saturated arrivals" + (f"; outputs clipped at {s['max_output']:,} tokens (quick)" if s["max_output"] else ""))
+            "saturated arrivals")
 
 
 # --------------------------------------------------------------------------- helpers
@@ -226,7 +213,7 @@ def ladder(ctx: Context) -> Section:
     step_rows, gains, data, claims = [], [], [], []
     for label, version, dep in steps:
         dep = dataclasses.replace(dep, slots=s["little_slots"] if "Little" in label else s["slots"])
-        req = requests("synthetic-prod", n, s, version=version)
+        req = make_decode_requests("synthetic-prod", n, seed=0, version=version)
         t0 = time.perf_counter()
         res = run_comparison(req, rows, workers=8, seeds=s["seeds"], dep=dep)
         wall = time.perf_counter() - t0
@@ -339,7 +326,7 @@ def main_table(ctx: Context) -> Section:
              "the best of its four (random, rr, p2c, jsq) on each metric, and so is ours (paired per seed)."]
     for workload in s["workloads"]:
         n = s["sizes"][workload]
-        req = requests(workload, n, s)
+        req = make_decode_requests(workload, n, seed=0)
         extra, bank, names = deployed_rows(workload, n, dep, ctx)
         rows = rows_for(MAIN_POLICIES, ["oracle"]) + extra
         t0 = time.perf_counter()
@@ -432,7 +419,7 @@ def scaling(ctx: Context) -> Section:
     rows = rows_for(LADDER_POLICIES, ["oracle"])
     claims, best_rows, gains, data, ours = [], [], [], {}, {}
     for g in s["workers"]:
-        req = requests("synthetic-prod", s["per_worker"] * g, s)
+        req = make_decode_requests("synthetic-prod", s["per_worker"] * g, seed=0)
         records = run_comparison(req, rows, workers=g, seeds=s["seeds"], dep=dep).records
         ctx.advance(f"G={g}")
         by = _by(records)
@@ -497,7 +484,7 @@ def sensitivity(ctx: Context) -> Section:
     s = settings(ctx.quick, ctx.seeds)
     dep = dataclasses.replace(PAPER_DEPLOYMENT, slots=s["slots"])
     n = s["sizes"]["synthetic-prod"]
-    req = requests("synthetic-prod", n, s)
+    req = make_decode_requests("synthetic-prod", n, seed=0)
     base_rows = rows_for(balance.PAPER_BASELINES, [])
     grid_rows = [DecodeRow("brh", "oracle", 1.0, b, gm) for b in s["betas"] for gm in s["gammas"]]
     res = run_comparison(req, base_rows + grid_rows, workers=8, seeds=s["seeds"], dep=dep)
