@@ -14,7 +14,7 @@ from jaxroute.reproduce import (
     run,
     write_readme_block,
 )
-from jaxroute.reproduce.document import block_markers, find_block
+from jaxroute.reproduce.document import find_block, missing_block
 
 _ABOUT = {
     "lecture": "the lecture's §1-§3: dispatch theory, balls into bins, stale information, the cache-aware cluster, Preble",
@@ -81,6 +81,4 @@ def _check_readme(path: str, key: str) -> None:
     if not file.is_file():
         raise JaxrouteError(f"--readme {path}: no such file")
     if find_block(file.read_text(), key) is None:
-        begin, end = block_markers(key)
-        raise JaxrouteError(f"--readme {path}: no block for '{key}'; add the lines '{begin}' and '{end}', each on "
-                            "a line of its own, where the summary should go")
+        raise JaxrouteError(f"--readme {path}: {missing_block(key)}")

@@ -28,7 +28,7 @@ from jaxroute.reproduce.document import (
     replace_block,
     save_part,
     summary_markdown,
-    tally,
+    verdict_counts,
 )
 
 # source -> modules (under jaxroute.reproduce) holding its experiments, in report order
@@ -119,8 +119,8 @@ def run(sources: Sequence[str], out_dir: str | Path, *, quick: bool = False, see
     path.write_text(render(sections, header))
     report.write_json(out_dir / "results.json", results_json(sections, header))
     if echo:
-        counts = tally(sections)
-        print(f"wrote {path} and {out_dir / 'results.json'}: " + ", ".join(f"{n} {v}" for v, n in counts.items()))
+        print(f"wrote {path} and {out_dir / 'results.json'}: "
+              + verdict_counts(c.verdict for s in sections for c in s.claims))
     return path, sections
 
 
