@@ -88,8 +88,8 @@ class Scale:
 
 
 def _scale(ctx: Context) -> Scale:
-    """4 seeds x 400 requests on five workloads (the former script's documented run: its 8 x 1,000 default takes
-    hours on 2 cores, the local queues' cost growing with the requests); quick 2 x 120 on two."""
+    """4 seeds x 400 requests on five workloads (the former script's documented run, 11 min on 2 cores; its
+    8 x 1,000 default is 5x the simulated requests); quick 2 x 120 on two."""
     if ctx.quick:
         return Scale(ctx.seeds or 2, 120, QUICK_WORKLOADS)
     return Scale(ctx.seeds or 4, 400, tuple(LOADS))
