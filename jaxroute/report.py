@@ -140,7 +140,8 @@ def _pyplot():
 
 def log_scale(ax, axis: str = "y") -> None:
     """A log axis labelled in plain numbers (2, 5, 10, 20 rather than 2x10^0): minor ticks at 2, 3 and 5 x 10^k
-    are labelled when the axis spans under 30x, so a narrow log range still shows its values."""
+    are labelled when the axis spans under 30x, and every minor tick under 3x, so a narrow log range still shows
+    its values."""
     from matplotlib.ticker import FuncFormatter
 
     (ax.set_yscale if axis == "y" else ax.set_xscale)("log")
@@ -149,8 +150,12 @@ def log_scale(ax, axis: str = "y") -> None:
 
     def minor(value: float, _pos) -> str:
         lo, hi = sorted(limits())
-        mantissa = round(value / 10 ** np.floor(np.log10(value)), 6) if value > 0 else 0
-        return f"{value:g}" if lo > 0 and hi / lo < 30 and mantissa in (2, 3, 5) else ""
+        if lo <= 0 or value <= 0:
+            return ""
+        if hi / lo < 3:  # under half a decade the locator steps by 0.01 x 10^k: label each step
+            return f"{value:.3g}"
+        mantissa = round(value / 10 ** np.floor(np.log10(value)), 6)
+        return f"{value:g}" if hi / lo < 30 and mantissa in (2, 3, 5) else ""
 
     scale_axis.set_major_formatter(FuncFormatter(lambda value, _pos: f"{value:g}"))
     scale_axis.set_minor_formatter(FuncFormatter(minor))

@@ -144,3 +144,28 @@ def test_every_experiment_name_is_unique_within_its_source():
         names = [e.name for e in rp.experiments(source)]
         assert len(names) == len(set(names)), source
         assert all(e.source == source for e in rp.experiments(source))
+
+
+@pytest.mark.parametrize("lines, expect", [
+    (([0.41, 0.415], [0.44, 0.454], [0.46, 0.48]), {"0.42", "0.45", "0.48"}),  # under 3x: every step labelled
+    (([2.0, 5.0], [2.1, 4.0]), {"2", "3", "5"}),  # under 30x: 2, 3 and 5 labelled
+])
+def test_a_narrow_log_axis_shows_its_values(lines, expect):
+    """A log axis spanning less than a decade has no major tick inside it: its minor ticks carry the numbers."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from jaxroute import report
+
+    fig, ax = plt.subplots()
+    for y in lines:
+        ax.plot([8, 16], y)
+    report.log_scale(ax)
+    fig.canvas.draw()
+    lo, hi = ax.get_ylim()
+    ticks = zip(ax.yaxis.get_minorticklabels(), ax.yaxis.get_minorticklocs(), strict=True)
+    shown = {t.get_text() for t, v in ticks if lo <= v <= hi}
+    plt.close(fig)
+    assert expect <= shown
