@@ -187,13 +187,13 @@ def render(sections: Sequence[Section], header: dict) -> str:
                                                        "run; their time is their own run's)" if header['resumed'] else ""),
             ""]
     out += ["## Verdicts", "", verdict_counts(c.verdict for s in sections for c in s.claims), ""]
-    rows = [[f"[{s.key}](#{anchor(s)})", c.claim, c.source, c.ours, f"**{c.verdict}**"]
+    rows = [[f"[{s.key}](#{key_anchor(s.key)})", c.claim, c.source, c.ours, f"**{c.verdict}**"]
             for s in sections for c in s.claims]
     out += [markdown_table(["experiment", "claim", "source", "ours (95 % CI)", "verdict"], rows), "",
             "Each section below gives the claim's place in the source and the reason for every verdict other than "
             "reproduced.", ""]
     for s in sections:
-        out += [f"## {s.title}", f'<a id="{anchor(s)}"></a>', "",
+        out += [f"## {s.title}", f'<a id="{key_anchor(s.key)}"></a>', "",
                 f"_{s.key}; {s.seeds if s.seeds is not None else '-'} seeds; {s.wall_s:.0f} s"
                 + ("; resumed from an earlier run" if s.resumed else "") + "_", ""]
         if s.intro:
@@ -208,10 +208,6 @@ def render(sections: Sequence[Section], header: dict) -> str:
         if s.log:
             out += ["<details><summary>full log</summary>", "", "```", *s.log, "```", "", "</details>", ""]
     return "\n".join(out)
-
-
-def anchor(s: Section) -> str:
-    return key_anchor(s.key)
 
 
 def key_anchor(key: str) -> str:

@@ -44,6 +44,9 @@ F2_REPLICAS = (2, 4, 8)
 F2_REPLICAS_QUICK = (2, 4)  # one compilation fewer (the cluster size is a shape); every claim still runs
 F3_THETAS = tuple(round(0.1 * k, 1) for k in range(1, 10))
 F3_MID = (0.3, 0.4, 0.5, 0.6, 0.7)
+# finding 4 at full size: seeds, requests (8 x 2,000, twice the others' requests, ran for an hour on 2 cores
+# without finishing)
+F4_FULL = (4, 1_000)
 F4_POLICIES = ("rr", "least_load", "affinity", "threshold", "cache_guard", "sglang_cache_aware", "preble_e2")
 LECTURE_SPEEDUP = 1.8  # §2.3: threshold's mean latency against the best load-only router, long-doc
 LECTURE_SPEEDUP_RANGE = (1.4, 2.3)  # §2.3: over the three workloads
@@ -326,9 +329,11 @@ def finding3(ctx: Context) -> Section:
 
 
 def finding4(ctx: Context) -> Section:
-    # quick: twice its other runs' requests (the hot replica's backlog needs time to build up); full: 4 seeds x
-    # 1,000 (8 x 2,000 ran for an hour on 2 cores without finishing)
-    seeds, n_req = (ctx.seeds or 3, 400) if ctx.quick else (ctx.seeds or 4, 1_000)
+    seeds, n_req = _scale(ctx)
+    if ctx.quick:
+        n_req *= 2  # the hot replica's backlog needs time to build up
+    else:
+        seeds, n_req = ctx.seeds or F4_FULL[0], F4_FULL[1]
     wl = build_workload("toolbench", n_req, hot_tool=0.4)
     rows = [(p, replicas.make_params(p, rate=HOT_RATE_8)) for p in F4_POLICIES]
     rows.append(("preble_e2_no_rebalance", replicas.make_params("preble_e2", rate=HOT_RATE_8, e2_th_bal=math.inf)))
