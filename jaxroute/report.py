@@ -161,6 +161,13 @@ def log_scale(ax, axis: str = "y") -> None:
     scale_axis.set_minor_formatter(FuncFormatter(minor))
 
 
+def ci_band(summaries: Sequence[Summary], *, log: bool = False) -> dict[str, list[float]]:
+    """y, lo and hi of a line through per-point Summaries of a metric that cannot be negative: the band's lower
+    end is cut at 0, or on a log axis at half the mean (a t interval over few seeds can cross 0)."""
+    return dict(y=[s.mean for s in summaries], hi=[s.hi for s in summaries],
+                lo=[max(s.lo, s.mean / 2 if log else 0.0) for s in summaries])
+
+
 def bar_plot(records: Sequence[Record], metric_names: Sequence[str], path: str | Path, title: str, *,
              ylabel: str | Mapping[str, str] | None = None, log_if_spread: bool = True,
              ylim: tuple[float, float] | None = None, label=None) -> Path:

@@ -169,3 +169,17 @@ def test_a_narrow_log_axis_shows_its_values(lines, expect):
     shown = {t.get_text() for t, v in ticks if lo <= v <= hi}
     plt.close(fig)
     assert expect <= shown
+
+
+def test_a_ci_band_of_a_nonnegative_metric_stops_at_zero():
+    """Two seeds' t interval of a goodput can reach below 0; its band is cut at 0 (at half the mean on a log
+    axis, where 0 cannot be drawn), and a band clear of 0 is left as it is."""
+    from jaxroute import report
+    from jaxroute.metrics import summarize
+
+    wide, narrow = summarize(np.array([0.1, 2.0])), summarize(np.array([5.0, 5.2]))
+    assert wide.lo < 0 < narrow.lo
+    band = report.ci_band([wide, narrow])
+    assert band["lo"] == [0.0, narrow.lo] and band["hi"] == [wide.hi, narrow.hi]
+    assert band["y"] == [wide.mean, narrow.mean]
+    assert report.ci_band([wide, narrow], log=True)["lo"] == [wide.mean / 2, narrow.lo]

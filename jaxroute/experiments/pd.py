@@ -485,13 +485,16 @@ def ratio_plot(results: Results, rows: list[PDRow], path, title: str) -> None:
     ratios = sorted({(r.n_prefill, r.n_decode) for r in dis})
     xs = list(range(len(ratios)))
     for name, metric in panels.items():
+        decoders = list(dict.fromkeys(r.decode_router for r in dis))
         for key in dict.fromkeys((r.prefill_router, r.decode_router, r.threshold) for r in dis):
             pts = [(ratios.index((r.n_prefill, r.n_decode)), results.record(r.label).metrics[metric]) for r in dis
                    if (r.prefill_router, r.decode_router, r.threshold) == key]
             pts.sort(key=lambda p: p[0])
             th = f" th={key[2]:g}" if key[2] > 0 else ""
-            out[name].append(dict(x=[p[0] for p in pts], y=[p[1].mean for p in pts], lo=[p[1].lo for p in pts],
-                                  hi=[p[1].hi for p in pts], marker="o", label=f"{key[0]} > {key[1]}{th}"))
+            # one marker per decode router, smaller each time, so that lines lying on each other all show
+            k = decoders.index(key[1])
+            out[name].append(dict(x=[p[0] for p in pts], **report.ci_band([p[1] for p in pts], log=metric == "ttft_p90_s"),
+                                  marker="osx^"[k % 4], ms=7 - 2 * min(k, 2), label=f"{key[0]} > {key[1]}{th}"))
         for r in (r for r in rows if r.colocated):
             s = results.record(r.label).metrics[metric]
             out[name].append(dict(x=[xs[0], xs[-1]] if xs else [0, 1], y=[s.mean, s.mean], ls="--", label=r.label))

@@ -190,10 +190,9 @@ def _plot(res, rates, name: str, path, seeds: int, requests: int) -> None:
         lines = []
         for i, p in enumerate(ROUTERS):
             s = [res.record(f"{p}@{rate:g}").metrics[metric] for rate in rates]
-            floor = [v.mean / 2 if k == 0 else 0.0 for v in s]  # a t band over few seeds can cross 0
             style = dict(color=f"C{i % 10}", ls="-" if i < 10 else "--", marker="o", ms=3)
-            lines.append(dict(x=list(rates), y=[v.mean for v in s], lo=[max(v.lo, f) for v, f in zip(s, floor, strict=True)],
-                              hi=[v.hi for v in s], **style, **({"label": p} if k == 0 else {})))
+            lines.append(dict(x=list(rates), **report.ci_band(s, log=k == 0), **style,
+                              **({"label": p} if k == 0 else {})))
         panels[f"{name}: {title}"] = lines
     report.line_plot(panels, path, xlabel="arrival rate (requests/s)",
                      ylabel={f"{name}: TTFT p90 (s, log)": "TTFT p90 (s), 95 % CI",
