@@ -9,12 +9,15 @@
 # Needs jax (with CUDA), optax, orbax-checkpoint, tqdm, matplotlib and pytest; no network.
 # Writes bench_*.json, bench.json (the parts merged), ckpt_*/ and gpu_check.log to $OUT when set,
 # else to results/. BUDGET_S (default 570) caps the whole script; each stage gets at most its own
-# limit and never more than what is left of the budget.
+# limit and never more than what is left of the budget. LIMIT_SCALE (a whole number, default 1) multiplies
+# every limit and the budget: the tests run --quick on a busy CPU, where the GPU run's limits do not apply.
 set -uo pipefail
 
 QUICK=0
 [[ "${1:-}" == "--quick" ]] && QUICK=1
 [[ $# -gt 0 && $QUICK == 0 ]] && { echo "usage: bash scripts/gpu_check.sh [--quick]" >&2; exit 2; }
+LIMIT_SCALE=${LIMIT_SCALE:-1}
+[[ $LIMIT_SCALE =~ ^[1-9][0-9]*$ ]] || { echo "LIMIT_SCALE must be a positive whole number, got '$LIMIT_SCALE'" >&2; exit 2; }
 cd "$(dirname "$0")/.." || exit 1
 export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH}
 export JAXROUTE_NO_PROGRESS=1
@@ -22,7 +25,7 @@ DEST=${OUT:-results}
 mkdir -p "$DEST"
 LOG=$DEST/gpu_check.log
 exec > >(tee "$LOG") 2>&1
-BUDGET_S=${BUDGET_S:-570}
+BUDGET_S=$(( ${BUDGET_S:-570} * LIMIT_SCALE ))
 PY=${PYTHON:-python3}
 STATUS=0
 
@@ -30,7 +33,7 @@ left() { echo $(( BUDGET_S - SECONDS )); }
 
 # stage NAME LIMIT_S CMD...: run CMD under `timeout` (the smaller of LIMIT_S and the budget left).
 stage() {
-  local name=$1 limit=$2; shift 2
+  local name=$1 limit=$(( $2 * LIMIT_SCALE )); shift 2
   local room; room=$(left)
   if (( room < 20 )); then
     echo "=== $name: skipped (${room}s of the budget left)"
@@ -51,7 +54,7 @@ stage() {
 }
 
 echo "=== device"
-timeout 60 "$PY" -c 'import jax; print(jax.__version__, jax.devices(), jax.default_backend())' || STATUS=1
+timeout $(( 60 * LIMIT_SCALE )) "$PY" -c 'import jax; print(jax.__version__, jax.devices(), jax.default_backend())' || STATUS=1
 command -v nvidia-smi >/dev/null && nvidia-smi -L
 nproc
 "$PY" -m jaxroute.cli --help >/dev/null || { echo "python3 -m jaxroute.cli does not run"; exit 1; }
@@ -75,7 +78,7 @@ else
     --out "$DEST/bench_rest.json"
 fi
 
-timeout 30 "$PY" - "$DEST" <<'PY' || STATUS=1
+timeout $(( 30 * LIMIT_SCALE )) "$PY" - "$DEST" <<'PY' || STATUS=1
 import json, pathlib, sys
 dest = pathlib.Path(sys.argv[1])
 merged = None
