@@ -205,11 +205,14 @@ def bar_plot(records: Sequence[Record], metric_names: Sequence[str], path: str |
     return Path(path)
 
 
+PANELS_PER_ROW = 3  # more panels side by side shrink below reading size where a report shows the PNG
+
+
 def line_plot(panels: Mapping[str, Sequence[dict]], path: str | Path, *, xlabel: str,
               ylabel: str | Mapping[str, str], title: str | None = None, sharey: bool = False,
               xticks: tuple | None = None, ylog=(), xlog: bool = False) -> Path:
-    """PNG line chart: one panel per title; each line is a dict of `ax.plot` keywords plus x and y.
-    ylabel: one label (on the first panel) or {panel title: label}; xticks: (positions, labels) for every panel
+    """PNG line chart: one panel per title, PANELS_PER_ROW to a row; each line is a dict of `ax.plot` keywords
+    plus x and y. ylabel: one label (on each row's first panel) or {panel title: label}; xticks: (positions, labels) for every panel
     (e.g. categorical x values); ylog: titles of panels on a log y axis; xlog: every panel on a log x axis.
 
     A line with `vline` instead of x and y is a vertical marker at that x; one with `lo` and `hi`
@@ -218,12 +221,16 @@ def line_plot(panels: Mapping[str, Sequence[dict]], path: str | Path, *, xlabel:
     panel labels more than 6, one legend beside the panels replaces the per-panel legends.
     """
     plt = _pyplot()
-    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 3.8), sharey=sharey, squeeze=False)
+    cols = min(len(panels), PANELS_PER_ROW)
+    rows = -(-len(panels) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(5.5 * cols, 3.8 * rows), sharey=sharey, squeeze=False)
+    for ax in axes.flat[len(panels):]:
+        ax.set_visible(False)
     label_sets = [[line["label"] for line in lines if "label" in line] for lines in panels.values()]
     shared = any(len(labels) > 6 for labels in label_sets) or (
         len(panels) > 1 and len({tuple(labels) for labels in label_sets if labels}) == 1)
     handles: dict[str, Any] = {}
-    for ax, (name, lines) in zip(axes[0], panels.items(), strict=True):
+    for ax, (name, lines) in zip(axes.flat, panels.items(), strict=False):
         banded = sum(1 for line in lines if "lo" in line and "hi" in line)
         for line in lines:
             kw = dict(line)
@@ -253,7 +260,8 @@ def line_plot(panels: Mapping[str, Sequence[dict]], path: str | Path, *, xlabel:
         if not shared and any("label" in line for line in lines):
             ax.legend(fontsize=8)
     if not isinstance(ylabel, Mapping):
-        axes[0][0].set_ylabel(ylabel)
+        for row in axes:
+            row[0].set_ylabel(ylabel)
     if title:
         fig.suptitle(title, fontsize=9)
     fig.tight_layout()

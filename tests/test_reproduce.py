@@ -183,3 +183,20 @@ def test_a_ci_band_of_a_nonnegative_metric_stops_at_zero():
     assert band["lo"] == [0.0, narrow.lo] and band["hi"] == [wide.hi, narrow.hi]
     assert band["y"] == [wide.mean, narrow.mean]
     assert report.ci_band([wide, narrow], log=True)["lo"] == [wide.mean / 2, narrow.lo]
+
+
+def test_many_panels_wrap_into_rows(tmp_path):
+    """Five panels in one row were 3,500 px wide and unreadable where the report shows them: they wrap after
+    PANELS_PER_ROW, so five panels are as wide as three, on two rows."""
+    import matplotlib.image
+
+    from jaxroute import report
+
+    def png(n):
+        panels = {f"panel {i}": [dict(x=[1, 2], y=[1.0, 2.0], lo=[0.5, 1.5], hi=[1.5, 2.5], label="a")]
+                  for i in range(n)}
+        path = report.line_plot(panels, tmp_path / f"{n}.png", xlabel="x", ylabel="y")
+        return matplotlib.image.imread(path).shape[:2]
+
+    (h3, w3), (h5, w5) = png(report.PANELS_PER_ROW), png(5)
+    assert report.PANELS_PER_ROW == 3 and w5 == w3 and h5 > 1.8 * h3
