@@ -484,8 +484,8 @@ def ratio_plot(results: Results, rows: list[PDRow], path, title: str) -> None:
     dis = [r for r in rows if not r.colocated]
     ratios = sorted({(r.n_prefill, r.n_decode) for r in dis})
     xs = list(range(len(ratios)))
+    decoders = list(dict.fromkeys(r.decode_router for r in dis))
     for name, metric in panels.items():
-        decoders = list(dict.fromkeys(r.decode_router for r in dis))
         for key in dict.fromkeys((r.prefill_router, r.decode_router, r.threshold) for r in dis):
             pts = [(ratios.index((r.n_prefill, r.n_decode)), results.record(r.label).metrics[metric]) for r in dis
                    if (r.prefill_router, r.decode_router, r.threshold) == key]

@@ -329,8 +329,8 @@ def finding3(ctx: Context) -> Section:
 
 
 def finding4(ctx: Context) -> Section:
-    seeds, n_req = _scale(ctx)
     if ctx.quick:
+        seeds, n_req = _scale(ctx)
         n_req *= 2  # the hot replica's backlog needs time to build up
     else:
         seeds, n_req = ctx.seeds or F4_FULL[0], F4_FULL[1]
