@@ -1,7 +1,11 @@
 """The `jaxroute` command. Each subcommand lives in `jaxroute/commands/<name>.py` and is found automatically.
 
 A command module defines `register(subparsers)`, which adds its parser and sets
-`func=<callable(args) -> int>` as a default.
+`func=<callable(args) -> int>` as a default. Building the parsers and parsing the arguments import no JAX
+(nor matplotlib, optax, orbax, evosax, tqdm, numpy; tests/test_cli.py checks): a command module imports
+only jax-free modules at its top (`commands._common`, the packages' `names` modules, `catalog`, `sources`),
+and its `func` imports the models when it runs. So `jaxroute --help` and every usage error take a fraction
+of a second; `main` sets JAX up (CPU devices, compilation cache) only once the arguments parsed.
 
 Compiled programs are kept in JAX's persistent compilation cache, in
 `$XDG_CACHE_HOME/jaxroute/jax` (default `~/.cache/jaxroute/jax`), so a second run of the
@@ -45,18 +49,28 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def set_jax_option(option: str, value) -> None:
+    """Set a JAX config option: at once when jax is imported, else through its environment variable (JAX reads
+    it at import), so a command that stops on a bad argument before it needs JAX never imports it."""
+    if "jax" in sys.modules:
+        sys.modules["jax"].config.update(option, value)
+    else:
+        os.environ[option.upper()] = str(value)
+
+
 def use_all_cpu_cores() -> None:
     """Expose one JAX CPU device per core so the grid's batch axis is sharded across cores.
 
     Set JAXROUTE_CPU_DEVICES to override. Must run before JAX initialises its backends.
     """
-    import jax
-
-    if jax.config.jax_num_cpu_devices != -1 and "JAXROUTE_CPU_DEVICES" not in os.environ:
-        return  # the caller (e.g. the test suite) already chose a device count
+    if "JAXROUTE_CPU_DEVICES" not in os.environ:
+        chosen = (sys.modules["jax"].config.jax_num_cpu_devices if "jax" in sys.modules
+                  else int(os.environ.get("JAX_NUM_CPU_DEVICES", -1)))
+        if chosen != -1:
+            return  # the caller (e.g. the test suite) already chose a device count
     n = int(os.environ.get("JAXROUTE_CPU_DEVICES", os.cpu_count() or 1))
     try:
-        jax.config.update("jax_num_cpu_devices", max(1, n))
+        set_jax_option("jax_num_cpu_devices", max(1, n))
     except RuntimeError:  # backends already initialised (e.g. called from a test): keep them
         pass
 
@@ -77,17 +91,21 @@ def use_compile_cache(enabled: bool = True) -> Path | None:
     path = compile_cache_dir() if enabled else None
     if path is None:
         return None
-    import jax
-
-    jax.config.update("jax_compilation_cache_dir", str(path))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", CACHE_MIN_COMPILE_S)
+    set_jax_option("jax_compilation_cache_dir", str(path))
+    # a threshold set by the user (JAX's own variable) is respected, as the folder is
+    min_s = float(os.environ.get("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", CACHE_MIN_COMPILE_S))
+    set_jax_option("jax_persistent_cache_min_compile_time_secs", min_s)
     return path
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)  # no JAX yet: --help and usage errors exit here
+    # JAX from here on, set up before any command builds a program
+    if os.environ.get("JAXROUTE_COMPILE_LOG"):  # one JSON line per program compiled (jaxroute.compile_log)
+        from jaxroute import compile_log
+
+        compile_log.log_to(os.environ[compile_log.LOG_ENV])
     use_all_cpu_cores()
-    parser = build_parser()
-    args = parser.parse_args(argv)
     use_compile_cache(not args.no_compile_cache)
     try:
         return int(args.func(args) or 0)

@@ -6,8 +6,11 @@ overhead dominated the draw (profile of the replica cluster at 64 seeds: 18 such
 about a fifth of the step). With the unrolled lowering XLA fuses the hash into its neighbours.
 The hash is the same, so every random bit is the same; only the compiled program differs.
 
-`install()` runs when `jaxroute` is imported; `JAXROUTE_ROLLED_THREEFRY=1` keeps JAX's default.
-It uses a private JAX hook: on a JAX without it nothing changes (install() returns False).
+`install()` runs when this module is imported: `jaxroute.sim` imports it at its top, so every grid
+program is built with it, and so do the few modules that jit programs of their own without `sim`
+(`selector.world`, `predictors.bank`, `predictors.training`, `bench.decision`). `import jaxroute` alone
+does not (it imports no JAX, so `jaxroute --help` stays fast). `JAXROUTE_ROLLED_THREEFRY=1` keeps JAX's
+default. It uses a private JAX hook: on a JAX without it nothing changes (install() returns False).
 """
 
 from __future__ import annotations

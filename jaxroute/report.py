@@ -6,13 +6,13 @@ import csv
 import dataclasses
 import json
 import math
-import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from jaxroute.errors import warn  # noqa: F401  (report.warn)
 from jaxroute.metrics import Summary, summarize
 
 
@@ -122,11 +122,6 @@ def format_table(records: Sequence[Record], metric_names: Sequence[str], label=N
     for row in rows:
         lines.append("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)))
     return "\n".join(lines)
-
-
-def warn(msg: str) -> None:
-    """Print a warning on stderr (library code and commands alike)."""
-    print(f"warning: {msg}", file=sys.stderr)
 
 
 def _pyplot():

@@ -39,6 +39,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from jaxroute import fast_prng  # noqa: F401  (unrolled Threefry on CPU for every program built here)
 from jaxroute import metrics as metrics_lib
 
 PyTree = Any
@@ -46,6 +47,17 @@ PyTree = Any
 def _count_trace(cache_key: tuple) -> None:
     """Called while tracing a cached jitted function: one trace is one compilation."""
     _TRACES[cache_key] = _TRACES.get(cache_key, 0) + 1
+    _LAST_TRACED[0] = cache_key
+
+
+def last_traced_program() -> str:
+    """A short label of the grid program traced last ("ModelClass#hash.kind"), for compile profiles."""
+    key = _LAST_TRACED[0]
+    if key is None:
+        return "?"
+    model, kind, chunk, _ = key
+    name = model.fn.__qualname__ if isinstance(model, _FnModel) else type(model).__name__
+    return f"{name}#{hash(model) & 0xFFFF:04x}.{kind}" + (f"[{chunk}]" if chunk else "")
 
 
 class Model(abc.ABC):
@@ -223,6 +235,7 @@ def _jitted(model: Model, kind: str, chunk: int = 0, out_sharding: NamedSharding
 
 _JIT_CACHE: dict[tuple, Callable] = {}
 _TRACES: dict[tuple, int] = {}  # traces (= compilations) of each cached jitted function
+_LAST_TRACED: list[tuple | None] = [None]  # cache key of the newest trace (compile profiles)
 KINDS = ("run", "init", "chunk", "metrics", "done")
 
 

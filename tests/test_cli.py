@@ -2,6 +2,9 @@
 
 import argparse
 import math
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -71,3 +74,65 @@ def test_bad_number_is_a_usage_error_naming_the_flag(capsys):
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert "jaxroute bins: error: argument --n: expected a positive integer, got '0'" in err
+
+
+# Building every parser and parsing arguments must import none of these: `jaxroute --help` and argument errors
+# then take a fraction of a second (the commands import the models when they run).
+HEAVY = ("jax", "jaxlib", "numpy", "matplotlib", "optax", "orbax", "evosax", "tqdm")
+# the fewest arguments each command (and each model of capacity and tune) parses
+MINIMAL_ARGV = {
+    "bench": [[]], "bins": [[]], "cluster": [[]], "cost": [[]], "decode": [[]], "dispatch": [[]], "pd": [[]],
+    "select": [[]], "reproduce": [["lecture"]],
+    "capacity": [[model, "--slo", "mean_response<=5"] for model in ("dispatch", "cluster", "pd", "decode")],
+    "tune": [["cluster", "--router", "threshold"], ["decode"]],
+    "eval-predictor": [["--workload", "synthetic-prod"]],
+    "train-predictor": [["--workload", "synthetic-prod", "--save", "DIR"]],
+}
+PARSE_EVERYTHING = f"""
+import argparse, sys
+from jaxroute.cli import build_parser
+
+parser = build_parser()
+subs = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+assert sorted(subs) == {sorted(MINIMAL_ARGV)!r}, sorted(subs)  # a new command: add it to MINIMAL_ARGV
+for name, argvs in {MINIMAL_ARGV!r}.items():
+    for argv in argvs:
+        parser.parse_args([name, *argv])
+todo = [parser]
+while todo:
+    p = todo.pop()
+    p.format_help()
+    todo += [s for a in p._actions if isinstance(a, argparse._SubParsersAction) for s in a.choices.values()]
+print(" ".join(m for m in {HEAVY!r} if m in sys.modules))
+"""
+
+
+def _python(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parents[1])
+
+
+def test_parsers_and_their_help_import_no_jax():
+    out = _python("-c", PARSE_EVERYTHING)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip() == "", f"building the parsers imported {out.stdout.strip()}"
+
+
+USAGE_ERROR = """
+import sys
+from jaxroute.cli import main
+
+try:
+    main(["dispatch", "--servers", "0"])
+except SystemExit as e:
+    print(e.code, *(m for m in {heavy!r} if m in sys.modules))
+"""
+
+
+def test_usage_error_exits_2_with_one_line_before_any_jax_import():
+    out = _python("-c", USAGE_ERROR.format(heavy=HEAVY))
+    assert out.stdout.split() == ["2"], f"exit code and modules imported: {out.stdout.strip()}"
+    assert out.stderr.strip().splitlines()[-1] == (
+        "jaxroute dispatch: error: argument --servers: expected a positive integer, got '0'")
+    module = _python("-m", "jaxroute", "dispatch", "--servers", "0")
+    assert module.returncode == 2 and module.stderr == out.stderr

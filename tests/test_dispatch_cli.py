@@ -98,9 +98,9 @@ def test_bins_bad_input(flags, capsys):
 
 
 def test_broken_conservation_is_refused_even_with_allow_overflow(monkeypatch, capsys):
-    from jaxroute.commands import dispatch as cmd
+    from jaxroute.experiments import dispatch as experiment
 
-    leak(monkeypatch, cmd, "run_dispatch", row=1, seed=0, amount=3)  # row 'rr', seed 0
+    leak(monkeypatch, experiment, "run_dispatch", row=1, seed=0, amount=3)  # row 'rr', seed 0 (the command imports it when it runs)
     assert main(["dispatch", *SMALL, "--policies", "random,rr", "--allow-overflow"]) == 2
     captured = capsys.readouterr()
     assert "conservation failed" in captured.err and "in: rr;" in captured.err

@@ -9,7 +9,7 @@ import jax
 from jaxroute import fast_prng
 
 DRAWS = """
-import jax, numpy as np, jaxroute
+import jax, numpy as np, jaxroute.sim  # jaxroute.sim installs the unrolled lowering (jaxroute alone does not)
 key = jax.random.key(2024)
 f = jax.jit(lambda k: (jax.random.uniform(jax.random.fold_in(k, 7), (5,)), jax.random.randint(k, (3,), 0, 9),
                        jax.random.categorical(k, jax.numpy.arange(6.0)), jax.random.split(k, 2)))

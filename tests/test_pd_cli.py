@@ -5,7 +5,6 @@ import json
 import pytest
 
 from jaxroute.cli import main
-from jaxroute.commands import pd as pd_cmd
 from jaxroute.experiments import pd
 from tests.cli_helpers import cli
 from tests.data_paths import MOONCAKE
@@ -103,7 +102,7 @@ def test_pd_refuses_lost_requests(monkeypatch, capsys):
         res.grid.metrics["conservation_error"][0, 1] = 1
         return res, raw
 
-    monkeypatch.setattr(pd_cmd.pd, "run_pd", leaky)
+    monkeypatch.setattr(pd, "run_pd", leaky)  # the command imports pd.run_pd when it runs
     rc = cli(["pd", *SMALL, "--prefill", "1", "--decode", "1", "--prefill-router", "rr", "--decode-router", "rr"])
     assert rc != 0 and "conservation failed" in capsys.readouterr().err
 

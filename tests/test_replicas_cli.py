@@ -141,9 +141,9 @@ def test_cluster_on_demand_admission(tmp_path, capsys):
 
 
 def test_cluster_refuses_broken_conservation(monkeypatch, capsys):
-    from jaxroute.commands import cluster as cmd
+    from jaxroute.experiments import cluster as experiment
 
-    leak(monkeypatch, cmd, "run_cluster", row=0, seed=1)  # row 'rr', seed 1
+    leak(monkeypatch, experiment, "run_cluster", row=0, seed=1)  # row 'rr', seed 1 (the command imports it when it runs)
     assert main(["cluster", "--workload", "toolbench", "--requests", "30", "--seeds", "2", "--rate", "20",
                  "--policies", "rr,least_load", "--allow-overflow"]) == 2
     captured = capsys.readouterr()

@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxroute import fast_prng  # noqa: F401  (unrolled Threefry on CPU; this module jits without jaxroute.sim)
 from jaxroute.bench.config import DECISION_TARGET_P50_MS
 from jaxroute.bench.measure import say
 

@@ -63,6 +63,20 @@ import numpy as np
 
 from jaxroute import cost_models, metrics, sim
 from jaxroute.clusters import prefix_cache
+from jaxroute.clusters.names import (  # noqa: F401  (the documented default deployment and BR-H weights: dd.DEFAULT_*)
+    DEFAULT_ALPHA,
+    DEFAULT_BLOCK_SIZE,
+    DEFAULT_COLLECTIVE_S,
+    DEFAULT_GAMMA,
+    DEFAULT_GPU,
+    DEFAULT_HORIZON,
+    DEFAULT_MODEL,
+    DEFAULT_POOL,
+    DEFAULT_R_MAX,
+    DEFAULT_SLOTS,
+    DEFAULT_TP,
+    DEFAULT_WINDOW,
+)
 from jaxroute.errors import JaxrouteError
 from jaxroute.predictors import base as predictors
 from jaxroute.registry import PolicyRegistry
@@ -72,24 +86,6 @@ from jaxroute.workloads.decode import DecodeRequests
 ARRIVALS = ("saturated", "poisson", "trace")
 ARRIVAL_REGISTRY = PolicyRegistry("decode", ARRIVALS, what="arrival mode")
 SATURATED, POISSON, TRACE = range(3)
-
-# Documented default deployment: Llama-3-8B (dense, GQA, 128 KiB KV/token) on one H200 per DP
-# worker, 64 slots. A loaded worker (64 x ~5.7k tokens) steps in ~17 ms, of which ~60 % is KV
-# reads, so the barrier pays for KV imbalance as in the paper (whose steps take ~60 ms).
-DEFAULT_GPU = "H200"
-DEFAULT_MODEL = "Llama-3-8B"
-DEFAULT_TP = 1
-DEFAULT_SLOTS = 64
-DEFAULT_POOL = 32
-DEFAULT_WINDOW = 8
-DEFAULT_HORIZON = 80
-DEFAULT_R_MAX = 4
-DEFAULT_COLLECTIVE_S = 1.0e-3  # per-step DP synchronisation / collective overhead
-DEFAULT_BLOCK_SIZE = 128  # tokens per KV block (issue 12: vLLM-style paged KV, block size 128)
-# BR-H weights. α = 1 keeps the gain in tokens; β = G makes the h = 0 term exactly BR-0's
-# penalty; γ = 0.95 halves the weight of a step ~14 steps ahead (predictions far ahead count less).
-DEFAULT_ALPHA = 1.0
-DEFAULT_GAMMA = 0.95
 
 
 @jax.tree_util.register_dataclass

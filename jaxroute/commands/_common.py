@@ -1,4 +1,9 @@
-"""CLI plumbing shared by the commands: typed flag converters, the common flags, refusals, output."""
+"""CLI plumbing shared by the commands: typed flag converters, the common flags, refusals, output.
+
+Importing this module (and building any parser) imports no JAX: the names and defaults the flags show come
+from the jax-free `names` modules and `jaxroute.catalog`; the helpers that run or write something import
+what they need when called.
+"""
 
 from __future__ import annotations
 
@@ -6,16 +11,17 @@ import argparse
 import math
 import os
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
-from jaxroute import cost_models as cm
-from jaxroute import report
-from jaxroute.errors import JaxrouteError
-from jaxroute.experiments import capacity as cap
-from jaxroute.experiments import pd
-from jaxroute.experiments.cluster import WORKLOADS, build_workload
-from jaxroute.report import warn
-from jaxroute.routers import balance
-from jaxroute.routers.prefix import PARTIAL_OK, PREFIX_POLICIES
+from jaxroute import catalog
+from jaxroute.errors import JaxrouteError, warn
+from jaxroute.experiments import names as ex_names
+from jaxroute.experiments.names import CLUSTER_WORKLOADS
+from jaxroute.routers.names import DECODE_POLICIES, PARTIAL_OK, PREFIX_POLICIES
+from jaxroute.workloads.names import SP_DEFAULTS
+
+if TYPE_CHECKING:
+    from jaxroute.experiments import pd
 
 __all__ = [
     "add_grid_args", "add_output_args", "add_shared_prefix_args", "shared_prefix_settings", "at_least", "check_conservation", "check_overflow", "choose", "csv_list",
@@ -181,8 +187,6 @@ SP_FLAGS = {"sp_groups": ("groups", "shared system prompts (groups)"),
 
 def add_shared_prefix_args(p: argparse.ArgumentParser) -> None:
     """The --sp-* flags of the shared-prefix workload."""
-    from jaxroute.workloads.prefix import SP_DEFAULTS
-
     for dest, (key, what) in SP_FLAGS.items():
         p.add_argument("--" + dest.replace("_", "-"), type=positive_int, default=None, metavar="N",
                        help=f"shared-prefix only: {what} (default {SP_DEFAULTS[key]}, inference-perf's)")
@@ -221,6 +225,8 @@ def check_conservation(results, labels: Sequence[str] | None = None) -> None:
 def save_outputs(args, command: str, config: dict, records, plot: Callable[[str], object] | None = None) -> None:
     """Write --out (JSON and CSV) and --plot (plot(path) draws it) when asked, and say so."""
     if getattr(args, "out", None):
+        from jaxroute import report
+
         path = report.write_results(args.out, command, config, records)
         print(f"wrote {path} and {path.with_suffix('.csv')}")
     if plot is not None and getattr(args, "plot", None):
@@ -244,7 +250,7 @@ def rate_range(text: str) -> tuple[float, float]:
 def slo_clauses(text: str):
     """argparse type of --slo (`capacity.parse_slo`)."""
     try:
-        return cap.parse_slo(text)
+        return ex_names.parse_slo(text)
     except JaxrouteError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
 
@@ -252,7 +258,7 @@ def slo_clauses(text: str):
 def _ratios(text: str) -> list[tuple[int, int]]:
     """argparse type for --ratios (the message of a bad pair, as a usage error)."""
     try:
-        return pd.parse_ratios(text)
+        return ex_names.parse_ratios(text)
     except JaxrouteError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
 
@@ -263,7 +269,7 @@ PD_DEFAULT_REQUESTS = 400
 def add_pd_args(p) -> None:
     """The deployment, routing and SLO flags of `pd` (shared with `capacity pd`)."""
     p.add_argument("--workload", default="shared-prefix", metavar="NAME",
-                   help=f"one of: {', '.join(WORKLOADS)} (default shared-prefix); mooncake and azure-conv read --trace")
+                   help=f"one of: {', '.join(CLUSTER_WORKLOADS)} (default shared-prefix); mooncake and azure-conv read --trace")
     p.add_argument("--trace", default=None, metavar="PATH",
                    help="trace file for mooncake (JSONL) or azure-conv (CSV) (default: ../shared/data/<the public trace>)")
     p.add_argument("--prefill", type=positive_int, default=4, metavar="P", help="prefill groups (default 4)")
@@ -278,7 +284,7 @@ def add_pd_args(p) -> None:
                    "replicas (independent replicas with continuous batching, the replica engine; landed KV is "
                    "cached there) (default dp)")
     p.add_argument("--decode-router", default=None, metavar="LIST",
-                   help=f"comma-separated decode routers: for --decode-tier dp from {', '.join(balance.POLICIES)} "
+                   help=f"comma-separated decode routers: for --decode-tier dp from {', '.join(DECODE_POLICIES)} "
                    "(br0/brh bind from a prompt pool; brh uses --predictor) (default br0); for "
                    f"replicas any prefix router, with several ratios one of {', '.join(PARTIAL_OK)} (default least_load)")
     p.add_argument("--predictor", default="oracle", metavar="SPEC",
@@ -294,18 +300,18 @@ def add_pd_args(p) -> None:
     p.add_argument("--colocated", action="store_true",
                    help="add rows for the same number of groups as one replica cluster without disaggregation, "
                    "routed by each prefill router (default: off)")
-    p.add_argument("--kv-link-gbps", type=positive_float, default=pd.DEFAULT_LINK_GBPS, metavar="GBPS",
-                   help=f"KV link bandwidth per GPU in Gb/s (default {pd.DEFAULT_LINK_GBPS:g}: one ConnectX-7 NIC per "
+    p.add_argument("--kv-link-gbps", type=positive_float, default=ex_names.DEFAULT_LINK_GBPS, metavar="GBPS",
+                   help=f"KV link bandwidth per GPU in Gb/s (default {ex_names.DEFAULT_LINK_GBPS:g}: one ConnectX-7 NIC per "
                    "GPU, NVIDIA's DGX H100/H200 design)")
-    p.add_argument("--kv-link-latency-ms", type=non_negative_float, default=pd.DEFAULT_LINK_LATENCY_MS, metavar="MS",
-                   help=f"fixed latency per KV transfer in ms (default {pd.DEFAULT_LINK_LATENCY_MS:g}, assumed)")
-    p.add_argument("--slo-ttft", type=positive_float, default=pd.DEFAULT_SLO_TTFT_S, metavar="S",
-                   help=f"TTFT SLO in seconds for goodput (default {pd.DEFAULT_SLO_TTFT_S:g})")
-    p.add_argument("--slo-tpot", type=positive_float, default=pd.DEFAULT_SLO_TPOT_S, metavar="S",
-                   help=f"TPOT SLO in seconds for goodput (default {pd.DEFAULT_SLO_TPOT_S:g})")
-    p.add_argument("--gpu", default="H200", metavar="NAME", help=f"GPU: {', '.join(cm.GPUS)} (default H200)")
+    p.add_argument("--kv-link-latency-ms", type=non_negative_float, default=ex_names.DEFAULT_LINK_LATENCY_MS, metavar="MS",
+                   help=f"fixed latency per KV transfer in ms (default {ex_names.DEFAULT_LINK_LATENCY_MS:g}, assumed)")
+    p.add_argument("--slo-ttft", type=positive_float, default=ex_names.DEFAULT_SLO_TTFT_S, metavar="S",
+                   help=f"TTFT SLO in seconds for goodput (default {ex_names.DEFAULT_SLO_TTFT_S:g})")
+    p.add_argument("--slo-tpot", type=positive_float, default=ex_names.DEFAULT_SLO_TPOT_S, metavar="S",
+                   help=f"TPOT SLO in seconds for goodput (default {ex_names.DEFAULT_SLO_TPOT_S:g})")
+    p.add_argument("--gpu", default="H200", metavar="NAME", help=f"GPU: {', '.join(catalog.GPUS)} (default H200)")
     p.add_argument("--model", default="Llama-3.1-70B", metavar="NAME",
-                   help=f"model: {', '.join(cm.MODELS)} (default Llama-3.1-70B)")
+                   help=f"model: {', '.join(catalog.MODELS)} (default Llama-3.1-70B)")
     p.add_argument("--tp", type=positive_int, default=4, metavar="T", help="GPUs per group (tensor parallel) (default 4)")
     p.add_argument("--cost-model", default="roofline", metavar="KIND", help="iteration time: roofline or preble (default roofline)")
     p.add_argument("--chunk", type=positive_int, default=512, metavar="TOKENS",
@@ -318,17 +324,22 @@ def add_pd_args(p) -> None:
 
 
 def pd_setup(args) -> tuple[str, list[pd.PDRow], object, pd.Deployment]:
-    """(workload name, rows, workload, deployment) from `add_pd_args`' flags, checked before anything runs."""
-    name = choose([args.workload], WORKLOADS, "workload")[0]
+    """(workload name, rows, workload, deployment) from `add_pd_args`' flags, checked before anything runs
+    (the names before JAX is imported)."""
+    name = choose([args.workload], CLUSTER_WORKLOADS, "workload")[0]
     cost_model = choose([args.cost_model], ("roofline", "preble"), "cost model")[0]
     prefill_routers = choose(csv_list(args.prefill_router), PREFIX_POLICIES, "prefill router")
-    tier = choose([args.decode_tier], pd.DECODE_TIERS, "decode tier")[0]
+    tier = choose([args.decode_tier], ex_names.DECODE_TIERS, "decode tier")[0]
     default_decode = "br0" if tier == "dp" else "least_load"
-    decode_routers = choose(csv_list(args.decode_router or default_decode), pd.decode_routers(tier), "decode router")
+    decode_routers = choose(csv_list(args.decode_router or default_decode), ex_names.decode_routers(tier),
+                            "decode router")
     ratios = args.ratios or [(args.prefill, args.decode)]
     if args.ratios and (args.prefill != 4 or args.decode != 4):
         raise JaxrouteError("give either --ratios or --prefill/--decode, not both")
-    gpu, model = cm.get_gpu(args.gpu).name, cm.get_model(args.model).name
+    gpu, model = catalog.get_gpu(args.gpu).name, catalog.get_model(args.model).name
+    from jaxroute.experiments import pd
+    from jaxroute.experiments.cluster import build_workload
+
     bank, predictor = (), 1
     if "brh" in decode_routers and tier == "dp":
         train = pd.train_lengths(name, args.requests, args.trace, shared_prefix_settings(args), args.seed)

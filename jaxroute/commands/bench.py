@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 
-from jaxroute import report
 from jaxroute.bench import config as C
 from jaxroute.commands._common import (
     choose,
@@ -142,11 +141,12 @@ def config_from_args(args) -> C.BenchConfig:
 
 
 def run(args) -> int:
+    cfg = config_from_args(args)
     import jax
 
+    from jaxroute import report
     from jaxroute.bench import format_report, run_bench
 
-    cfg = config_from_args(args)
     print(f"jaxroute bench ({cfg.preset} sizes): parts {', '.join(p for p in C.PARTS if p in cfg.parts)}; "
           f"{len(jax.devices())} x {jax.devices()[0].device_kind}", flush=True)
     cache = jax.config.jax_compilation_cache_dir

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import time
 
-from jaxroute import report
 from jaxroute.commands._common import (
     add_grid_args,
     check_conservation,
@@ -13,7 +12,6 @@ from jaxroute.commands._common import (
     save_outputs,
     show_progress,
 )
-from jaxroute.experiments.bins import METRICS, asymptotic_max_load, run_bins
 
 
 def register(subparsers) -> None:
@@ -32,6 +30,9 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
+    from jaxroute import report
+    from jaxroute.experiments.bins import METRICS, asymptotic_max_load, run_bins
+
     n, ds, seeds = args.n, args.d, args.seeds
     start = time.perf_counter()
     results = run_bins(n, ds, seeds, args.seed, progress=show_progress(args))

@@ -5,9 +5,6 @@ from __future__ import annotations
 
 import time
 
-import numpy as np
-
-from jaxroute import report
 from jaxroute.commands._common import (
     PD_DEFAULT_REQUESTS,
     add_pd_args,
@@ -23,14 +20,13 @@ from jaxroute.commands._common import (
     warn,
 )
 from jaxroute.errors import JaxrouteError
-from jaxroute.experiments import capacity as cap
-from jaxroute.experiments.cluster import WORKLOADS, build_workload
-from jaxroute.experiments.decode import DEPLOYMENTS
-from jaxroute.experiments.dispatch import CLI_POLICIES
-from jaxroute.metrics import summarize
-from jaxroute.routers import balance
-from jaxroute.routers.prefix import PREFIX_POLICIES
-from jaxroute.workloads.decode import DECODE_WORKLOADS, make_decode_requests
+from jaxroute.experiments.names import (
+    CLUSTER_WORKLOADS,
+    DECODE_DEPLOYMENTS,
+    DISPATCH_POLICIES,
+)
+from jaxroute.routers.names import DECODE_POLICIES, PREFIX_POLICIES
+from jaxroute.workloads.names import DECODE_WORKLOADS
 
 MODELS = ("dispatch", "cluster", "pd", "decode")
 DEFAULT_RANGE = {"dispatch": (0.3, 1.0), "cluster": (0.5, 100.0), "pd": (0.5, 50.0), "decode": (2.0, 200.0)}
@@ -74,7 +70,7 @@ def register(subparsers) -> None:
                        description="Capacity of the classic dispatch model, in load per server (arrival rate / "
                        "(servers x service rate)). Rows are policies.")
     p.add_argument("--policies", default="random,p2c,jsq", metavar="LIST",
-                   help=f"policies from: {', '.join(CLI_POLICIES)} (default random,p2c,jsq)")
+                   help=f"policies from: {', '.join(DISPATCH_POLICIES)} (default random,p2c,jsq)")
     p.add_argument("--servers", type=positive_int, default=16, metavar="N", help="servers (default 16)")
     p.add_argument("--service", default="exp", metavar="LAW", help="service-time law (default exp)")
     p.add_argument("--requests", type=positive_int, default=20_000, metavar="N",
@@ -90,7 +86,7 @@ def register(subparsers) -> None:
                    help="replica counts, one row each (default 4)")
     p.add_argument("--min-replicas", type=positive_float, default=None, metavar="RATE",
                    help="also report, per router, the fewest of --replicas whose capacity reaches RATE req/s")
-    p.add_argument("--workload", default="toolbench", metavar="NAME", help=f"one of: {', '.join(WORKLOADS)} (default toolbench)")
+    p.add_argument("--workload", default="toolbench", metavar="NAME", help=f"one of: {', '.join(CLUSTER_WORKLOADS)} (default toolbench)")
     p.add_argument("--trace", default=None, metavar="PATH", help="trace file for mooncake / azure-conv")
     p.add_argument("--requests", type=positive_int, default=300, metavar="N", help="requests per run (default 300)")
     p.add_argument("--gpu", default="a6000", metavar="NAME", help="GPU (default a6000)")
@@ -110,39 +106,51 @@ def register(subparsers) -> None:
                        "Rows are policy x ranks in use (traced). ttft_p90_s is from a request's arrival at the pool "
                        "to its first token; BR-H uses the oracle predictor.")
     p.add_argument("--policies", default="jsq,br0", metavar="LIST",
-                   help=f"policies from: {', '.join(balance.POLICIES)} (default jsq,br0)")
+                   help=f"policies from: {', '.join(DECODE_POLICIES)} (default jsq,br0)")
     p.add_argument("--workers", type=list_of(positive_int), default=[8], metavar="G[,...]",
                    help="ranks in use, one row each (default 8)")
     p.add_argument("--workload", default="synthetic-azure24", metavar="NAME",
                    help=f"one of: {', '.join(DECODE_WORKLOADS)} (default synthetic-azure24)")
     p.add_argument("--trace", default=None, metavar="PATH", help="trace file for azure-conv / azure-code")
     p.add_argument("--deployment", default="default", metavar="NAME",
-                   help=f"hardware and batching: {', '.join(DEPLOYMENTS)} (default default)")
+                   help=f"hardware and batching: {', '.join(DECODE_DEPLOYMENTS)} (default default)")
     p.add_argument("--requests", type=positive_int, default=400, metavar="N", help="requests per run (default 400)")
     _search_args(p, "decode")
     top.set_defaults(func=run)
 
 
 def _setup(args):
-    """(rows as (label, policy, size), evaluator)."""
+    """(rows as (label, policy, size), evaluator); the names are checked before the models are imported."""
     kw = dict(seeds=args.seeds, seed=args.seed, progress=show_progress(args))
     if args.capacity_model == "dispatch":
-        policies = choose(csv_list(args.policies), tuple(CLI_POLICIES), "policy")
+        policies = choose(csv_list(args.policies), tuple(DISPATCH_POLICIES), "policy")
+        from jaxroute.experiments import capacity as cap
+
         ev = cap.DispatchEvaluator(policies, servers=args.servers, requests=args.requests, service=args.service, **kw)
         return [(p, p, args.servers) for p in policies], ev
     if args.capacity_model == "cluster":
         policies = choose(csv_list(args.policies), PREFIX_POLICIES, "router")
         rows = [(p, g) for p in policies for g in args.replicas]
+        from jaxroute.experiments import capacity as cap
+        from jaxroute.experiments.cluster import build_workload
+
         wl = build_workload(args.workload, args.requests, args.trace)
         ev = cap.ClusterEvaluator(rows, wl, gpu=args.gpu, model_name=args.model_name, tp=args.tp, **kw)
         return [(f"{p}@{g}", p, g) for p, g in rows], ev
     if args.capacity_model == "pd":
         _, rows, wl, dep = pd_setup(args)
+        from jaxroute.experiments import capacity as cap
+
         ev = cap.PDEvaluator(rows, wl, dep=dep, slo_ttft=args.slo_ttft, slo_tpot=args.slo_tpot, **kw)
         return [(r.label, r.prefill_router, r.n_prefill + r.n_decode) for r in rows], ev
-    policies = choose(csv_list(args.policies), balance.POLICIES, "policy")
-    dep = DEPLOYMENTS[choose([args.deployment], tuple(DEPLOYMENTS), "deployment")[0]]
+    policies = choose(csv_list(args.policies), DECODE_POLICIES, "policy")
+    deployment = choose([args.deployment], DECODE_DEPLOYMENTS, "deployment")[0]
     name = choose([args.workload], DECODE_WORKLOADS, "workload")[0]
+    from jaxroute.experiments import capacity as cap
+    from jaxroute.experiments import decode
+    from jaxroute.workloads.decode import make_decode_requests
+
+    dep = decode.DEPLOYMENTS[deployment]
     req = make_decode_requests(name, args.requests, seed=args.seed, trace_path=args.trace)
     rows = [(p, g) for p in policies for g in args.workers]
     ev = cap.DecodeEvaluator(rows, req, dep=dep, lo_rate=args.rate_range[0], **kw)
@@ -153,6 +161,12 @@ def run(args) -> int:
     if args.seeds < 2:
         warn("one seed gives no confidence interval")
     rows, ev = _setup(args)
+    import numpy as np
+
+    from jaxroute import report
+    from jaxroute.experiments import capacity as cap
+    from jaxroute.metrics import summarize
+
     lo, hi = args.rate_range
     unit = UNITS[args.capacity_model]
     start = time.perf_counter()

@@ -5,9 +5,8 @@ from __future__ import annotations
 import math
 import time
 
-from jaxroute import cost_models as cm
-from jaxroute import report
-from jaxroute.clusters.replicas.model import ADMISSIONS, LOCAL_ORDERS
+from jaxroute import catalog
+from jaxroute.clusters.names import ADMISSIONS, LOCAL_ORDERS
 from jaxroute.commands._common import (
     add_grid_args,
     add_shared_prefix_args,
@@ -32,20 +31,9 @@ from jaxroute.commands._common import (
     warn,
 )
 from jaxroute.errors import JaxrouteError
-from jaxroute.experiments.cluster import (
-    E2_METRICS,
-    METRICS,
-    PREBLE_PRESETS,
-    WORKLOADS,
-    build_workload,
-    e2_variants,
-    policy_rows,
-    run_cluster,
-)
-from jaxroute.experiments.tune import load_params
-from jaxroute.routers.parts import SCORERS
-from jaxroute.routers.prefix import PREFIX_POLICIES
-from jaxroute.workloads import prefix as wl_prefix
+from jaxroute.experiments.names import CLUSTER_WORKLOADS
+from jaxroute.routers.names import PREFIX_POLICIES, SCORERS
+from jaxroute.workloads.names import SP_DEFAULTS, TRACE_WORKLOADS
 
 DEFAULT_POLICIES = "rr,least_load,affinity,threshold,cache_guard,sglang_cache_aware"
 DEFAULT_REQUESTS = 2000
@@ -67,7 +55,7 @@ def register(subparsers) -> None:
         "both averaged over time and replicas, and preemptions (on-demand admission only).",
     )
     p.add_argument("--workload", default="longdoc", metavar="NAME",
-                   help=f"one of: {', '.join(WORKLOADS)} (default longdoc). The synthetic ones are "
+                   help=f"one of: {', '.join(CLUSTER_WORKLOADS)} (default longdoc). The synthetic ones are "
                    "documented in jaxroute/workloads/prefix/synthetic.py; mooncake and azure-conv read --trace")
     p.add_argument("--trace", default=None, metavar="PATH",
                    help="trace file for mooncake (JSONL) or azure-conv (CSV) "
@@ -133,16 +121,16 @@ def register(subparsers) -> None:
     p.add_argument("--cost-model", default="roofline", metavar="KIND",
                    help="iteration time: roofline or preble (Preble's fitted A6000 equations) (default roofline)")
     p.add_argument("--gpu", default="a6000", metavar="NAME",
-                   help=f"GPU of every replica: {', '.join(cm.GPUS)} (or h100, a100; any case) (default a6000)")
+                   help=f"GPU of every replica: {', '.join(catalog.GPUS)} (or h100, a100; any case) (default a6000)")
     p.add_argument("--model", default="mistral-7b", metavar="NAME",
-                   help=f"model served: {', '.join(cm.MODELS)} (any case) (default mistral-7b)")
+                   help=f"model served: {', '.join(catalog.MODELS)} (any case) (default mistral-7b)")
     p.add_argument("--tp", type=positive_int, default=1, metavar="T",
                    help="tensor-parallel GPUs per replica: they split the weights and the KV heads; refused when "
                    "the weights do not fit or T does not split the heads (default 1)")
     p.add_argument("--kv-capacity", type=positive_int, default=None, metavar="TOKENS",
                    help="KV tokens per replica (default: from GPU memory x tp at 90%% minus the weights; "
-                   f"{cm.kv_capacity_tokens('A6000', 'Mistral-7B'):,} for Mistral-7B on A6000, "
-                   f"{cm.kv_capacity_tokens('H100-SXM', 'Qwen3-32B', 2):,} for Qwen3-32B on 2 H100)")
+                   f"{catalog.kv_capacity_tokens('A6000', 'Mistral-7B'):,} for Mistral-7B on A6000, "
+                   f"{catalog.kv_capacity_tokens('H100-SXM', 'Qwen3-32B', 2):,} for Qwen3-32B on 2 H100)")
     p.add_argument("--rate-stages", type=rate_stages, default=None, metavar="RATE:SECONDS,...",
                    help="staged Poisson load for synthetic workloads, like inference-perf's load stages, e.g. "
                    "10:60,20:60,40:60: the rate is piecewise constant over the stages and stays at the last "
@@ -170,6 +158,9 @@ def register(subparsers) -> None:
 
 def _tuned_row(args, rate: float, cost_model: str) -> tuple:
     """(ROUTER[tuned], params) of --params-json: its settings over the flags' (`policy_rows`)."""
+    from jaxroute.experiments.cluster import policy_rows
+    from jaxroute.experiments.tune import load_params
+
     router, settings = load_params(args.params_json)
     rest = dict(settings)
     weights = rest.pop("weights", None)
@@ -183,7 +174,7 @@ def _tuned_row(args, rate: float, cost_model: str) -> tuple:
 
 
 def run(args) -> int:
-    name = choose([args.workload], WORKLOADS, "workload")[0]
+    name = choose([args.workload], CLUSTER_WORKLOADS, "workload")[0]
     local = choose([args.local], LOCAL_ORDERS, "local order")[0]
     if args.priority_groups != 10 and local != "priority":
         raise JaxrouteError("--priority-groups applies to --local priority")
@@ -191,7 +182,7 @@ def run(args) -> int:
     cost_model = choose([args.cost_model], ("roofline", "preble"), "cost model")[0]
     policies = choose(csv_list(args.policies), PREFIX_POLICIES, "policy")
     G, seeds, requests, stale = args.replicas, args.seeds, args.requests, args.stale
-    is_trace = name in wl_prefix.TRACE_WORKLOADS
+    is_trace = name in TRACE_WORKLOADS
     stages = args.rate_stages
     if stages and args.rate is not None:
         raise JaxrouteError("--rate and --rate-stages are mutually exclusive: give one rate or the stages")
@@ -201,6 +192,18 @@ def run(args) -> int:
             raise JaxrouteError("the load stages hold less than one request; give --requests")
     requests = args.requests
     rate = args.rate if args.rate is not None else (0.0 if is_trace else 1.0)  # 0: replay recorded times
+    # the models, once the flags are checked
+    from jaxroute import report
+    from jaxroute.experiments.cluster import (
+        E2_METRICS,
+        METRICS,
+        PREBLE_PRESETS,
+        build_workload,
+        e2_variants,
+        policy_rows,
+        run_cluster,
+    )
+
     if seeds < 2:
         warn("one seed gives no confidence interval")
     workload = build_workload(name, requests, args.trace, args.hot_tool, shared_prefix=shared_prefix_settings(args),
@@ -255,7 +258,7 @@ def run(args) -> int:
     if stages:
         config["rate_stages"] = [{"rate": r, "seconds": d} for r, d in stages]
     if name == "shared-prefix":
-        config["shared_prefix"] = {**wl_prefix.SP_DEFAULTS, **shared_prefix_settings(args)}
+        config["shared_prefix"] = {**SP_DEFAULTS, **shared_prefix_settings(args)}
     if local == "priority":
         config["priority_groups"] = args.priority_groups
     if set(policies) & set(PREBLE_PRESETS):

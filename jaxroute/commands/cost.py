@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import json
 
-import jax.numpy as jnp
-
-from jaxroute import cost_models as cm
+from jaxroute import catalog
 from jaxroute.commands._common import (
     non_negative_int,
     positive_fraction,
@@ -23,8 +21,8 @@ def register(subparsers) -> None:
         description="Print the prefill time, the decode step time and the KV-cache capacity of a model "
         "on a GPU, from jaxroute's cost models. Names are case-insensitive.",
     )
-    p.add_argument("--gpu", default="A6000", metavar="NAME", help=f"GPU: {', '.join(cm.GPUS)} (default A6000)")
-    p.add_argument("--model", default="Mistral-7B", metavar="NAME", help=f"model: {', '.join(cm.MODELS)} (default Mistral-7B)")
+    p.add_argument("--gpu", default="A6000", metavar="NAME", help=f"GPU: {', '.join(catalog.GPUS)} (default A6000)")
+    p.add_argument("--model", default="Mistral-7B", metavar="NAME", help=f"model: {', '.join(catalog.MODELS)} (default Mistral-7B)")
     p.add_argument("--tp", type=positive_int, default=1, metavar="T", help="tensor-parallel degree: GPUs that split the weights and KV (default 1)")
     p.add_argument("--cost-model", default="roofline", metavar="KIND",
                    help="roofline (calibrated on the lecture's A6000 anchors; any GPU/model) or preble "
@@ -50,11 +48,11 @@ def register(subparsers) -> None:
 def _catalogs() -> str:
     lines = ["GPUs (one device: dense bf16 TFLOP/s, dense INT8 TOP/s, memory TB/s, memory GB, link GB/s per "
              "direction; Ascend-910C is one of the package's two dies):"]
-    for g in cm.GPUS.values():
+    for g in catalog.GPUS.values():
         lines.append(f"  {g.name:<11} {g.flops / 1e12:8.1f} {g.int8_ops / 1e12:8.1f} {g.mem_bw / 1e12:6.2f} "
                      f"{g.mem_bytes / 1e9:6.0f} {g.link_bw / 1e9:6.0f}")
     lines.append("Models (total / active params in B, layers, KV bytes per token):")
-    for m in cm.MODELS.values():
+    for m in catalog.MODELS.values():
         lines.append(f"  {m.name:<16} {m.total_params / 1e9:7.2f} / {m.active_params / 1e9:6.2f} "
                      f"{m.n_layers:4d} {m.kv_bytes_per_token:9,d}")
     return "\n".join(lines)
@@ -64,7 +62,12 @@ def run(args) -> int:
     if args.list:
         print(_catalogs())
         return 0
-    gpu, model = cm.get_gpu(args.gpu), cm.get_model(args.model)
+    gpu, model = catalog.get_gpu(args.gpu), catalog.get_model(args.model)
+    # the cost model, once the catalog names are checked
+    import jax.numpy as jnp
+
+    from jaxroute import cost_models as cm
+
     kind = args.cost_model.lower()
     if kind not in cm.KINDS:
         raise JaxrouteError(f"unknown cost model '{args.cost_model}'; choose from: {', '.join(cm.KINDS)}")

@@ -10,10 +10,7 @@ import argparse
 import dataclasses
 import time
 
-import numpy as np
-
-from jaxroute import cost_models, report
-from jaxroute.clusters import dp_decode as dd
+from jaxroute.clusters import names as dd  # dp_decode's defaults, dd.DEFAULT_*
 from jaxroute.commands._common import (
     add_grid_args,
     check_conservation,
@@ -29,10 +26,9 @@ from jaxroute.commands._common import (
     warn,
 )
 from jaxroute.errors import JaxrouteError
-from jaxroute.experiments import decode as experiment
-from jaxroute.experiments.decode import best_baseline
-from jaxroute.routers import balance
-from jaxroute.workloads.decode import DECODE_WORKLOADS, make_decode_requests
+from jaxroute.experiments.names import DECODE_DEPLOYMENTS
+from jaxroute.routers.names import DECODE_POLICIES, DISPATCH_MODES
+from jaxroute.workloads.names import DECODE_WORKLOADS
 
 DEFAULT_REQUESTS = 2000
 DEFAULT_SEEDS = 8
@@ -40,6 +36,11 @@ DEFAULT_SEEDS = 8
 
 def plot_loads(path, results) -> None:
     """Per-worker KV load over time (seed 0) for the best paper baseline, BR-0 and the first BR-H row."""
+    import numpy as np
+
+    from jaxroute import report
+    from jaxroute.experiments.decode import best_baseline
+
     records, grid = results.records, results.grid
     picks = []
     b = best_baseline(records, "throughput_tok_s")
@@ -84,8 +85,8 @@ def register(subparsers) -> None:
     p.add_argument("--trace", default=None, metavar="PATH",
                    help="Azure trace CSV for azure-conv / azure-code (default ../shared/data/azure_llm_2023_*.csv)")
     p.add_argument("--workers", type=positive_int, default=8, metavar="G", help="decode DP workers (default 8)")
-    p.add_argument("--policies", default=",".join(balance.POLICIES), metavar="LIST",
-                   help=f"comma-separated from {', '.join(balance.POLICIES)} (default: all)")
+    p.add_argument("--policies", default=",".join(DECODE_POLICIES), metavar="LIST",
+                   help=f"comma-separated from {', '.join(DECODE_POLICIES)} (default: all)")
     p.add_argument("--predictor", default="oracle", metavar="LIST",
                    help="BR-H horizon predictor(s), comma-separated; one BR-H row each (default oracle): "
                    "none, oracle, survival, exact, learned:DIR (deployable ones are fitted on requests "
@@ -165,11 +166,20 @@ def parse_arrival(text: str) -> tuple[str, float, float]:
 
 
 def run(args) -> int:
-    from jaxroute.predictors import bank as bank_lib  # registers the deployable kinds
-
     workers, seeds, n_req, seed = args.workers, args.seeds, args.requests, args.seed
-    base = experiment.DEPLOYMENTS[choose([args.deployment], tuple(experiment.DEPLOYMENTS), "deployment")[0]]
+    deployment = choose([args.deployment], DECODE_DEPLOYMENTS, "deployment")[0]
     preempt = choose([args.preemption], ("on", "off"), "--preemption value")[0] == "on"
+    workload = choose([args.workload], DECODE_WORKLOADS, "decode workload")[0]
+    policies = choose(csv_list(args.policies), DECODE_POLICIES, "policy")
+    dispatch = None if args.dispatch is None else choose([args.dispatch], DISPATCH_MODES, "dispatch mode")[0]
+    arrival, rate, scale = parse_arrival(args.arrival)
+    # the models, once the flags are checked
+    from jaxroute import cost_models
+    from jaxroute.experiments import decode as experiment
+    from jaxroute.predictors import bank as bank_lib  # registers the deployable kinds
+    from jaxroute.workloads.decode import make_decode_requests
+
+    base = experiment.DEPLOYMENTS[deployment]
     given = {"gpu": args.gpu, "model": args.model, "tp": args.tp, "parallel": args.parallel,
              "collective_s": None if args.collective_ms is None else args.collective_ms / 1e3}
     dep = dataclasses.replace(base, slots=args.slots, pool=args.pool, window=args.window, horizon=args.horizon,
@@ -178,13 +188,9 @@ def run(args) -> int:
     cost_models.get_gpu(dep.gpu)
     cost_models.get_model(dep.model)
     cost_models.cost_params(dep.gpu, dep.model, dep.tp, parallel=dep.parallel, dp_ranks=workers)  # clear errors first
-    workload = choose([args.workload], DECODE_WORKLOADS, "decode workload")[0]
-    policies = choose(csv_list(args.policies), balance.POLICIES, "policy")
     specs = csv_list(args.predictor)
     if not specs:
         raise JaxrouteError(f"no predictor given; choose from: {bank_lib.SPEC_HELP}")
-    dispatch = None if args.dispatch is None else choose([args.dispatch], balance.DISPATCH_MODES, "dispatch mode")[0]
-    arrival, rate, scale = parse_arrival(args.arrival)
     if seeds < 2:
         warn("one seed gives no confidence interval")
     req = make_decode_requests(workload, n_req, seed=seed, trace_path=args.trace, time_scale=scale)

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import time
 
-from jaxroute import report
-from jaxroute.clusters.queueing import TIME_UNIT
 from jaxroute.commands._common import (
     add_grid_args,
     check_conservation,
@@ -20,8 +18,8 @@ from jaxroute.commands._common import (
     show_progress,
     warn,
 )
-from jaxroute.experiments.dispatch import CLI_POLICIES, METRICS, run_dispatch
-from jaxroute.workloads.service import SERVICE_LAWS, law_moments
+from jaxroute.experiments.names import DISPATCH_POLICIES
+from jaxroute.workloads.names import SERVICE_LAWS
 
 
 def register(subparsers) -> None:
@@ -59,7 +57,12 @@ def register(subparsers) -> None:
 
 def run(args) -> int:
     service = choose([args.service], SERVICE_LAWS, "service law")[0]
-    policies = choose(csv_list(args.policies), list(CLI_POLICIES), "policy")
+    policies = choose(csv_list(args.policies), list(DISPATCH_POLICIES), "policy")
+    from jaxroute import report
+    from jaxroute.clusters.queueing import TIME_UNIT
+    from jaxroute.experiments.dispatch import METRICS, run_dispatch
+    from jaxroute.workloads.service import law_moments
+
     load, stale, seeds, requests = args.load, args.stale, args.seeds, args.requests
     if load >= 1.0:
         warn(f"load {load} >= 1: the queues are unstable (they grow without bound), so response times "

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import argparse
 
-import numpy as np
-
 from jaxroute.commands._common import (
     add_output_args,
     csv_list,
@@ -14,14 +12,12 @@ from jaxroute.commands._common import (
     warn,
 )
 from jaxroute.errors import JaxrouteError
-from jaxroute.predictors.evaluation import PAPER, PAPER_DATA
+from jaxroute.workloads.names import PREDICTOR_WORKLOADS
 
 EVAL_KINDS = ("survival", "exact", "learned")
 
 
 def register(subparsers) -> None:
-    from jaxroute.predictors.data import WORKLOADS
-
     p = subparsers.add_parser(
         "eval-predictor",
         help="compare survival, exact-match and learned horizon predictors on a held-out split",
@@ -33,7 +29,7 @@ def register(subparsers) -> None:
         "decode step of a request equally likely. The held-out split is cut into --folds contiguous folds "
         "whose scores give the 95% CI. The paper's numbers are printed alongside.",
     )
-    p.add_argument("--workload", required=True, choices=WORKLOADS, help="requests to evaluate on")
+    p.add_argument("--workload", required=True, choices=PREDICTOR_WORKLOADS, help="requests to evaluate on")
     p.add_argument("--trace", metavar="PATH", help="trace file for azure-conv/azure-code (CSV) or mooncake (JSONL) "
                    "(default: ../shared/data/...)")
     p.add_argument("--requests", metavar="N", type=positive_int, default=None,
@@ -53,12 +49,6 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from jaxroute.metrics import summarize
-    from jaxroute.predictors import checkpoint, data
-    from jaxroute.predictors.bank import build_bank, predict_pairs
-    from jaxroute.predictors.evaluation import horizon_scores
-    from jaxroute.report import Record, format_table, write_results
-
     kinds = list(args.predictors) if args.predictors else [k for k in EVAL_KINDS if k != "learned" or args.load]
     for k in kinds:
         if k not in EVAL_KINDS:
@@ -67,6 +57,15 @@ def run(args: argparse.Namespace) -> int:
         raise JaxrouteError("predictor 'learned' needs --load DIR (a checkpoint from train-predictor --save)")
     if args.folds < 2:
         raise JaxrouteError("--folds must be >= 2 to give a confidence interval")
+    # the predictors, once the flags are checked
+    import numpy as np
+
+    from jaxroute.metrics import summarize
+    from jaxroute.predictors import checkpoint, data
+    from jaxroute.predictors.bank import build_bank, predict_pairs
+    from jaxroute.predictors.evaluation import PAPER, PAPER_DATA, horizon_scores
+    from jaxroute.report import Record, format_table, write_results
+
     reqs = data.load_lengths(args.workload, args.requests, args.seed, args.trace)
     train, _, test = data.temporal_split(reqs)
     if len(test) < args.folds:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import time
 
-from jaxroute import report
 from jaxroute.commands._common import (
     PD_DEFAULT_REQUESTS,
     add_grid_args,
@@ -17,8 +16,7 @@ from jaxroute.commands._common import (
     show_progress,
     warn,
 )
-from jaxroute.experiments import pd
-from jaxroute.workloads import prefix as wl_prefix
+from jaxroute.workloads.names import SP_DEFAULTS, TRACE_WORKLOADS
 
 DEFAULT_REQUESTS = PD_DEFAULT_REQUESTS
 TABLE = ("goodput_rps", "slo_attainment", "ttft_p90_s", "tpot_p90_s", "e2e_mean_s", "output_tokens_per_s",
@@ -53,8 +51,11 @@ def register(subparsers) -> None:
 
 def run(args) -> int:
     name, rows, workload, dep = pd_setup(args)
+    from jaxroute import report
+    from jaxroute.experiments import pd
+
     tier, gpu, model = dep.decode_tier, dep.gpu, dep.model
-    is_trace = name in wl_prefix.TRACE_WORKLOADS
+    is_trace = name in TRACE_WORKLOADS
     rate = args.rate if args.rate is not None else (0.0 if is_trace else 4.0)
     if args.seeds < 2:
         warn("one seed gives no confidence interval")
@@ -85,6 +86,6 @@ def run(args) -> int:
               "kv_link_latency_ms": args.kv_link_latency_ms, "slo_ttft_s": args.slo_ttft, "slo_tpot_s": args.slo_tpot,
               "seed": args.seed, "elapsed_s": elapsed}
     if name == "shared-prefix":
-        config["shared_prefix"] = {**wl_prefix.SP_DEFAULTS, **shared_prefix_settings(args)}
+        config["shared_prefix"] = {**SP_DEFAULTS, **shared_prefix_settings(args)}
     save_outputs(args, "pd", config, results.records, lambda path: pd.ratio_plot(results, rows, path, title))
     return 0

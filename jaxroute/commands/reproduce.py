@@ -7,14 +7,7 @@ from pathlib import Path
 
 from jaxroute.commands._common import csv_list, positive_int, show_progress
 from jaxroute.errors import JaxrouteError
-from jaxroute.reproduce import (
-    SOURCES,
-    experiments,
-    parse_sources,
-    run,
-    write_readme_block,
-)
-from jaxroute.reproduce.document import find_block, missing_block
+from jaxroute.sources import SOURCES
 
 _ABOUT = {
     "lecture": "the lecture's §1-§3: dispatch theory, balls into bins, stale information, the cache-aware cluster, Preble",
@@ -55,6 +48,8 @@ def register(subparsers) -> None:
 
 
 def main(args) -> int:
+    from jaxroute.reproduce import experiments, parse_sources, run, write_readme_block
+
     sources = parse_sources(args.source)
     if args.list:
         for s in sources:
@@ -77,6 +72,8 @@ def main(args) -> int:
 
 def _check_readme(path: str, key: str) -> None:
     """Refuse before any simulation when FILE cannot take the summary."""
+    from jaxroute.reproduce.document import find_block, missing_block
+
     file = Path(path)
     if not file.is_file():
         raise JaxrouteError(f"--readme {path}: no such file")

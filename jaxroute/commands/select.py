@@ -4,10 +4,6 @@ from __future__ import annotations
 
 from collections import Counter
 
-import jax
-import numpy as np
-
-from jaxroute import report
 from jaxroute.commands._common import (
     add_grid_args,
     check_overflow,
@@ -22,9 +18,7 @@ from jaxroute.commands._common import (
     show_progress,
 )
 from jaxroute.errors import JaxrouteError
-from jaxroute.selector import optimizers as opt
-from jaxroute.selector import world as wl
-from jaxroute.selector.systems import SYSTEMS, get_system
+from jaxroute.selector.names import EXTRA_OPTIMIZERS, OPTIMIZERS, SYSTEMS
 
 METRICS = ("test_accuracy", "train_accuracy", "allocations_evaluated")
 
@@ -61,9 +55,9 @@ def register(subparsers) -> None:
                    "world, 1 each for random pools); reported as cost_per_question")
     p.add_argument("--cost-lambda", type=non_negative_float, default=0.0, metavar="L",
                    help="LLMSelector subtracts L * price / max price from each candidate's score (exercise 7) (default 0)")
-    p.add_argument("--optimizers", default=",".join(opt.OPTIMIZERS), metavar="LIST",
-                   help=f"comma list from: {', '.join(opt.OPTIMIZERS + opt.EXTRA_OPTIMIZERS)} (default: "
-                   f"{', '.join(opt.OPTIMIZERS)}; llmselector_downgrade then moves modules to cheaper models, "
+    p.add_argument("--optimizers", default=",".join(OPTIMIZERS), metavar="LIST",
+                   help=f"comma list from: {', '.join(OPTIMIZERS + EXTRA_OPTIMIZERS)} (default: "
+                   f"{', '.join(OPTIMIZERS)}; llmselector_downgrade then moves modules to cheaper models, "
                    "exercise 7)")
     p.add_argument("--downgrade-tolerance", type=non_negative_float, default=0.0, metavar="T",
                    help="llmselector_downgrade: largest train-accuracy drop accepted for a cheaper model (default 0)")
@@ -79,9 +73,18 @@ def register(subparsers) -> None:
 
 def build(args):
     """Validate the arguments; return (system, config, worlds, params) for the run."""
-    system = get_system(args.system)
+    system_name = choose([args.system], SYSTEMS, "system")[0]
     world_kind = choose([args.world], ("lecture", "random"), "world")[0]
-    optimizers = choose(csv_list(args.optimizers), opt.OPTIMIZERS + opt.EXTRA_OPTIMIZERS, "optimizer")
+    optimizers = choose(csv_list(args.optimizers), OPTIMIZERS + EXTRA_OPTIMIZERS, "optimizer")
+    # the models, once the flags are checked
+    import jax
+    import numpy as np
+
+    from jaxroute.selector import optimizers as opt
+    from jaxroute.selector import world as wl
+    from jaxroute.selector.systems import get_system
+
+    system = get_system(system_name)
     if world_kind == "lecture":
         if system.name != "locate-solve":
             raise JaxrouteError(f"--world lecture is the constructed locate-solve case; use --world random "
@@ -117,6 +120,10 @@ def build(args):
 
 def most_common_allocation(grid) -> str:
     """The final allocation found most often over seeds and pools, with its share."""
+    import numpy as np
+
+    from jaxroute.selector import world as wl
+
     allocs = np.asarray(grid.metrics["allocation"]).reshape(-1, grid.metrics["allocation"].shape[-1])
     counts = Counter(wl.allocation_name(a) for a in allocs)
     name, n = counts.most_common(1)[0]
@@ -124,9 +131,13 @@ def most_common_allocation(grid) -> str:
 
 
 def run(args) -> int:
-    from jaxroute import sim
-
     system, config, worlds, params, optimizers = build(args)
+    import jax
+    import numpy as np
+
+    from jaxroute import report, sim
+    from jaxroute.selector import optimizers as opt
+
     key = jax.random.fold_in(jax.random.key(args.seed), 1)
     grids = opt.run_optimizers(config, key, worlds, sim.stack_params([params]), args.seeds, optimizers,
                                progress=show_progress(args))

@@ -6,9 +6,6 @@ import argparse
 import time
 from pathlib import Path
 
-import numpy as np
-
-from jaxroute import report
 from jaxroute.commands._common import (
     non_negative_int,
     positive_float,
@@ -16,11 +13,10 @@ from jaxroute.commands._common import (
     show_progress,
 )
 from jaxroute.errors import JaxrouteError
+from jaxroute.workloads.names import PREDICTOR_WORKLOADS
 
 
 def register(subparsers) -> None:
-    from jaxroute.predictors.data import WORKLOADS
-
     p = subparsers.add_parser(
         "train-predictor",
         help="train the learned horizon predictor (termination classifier + remaining-steps regressor)",
@@ -29,7 +25,7 @@ def register(subparsers) -> None:
         "The last 15% stays held out for `jaxroute eval-predictor`. Writes loss_curve.png into the "
         "checkpoint directory and prints the validation AUC (ends within H) and MAE (remaining steps).",
     )
-    p.add_argument("--workload", required=True, choices=WORKLOADS, help="requests to learn output lengths from")
+    p.add_argument("--workload", required=True, choices=PREDICTOR_WORKLOADS, help="requests to learn output lengths from")
     p.add_argument("--trace", metavar="PATH", help="trace file for azure-conv/azure-code (CSV) or mooncake "
                    "(JSONL); default: ../shared/data/...")
     p.add_argument("--requests", metavar="N", type=positive_int, default=None,
@@ -47,6 +43,8 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import numpy as np
+
     from jaxroute.predictors import checkpoint, data, learned
     from jaxroute.predictors.bank import build_bank, predict_pairs
     from jaxroute.predictors.evaluation import horizon_scores
@@ -93,6 +91,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _plot_losses(history: list[dict], path: Path, best_step: int) -> Path:
+    from jaxroute import report
+
     steps = [h["step"] for h in history]
     lines = []
     tr = [(h["step"], h["train_loss"]) for h in history if h["train_loss"] is not None]

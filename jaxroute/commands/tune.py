@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import TYPE_CHECKING
 
-from jaxroute import cost_models as cm
-from jaxroute import report
-from jaxroute.clusters.replicas.model import ADMISSIONS, LOCAL_ORDERS
+from jaxroute import catalog
+from jaxroute.clusters import names as dd  # dp_decode's defaults, dd.DEFAULT_*
+from jaxroute.clusters.names import ADMISSIONS, LOCAL_ORDERS, REPLICA_METRICS
 from jaxroute.commands._common import (
     add_shared_prefix_args,
     choose,
@@ -24,14 +25,20 @@ from jaxroute.commands._common import (
     warn,
 )
 from jaxroute.errors import JaxrouteError
-from jaxroute.experiments import capacity as cap
-from jaxroute.experiments import decode as dx
-from jaxroute.experiments import tune as tn
-from jaxroute.experiments import tune_decode as td
-from jaxroute.experiments.cluster import WORKLOADS, build_workload
-from jaxroute.experiments.pd import DEFAULT_SLO_TPOT_S, DEFAULT_SLO_TTFT_S
-from jaxroute.workloads import prefix as wl_prefix
-from jaxroute.workloads.decode import DECODE_WORKLOADS
+from jaxroute.experiments.knobs import DECODE_KNOBS, TUNABLE, TUNABLE_ROUTERS
+from jaxroute.experiments.names import (
+    CLUSTER_WORKLOADS,
+    DECODE_DEPLOYMENTS,
+    DECODE_OBJECTIVES,
+    DEFAULT_DECODE_OBJECTIVE,
+    DEFAULT_SLO_TPOT_S,
+    DEFAULT_SLO_TTFT_S,
+    parse_slo,
+)
+from jaxroute.workloads.names import DECODE_WORKLOADS, TRACE_WORKLOADS
+
+if TYPE_CHECKING:
+    from jaxroute.experiments import tune as tn
 
 MODELS = ("cluster", "decode")
 DECODE_REQUESTS = 500
@@ -39,7 +46,7 @@ DEFAULT_SLO = f"ttft_p90_s<={DEFAULT_SLO_TTFT_S:g},tpot_p90_s<={DEFAULT_SLO_TPOT
 
 
 def _knob_table() -> str:
-    return "; ".join(f"{r}: {', '.join(k.name for k in ks)}" for r, ks in tn.TUNABLE.items())
+    return "; ".join(f"{r}: {', '.join(k.name for k in ks)}" for r, ks in TUNABLE.items())
 
 
 def register(subparsers) -> None:
@@ -65,14 +72,14 @@ def _register_cluster(models) -> None:
         "on fresh seeds: means with 95 % CIs and the gain over the defaults (+ = better), paired per seed. "
         f"Tunable settings (their defaults are the preset's): {_knob_table()}; the weighted presets also take "
         "any w_<scorer>.")
-    p.add_argument("--router", required=True, metavar="NAME", help=f"router to tune: {', '.join(tn.TUNABLE_ROUTERS)}")
+    p.add_argument("--router", required=True, metavar="NAME", help=f"router to tune: {', '.join(TUNABLE_ROUTERS)}")
     p.add_argument("--params", default=None, metavar="NAME,...",
                    help="settings to tune, e.g. w_prefix,w_queue (default: all tunable ones of the router; the others "
                    "keep the preset's values)")
     p.add_argument("--objective", default="goodput", metavar="NAME",
                    help="goodput (requests per second meeting the SLO's TTFT and TPOT bounds, maximised), capacity "
                    "(the largest rate at which the SLO holds, maximised), slo_attainment, or a metric of the model "
-                   f"({', '.join(tn.replicas.METRICS)}, e2e_mean_s, e2e_p99_s): output_tokens_per_s and hit_rate "
+                   f"({', '.join(REPLICA_METRICS)}, e2e_mean_s, e2e_p99_s): output_tokens_per_s and hit_rate "
                    "are maximised, the others minimised (default goodput)")
     p.add_argument("--slo", type=slo_clauses, default=None, metavar="METRIC<=V,...",
                    help="goodput / slo_attainment: per-request bounds ttft_*<=S,tpot_*<=S (the quantile in the name "
@@ -87,15 +94,15 @@ def _register_cluster(models) -> None:
                    help="capacity: relative width of a known bracket (default 0.05)")
     p.add_argument("--points", type=positive_int, default=4, metavar="K", help="capacity: rates per candidate per round (default 4)")
     p.add_argument("--max-rounds", type=positive_int, default=6, metavar="N", help="capacity: rounds at most per generation (default 6)")
-    p.add_argument("--workload", default="toolbench", metavar="NAME", help=f"one of {', '.join(WORKLOADS)} (default toolbench)")
+    p.add_argument("--workload", default="toolbench", metavar="NAME", help=f"one of {', '.join(CLUSTER_WORKLOADS)} (default toolbench)")
     p.add_argument("--trace", default=None, metavar="PATH", help="trace file for mooncake / azure-conv (default: the public trace)")
     p.add_argument("--hot-tool", type=probability, default=0.0, metavar="SHARE",
                    help="toolbench only: share of traffic on one hot tool (default 0)")
     add_shared_prefix_args(p)
     p.add_argument("--requests", type=positive_int, default=300, metavar="N", help="requests per run (default 300)")
     p.add_argument("--replicas", type=positive_int, default=4, metavar="G", help="number of replicas (default 4)")
-    p.add_argument("--gpu", default="a6000", metavar="NAME", help=f"GPU of every replica: {', '.join(cm.GPUS)} (default a6000)")
-    p.add_argument("--model", default="mistral-7b", metavar="NAME", help=f"model served: {', '.join(cm.MODELS)} (default mistral-7b)")
+    p.add_argument("--gpu", default="a6000", metavar="NAME", help=f"GPU of every replica: {', '.join(catalog.GPUS)} (default a6000)")
+    p.add_argument("--model", default="mistral-7b", metavar="NAME", help=f"model served: {', '.join(catalog.MODELS)} (default mistral-7b)")
     p.add_argument("--tp", type=positive_int, default=1, metavar="T", help="tensor-parallel GPUs per replica (default 1)")
     p.add_argument("--kv-capacity", type=positive_int, default=None, metavar="TOKENS",
                    help="KV tokens per replica (default: from GPU memory, as jaxroute cluster)")
@@ -113,8 +120,7 @@ def _register_cluster(models) -> None:
 
 
 def _register_decode(models) -> None:
-    dd = dx.dd
-    knobs = "; ".join(f"{k.name} in [{k.lo:g}, {k.hi:g}]{' (log scale)' if k.log else ''}" for k in td.KNOBS)
+    knobs = "; ".join(f"{k.name} in [{k.lo:g}, {k.hi:g}]{' (log scale)' if k.log else ''}" for k in DECODE_KNOBS)
     p = models.add_parser(
         "decode", help="tune BalanceRoute BR-H's weights beta, gamma, alpha (decode DP workers behind a barrier)",
         description="Search BR-H's traced weights in the decode model (as `jaxroute decode` runs it, saturated "
@@ -127,9 +133,9 @@ def _register_decode(models) -> None:
         "is not tuned.")
     p.add_argument("--params", default=None, metavar="NAME,...",
                    help="settings to tune, from beta, gamma, alpha (default: all three; the others keep their defaults)")
-    p.add_argument("--objective", default=td.DEFAULT_OBJECTIVE, metavar="NAME",
-                   help=f"a metric of the decode model: {', '.join(td.OBJECTIVES)}; throughput_*, tokens_per_step* "
-                   f"and util_* are maximised, the others minimised (default {td.DEFAULT_OBJECTIVE})")
+    p.add_argument("--objective", default=DEFAULT_DECODE_OBJECTIVE, metavar="NAME",
+                   help=f"a metric of the decode model: {', '.join(DECODE_OBJECTIVES)}; throughput_*, tokens_per_step* "
+                   f"and util_* are maximised, the others minimised (default {DEFAULT_DECODE_OBJECTIVE})")
     p.add_argument("--workload", default="synthetic-prod", metavar="NAME",
                    help=f"one of {', '.join(DECODE_WORKLOADS)} (default synthetic-prod)")
     p.add_argument("--trace", default=None, metavar="PATH",
@@ -141,7 +147,7 @@ def _register_decode(models) -> None:
                    help="BR-H horizon predictor, one of: none, oracle, survival, exact, learned:DIR (deployable ones "
                    "are fitted on requests distinct from the simulated ones) (default oracle)")
     p.add_argument("--deployment", default="default", metavar="NAME",
-                   help=f"{' or '.join(dx.DEPLOYMENTS)}, as jaxroute decode has them (default default)")
+                   help=f"{' or '.join(DECODE_DEPLOYMENTS)}, as jaxroute decode has them (default default)")
     p.add_argument("--horizon", type=non_negative_int, default=dd.DEFAULT_HORIZON, metavar="H",
                    help=f"BR-H horizon H: a static shape, fixed during the search (default {dd.DEFAULT_HORIZON})")
     p.add_argument("--slots", type=positive_int, default=dd.DEFAULT_SLOTS, metavar="S",
@@ -173,6 +179,8 @@ def _add_search_args(p) -> None:
 
 
 def _objective(args) -> tn.Objective:
+    from jaxroute.experiments import tune as tn
+
     name = args.objective.strip().lower()
     search = tn.CapacitySearch(*(args.rate_range or (0.5, 100.0)), tol=args.tol, points=args.points,
                                max_rounds=args.max_rounds)
@@ -182,12 +190,14 @@ def _objective(args) -> tn.Objective:
         raise JaxrouteError("--rate-range applies to --objective capacity")
     slo = args.slo
     if slo is None and name in ("goodput", "goodput_rps", "slo_attainment"):
-        slo = cap.parse_slo(DEFAULT_SLO)
+        slo = parse_slo(DEFAULT_SLO)
     return tn.objective(name, slo or (), search)
 
 
 def _setup(args, workload) -> tn.Setup:
-    is_trace = args.workload in wl_prefix.TRACE_WORKLOADS
+    from jaxroute.experiments import tune as tn
+
+    is_trace = args.workload in TRACE_WORKLOADS
     rate = args.rate if args.rate is not None else (0.0 if is_trace else 1.0)
     return tn.Setup(workload, replicas=args.replicas, rate=rate, gpu=args.gpu, model_name=args.model, tp=args.tp,
                     cost_model=choose([args.cost_model], ("roofline", "preble"), "cost model")[0],
@@ -207,6 +217,8 @@ def _fmt(x: float) -> str:
 
 
 def _table(res: tn.TuneResult) -> str:
+    from jaxroute import report
+
     names = res.space.names
     w = {n: max(10, len(n)) for n in names}
     head = f"  {'candidate':<10} " + " ".join(f"{n:>{w[n]}}" for n in names) + f" {res.objective.metric + ' (fresh seeds)':>26} {'gain (+ = better)':>22} {'gain %':>8}"
@@ -221,6 +233,8 @@ def _table(res: tn.TuneResult) -> str:
 
 
 def _plot(res: tn.TuneResult, path: str, title: str) -> None:
+    from jaxroute import report
+
     x = [g.index for g in res.generations]
     lines = [dict(x=x, y=[g.best for g in res.generations], marker="o", label="best of generation"),
              dict(x=x, y=[g.mean for g in res.generations], marker=".", label="generation mean"),
@@ -248,6 +262,8 @@ def _search(args, title: str, run_tune) -> tn.TuneResult:
 
 
 def _report(res: tn.TuneResult) -> None:
+    from jaxroute import report
+
     print(f"defaults on the search seeds: {_fmt(res.start_score)}; best found: {_fmt(res.generations[-1].best_ever)}")
     print(_table(res))
     print(f"best (*): {res.best.label}, settings {report.jsonable(res.best.settings)}")
@@ -257,6 +273,8 @@ def _report(res: tn.TuneResult) -> None:
 
 
 def _write(res: tn.TuneResult, args, title: str, config: dict) -> None:
+    from jaxroute import report
+
     if args.out:
         print(f"wrote {report.write_json(args.out, {'command': 'tune', 'config': config, **res.as_json()})}")
     if args.plot:
@@ -270,10 +288,15 @@ def _search_kw(args) -> dict:
 
 
 def run(args) -> int:
-    router = choose([args.router], tn.TUNABLE_ROUTERS, "tunable router")[0]
+    router = choose([args.router], TUNABLE_ROUTERS, "tunable router")[0]
+    name = choose([args.workload], CLUSTER_WORKLOADS, "workload")[0]
+    # the models, once the flags are checked
+    from jaxroute import report
+    from jaxroute.experiments import tune as tn
+    from jaxroute.experiments.cluster import build_workload
+
     space = tn.Space.of(router, csv_list(args.params) if args.params is not None else None)
     obj = _objective(args)
-    name = choose([args.workload], WORKLOADS, "workload")[0]
     args.workload = name
     workload = build_workload(name, args.requests, args.trace, args.hot_tool, shared_prefix=shared_prefix_settings(args))
     setup = _setup(args, workload)
@@ -297,19 +320,23 @@ def run(args) -> int:
 
 
 def run_decode(args) -> int:
+    if args.population < 2:
+        raise JaxrouteError(f"CMA-ES needs a population of at least 2, got {args.population}")
+    workload = choose([args.workload], DECODE_WORKLOADS, "decode workload")[0]
+    deployment = choose([args.deployment], DECODE_DEPLOYMENTS, "deployment")[0]
+    # the models, once the flags are checked
+    from jaxroute.experiments import decode as dx
+    from jaxroute.experiments import tune_decode as td
     from jaxroute.predictors import bank as bank_lib  # registers the deployable kinds
     from jaxroute.workloads.decode import make_decode_requests
 
     obj = td.objective(args.objective)
     space = td.DecodeSpace.of(args.workers, csv_list(args.params) if args.params is not None else None)
-    if args.population < 2:
-        raise JaxrouteError(f"CMA-ES needs a population of at least 2, got {args.population}")
     specs = csv_list(args.predictor)
     if len(specs) != 1:
         raise JaxrouteError(f"give one predictor, e.g. --predictor oracle; choose from: {bank_lib.SPEC_HELP}")
     predictor = bank_lib.parse_spec(specs[0])[0]
-    workload = choose([args.workload], DECODE_WORKLOADS, "decode workload")[0]
-    base = dx.DEPLOYMENTS[choose([args.deployment], tuple(dx.DEPLOYMENTS), "deployment")[0]]
+    base = dx.DEPLOYMENTS[deployment]
     dep = dataclasses.replace(base, slots=args.slots, pool=args.pool, window=args.window, horizon=args.horizon,
                               r_max=args.r_max)
     req = make_decode_requests(workload, args.requests, seed=args.seed, trace_path=args.trace)

@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-import math
-import re
 from collections.abc import Callable
 
 import jax
@@ -38,37 +36,8 @@ from jaxroute.experiments import pd
 from jaxroute.experiments.cluster import CAPACITY_FLAGS, initial_capacities
 from jaxroute.experiments.decode import Deployment as DecodeDeployment
 from jaxroute.experiments.dispatch import CLI_POLICIES
+from jaxroute.experiments.names import Bound, parse_slo  # noqa: F401  (capacity.parse_slo: SLO clauses)
 from jaxroute.routers import prefix as routers
-
-_BOUND = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(<=|>=)\s*([-+0-9.eE]+)\s*$")
-
-
-@dataclasses.dataclass(frozen=True)
-class Bound:
-    """One SLO clause: metric op value (op '<=' or '>=')."""
-
-    metric: str
-    op: str
-    value: float
-
-    def holds(self, x: np.ndarray) -> np.ndarray:
-        return x <= self.value if self.op == "<=" else x >= self.value
-
-
-def parse_slo(text: str) -> tuple[Bound, ...]:
-    """'ttft_p90_s<=2,tpot_p90_s<=0.1' -> the clauses (all must hold)."""
-    out = []
-    for part in (p for p in text.split(",") if p.strip()):
-        m = _BOUND.match(part)
-        if not m:
-            raise JaxrouteError(f"an SLO clause is METRIC<=VALUE or METRIC>=VALUE, got '{part.strip()}'")
-        value = float(m.group(3))
-        if not math.isfinite(value):
-            raise JaxrouteError(f"an SLO bound must be a finite number, got '{part.strip()}'")
-        out.append(Bound(m.group(1), m.group(2), value))
-    if not out:
-        raise JaxrouteError("the SLO is empty; give METRIC<=VALUE[,...]")
-    return tuple(out)
 
 
 @dataclasses.dataclass

@@ -9,13 +9,14 @@ import numpy as np
 from jaxroute.clusters import replicas
 from jaxroute.errors import JaxrouteError
 from jaxroute.experiments.comparison import Comparison, Results, Row, run_with_retry
+from jaxroute.experiments.names import CLUSTER_WORKLOADS
 from jaxroute.routers import preble
 from jaxroute.routers.parts import SCORERS
 from jaxroute.routers.prefix import PRESETS, REGISTRY, modules_for
 from jaxroute.workloads import prefix as wl_prefix
 from jaxroute.workloads import traces
 
-WORKLOADS = wl_prefix.PREFIX_WORKLOADS + wl_prefix.TRACE_WORKLOADS
+WORKLOADS = CLUSTER_WORKLOADS  # synthetic prefix workloads, then traces (experiments/names.py)
 METRICS = replicas.METRICS
 # Preble's decision statistics (routers/preble.py `stats`), summarised when a row runs a Preble preset
 E2_METRICS = ("e2_mean_L_s", "e2_mean_M_s", "e2_mean_P_s", "e2_exploits", "e2_rebalanced", "e2_paired",

@@ -21,6 +21,7 @@ from jaxroute.experiments.comparison import (
     paired_difference,
     run_with_retry,
 )
+from jaxroute.experiments.names import DECODE_DEPLOYMENTS, LOWER_IS_BETTER
 from jaxroute.metrics import summarize
 from jaxroute.predictors import base as predictors
 from jaxroute.routers import balance
@@ -30,10 +31,7 @@ METRICS = ("imbalance_tokens", "barrier_idle_tokens", "tpot_p95_s", "throughput_
 EXTRA_METRICS = ("imbalance_loaded_tokens", "throughput_loaded_tok_s", "tpot_p95_loaded_s", "tokens_per_step",
                  "tokens_per_step_loaded", "completed_loaded", "preemptions", "recomputed_tokens", "mean_step_s", "util_mean", "util_min",
                  "makespan_s", "steps", "mean_load_tokens", "completed")
-# Direction of "better" for the relative columns.
-LOWER_IS_BETTER = {"imbalance_tokens": True, "imbalance_loaded_tokens": True, "barrier_idle_tokens": True, "tpot_p95_s": True,
-                   "tpot_p95_loaded_s": True, "throughput_tok_s": False, "throughput_loaded_tok_s": False,
-                   "tokens_per_step": False, "tokens_per_step_loaded": False}
+# Direction of "better" for the relative columns: LOWER_IS_BETTER (experiments/names.py).
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,7 +74,7 @@ class Deployment:
 # all-to-all and the per-layer barrier are in the cost model, so no extra collective is added. Slots (64)
 # and R_max (4, the paper's dispatch setting) are not given as a batch limit by the seed; 64 is kept.
 PAPER_DEPLOYMENT = Deployment(gpu="Ascend-910C", model="DeepSeek-V3-W8A8", tp=4, parallel="dp_ep", collective_s=0.0)
-DEPLOYMENTS = {"default": Deployment(), "paper": PAPER_DEPLOYMENT}
+DEPLOYMENTS = dict(zip(DECODE_DEPLOYMENTS, (Deployment(), PAPER_DEPLOYMENT), strict=True))
 
 
 def rows_for(policies, predictor_names, *, alpha=dd.DEFAULT_ALPHA, beta=None, gamma=dd.DEFAULT_GAMMA,

@@ -5,9 +5,10 @@ from __future__ import annotations
 from jaxroute.clusters.queueing import DispatchModel, default_ring, make_params
 from jaxroute.errors import JaxrouteError
 from jaxroute.experiments.comparison import Comparison, Results, Row, run_with_retry
+from jaxroute.experiments.names import DISPATCH_POLICIES
 
-# CLI policy names -> model policy ids; p2c is power-of-d with d = --d (2 unless changed).
-CLI_POLICIES = {"random": "random", "rr": "rr", "jsq": "jsq", "p2c": "pod", "pod": "pod", "lwl": "lwl"}
+# CLI policy names -> model policy ids; p2c is power-of-d with d = --d (2 unless changed) (experiments/names.py)
+CLI_POLICIES = DISPATCH_POLICIES
 METRICS = ("mean_response", "p99_response")
 # Heavy tails: big jobs block servers and queues pile up elsewhere (ring sizes seen at load 0.9).
 HEAVY_TAIL_RING = {"pareto": 256, "lognormal": 64}

@@ -22,18 +22,19 @@ from jaxroute.clusters import dp_decode as dd
 from jaxroute.errors import JaxrouteError
 from jaxroute.experiments.cluster import build_workload, initial_capacities
 from jaxroute.experiments.comparison import Results, Row
-from jaxroute.routers import balance
+from jaxroute.experiments.names import (  # noqa: F401  (pd.DEFAULT_*, pd.parse_ratios, ...: the command line's)
+    DECODE_TIERS,
+    DEFAULT_LINK_GBPS,
+    DEFAULT_LINK_LATENCY_MS,
+    DEFAULT_SLO_TPOT_S,
+    DEFAULT_SLO_TTFT_S,
+    decode_routers,
+    parse_ratios,
+)
 from jaxroute.routers import prefix as prefix_routers
 from jaxroute.workloads import prefix as wl_prefix
 
-# A DGX H100/H200 pairs each GPU with its own ConnectX-7 port on the compute fabric (NVIDIA DGX H100 User Guide,
-# 1.2.3 Network Modules, Table 6: eight OSFP ports, one per GPU), 400 Gb/s NDR each: the path NIXL / Mooncake
-# transfer engines use for KV. A transfer also pays a fixed latency (an RDMA round trip is a few microseconds;
-# a transfer-engine request with its metadata exchange, ~0.1 ms, is our assumption, not a measurement).
-DEFAULT_LINK_GBPS = 400.0
-DEFAULT_LINK_LATENCY_MS = 0.1
-DEFAULT_SLO_TTFT_S = 2.0
-DEFAULT_SLO_TPOT_S = 0.1
+# The KV link and SLO defaults (DEFAULT_LINK_GBPS: one ConnectX-7 NIC per GPU, ...) are in experiments/names.py.
 METRICS = ("goodput_rps", "slo_attainment", "ttft_mean_s", "ttft_p90_s", "ttft_p99_s", "tpot_mean_s", "tpot_p90_s",
            "e2e_mean_s", "e2e_p99_s", "output_tokens_per_s", "prefill_queue_s", "prefill_s", "link_queue_s",
            "transfer_s", "decode_wait_s", "prefill_hit_rate", "util_prefill", "util_decode", "util_link",
@@ -88,32 +89,6 @@ class Deployment:
 
     def cost(self) -> cost_models.CostParams:
         return cost_models.cost_params(self.gpu, self.model, self.tp, kind=self.cost_model)
-
-
-def parse_ratios(text: str) -> list[tuple[int, int]]:
-    """'2:6,4:4' -> [(2, 6), (4, 4)] (each count >= 1)."""
-    out = []
-    for part in (p.strip() for p in text.split(",") if p.strip()):
-        try:
-            a, b = (int(x) for x in part.split(":"))
-        except ValueError:
-            raise JaxrouteError(f"a P:D ratio is two integers like 4:4, got '{part}'") from None
-        if a < 1 or b < 1:
-            raise JaxrouteError(f"a P:D ratio needs at least one prefill and one decode group, got '{part}'")
-        out.append((a, b))
-    if not out:
-        raise JaxrouteError("--ratios is empty; give P:D pairs like 2:6,4:4")
-    return out
-
-
-DECODE_TIERS = ("dp", "replicas")
-
-
-def decode_routers(tier: str) -> tuple[str, ...]:
-    """The decode routers a decode tier takes: decode policies (dp) or prefix router presets (replicas)."""
-    if tier not in DECODE_TIERS:
-        raise JaxrouteError(f"unknown decode tier '{tier}'; choose from: {', '.join(DECODE_TIERS)}")
-    return balance.POLICIES if tier == "dp" else prefix_routers.PREFIX_POLICIES
 
 
 def _check_partial(router: str, size: int, tier_size: int, what: str) -> None:

@@ -32,6 +32,7 @@ from jaxroute.clusters import replicas
 from jaxroute.errors import JaxrouteError
 from jaxroute.experiments import capacity as cap
 from jaxroute.experiments.cluster import initial_capacities, uses_weights
+from jaxroute.experiments.knobs import TUNABLE, TUNABLE_ROUTERS, Knob, weight_knobs
 from jaxroute.experiments.pd import ColocatedStage, request_metrics
 from jaxroute.metrics import Summary, summarize
 from jaxroute.routers import prefix as routers
@@ -41,61 +42,7 @@ from jaxroute.workloads import prefix as wl_prefix
 FRESH_SEED = 1_000_003  # the final re-evaluation's base seed is the search's plus this
 
 # --------------------------------------------------------------------------- the tunable settings
-
-
-@dataclasses.dataclass(frozen=True)
-class Knob:
-    """One tunable setting: a `make_params` router keyword (`w_<scorer>` = that scorer's weight) in [lo, hi]."""
-
-    name: str
-    lo: float
-    hi: float
-    log: bool = False
-
-    @property
-    def scorer(self) -> str | None:
-        """The scorer whose weight this is (None for other settings)."""
-        return self.name.removeprefix("w_") if self.name.startswith("w_") else None
-
-    def to_unit(self, v: float) -> float:
-        v = min(max(float(v), self.lo), self.hi)
-        if self.log:
-            return (math.log(v) - math.log(self.lo)) / (math.log(self.hi) - math.log(self.lo))
-        return (v - self.lo) / (self.hi - self.lo)
-
-    def from_unit(self, u: float) -> float:
-        u = min(max(float(u), 0.0), 1.0)
-        if self.log:
-            return math.exp(math.log(self.lo) + u * (math.log(self.hi) - math.log(self.lo)))
-        return self.lo + u * (self.hi - self.lo)
-
-
-def _w(*scorers: str) -> tuple[Knob, ...]:
-    return tuple(Knob(f"w_{s}", 0.0, 10.0) for s in scorers)
-
-
-_THETA = Knob("theta", 0.0, 1.0)
-_SGL = (Knob("sgl_cache_threshold", 0.0, 1.0), Knob("sgl_balance_abs", 1.0, 1024.0, log=True),
-        Knob("sgl_balance_rel", 1.0, 4.0))
-_E2 = (Knob("e2_th_bal", 1.0, 4.0), Knob("e2_window_s", 10.0, 1800.0, log=True))
-
-# preset -> the settings tuned by default (bounds; their defaults are the preset's, `Space.default_values`)
-TUNABLE: dict[str, tuple[Knob, ...]] = {
-    "threshold": (_THETA,),
-    "cache_guard": (_THETA, Knob("guard_abs", 1.0, 256.0, log=True), Knob("guard_rel", 1.0, 4.0)),
-    "weighted": _w("prefix", "inflight", "tokens"),
-    "llmd_precise": _w("prefix", "kv", "queue"),
-    "llmd_approx": _w("prefix", "kv", "queue"),
-    "llmd_load": _w("queue", "kv"),
-    "llmd_load_aware": (Knob("load_threshold", 4.0, 1024.0, log=True),),
-    "dynamo_kv": (Knob("dyn_overlap_weight", 0.0, 10.0), Knob("dyn_temperature", 0.0, 2.0)),
-    "sglang_cache_aware": _SGL,
-    "sglang_cache_aware_rs": _SGL,
-    "sglang_gateway": _SGL,
-    "preble_e2": _E2,
-    "preble": _E2,
-}
-TUNABLE_ROUTERS = tuple(TUNABLE)
+# Knob, TUNABLE (preset -> the settings tuned by default) and TUNABLE_ROUTERS are in experiments/knobs.py.
 
 
 def knobs_for(router: str, names=None) -> tuple[Knob, ...]:
@@ -104,7 +51,7 @@ def knobs_for(router: str, names=None) -> tuple[Knob, ...]:
         raise JaxrouteError(f"router '{router}' has no tunable settings; choose from: {', '.join(TUNABLE_ROUTERS)}")
     table = {k.name: k for k in TUNABLE[router]}
     if uses_weights(router):
-        table.update({k.name: k for k in _w(*SCORERS) if k.name not in table})
+        table.update({k.name: k for k in weight_knobs(*SCORERS) if k.name not in table})
     return TUNABLE[router] if names is None else pick_knobs(table, names, router)
 
 

@@ -17,11 +17,12 @@ from jaxroute.clusters import dp_decode as dd
 from jaxroute.errors import JaxrouteError
 from jaxroute.experiments import decode as dx
 from jaxroute.experiments import tune as tn
+from jaxroute.experiments.knobs import DECODE_KNOBS
+from jaxroute.experiments.names import DECODE_OBJECTIVES, DEFAULT_DECODE_OBJECTIVE
 from jaxroute.workloads.decode import DecodeRequests
 
 POLICY = "brh"
-# beta: log range (the default, G workers, is inside for G <= 64); gamma: discount; alpha: gain weight
-KNOBS = (tn.Knob("beta", 0.5, 64.0, log=True), tn.Knob("gamma", 0.5, 0.999), tn.Knob("alpha", 0.1, 4.0))
+KNOBS = DECODE_KNOBS  # beta (log range), gamma, alpha: experiments/knobs.py
 KNOB_NAMES = tuple(k.name for k in KNOBS)
 
 
@@ -30,11 +31,9 @@ def knobs(workers: int) -> tuple[tn.Knob, ...]:
     beta = KNOBS[0] if 2 * workers <= KNOBS[0].hi else dataclasses.replace(KNOBS[0], hi=2.0 * workers)
     return (beta,) + KNOBS[1:]
 
-# objectives: metrics of the decode model, one value per (row, seed); True = maximised
-OBJECTIVES = {**{m: not low for m, low in dx.LOWER_IS_BETTER.items()},
-              "makespan_s": False, "preemptions": False, "recomputed_tokens": False,
-              "util_mean": True, "util_min": True}
-DEFAULT_OBJECTIVE = "throughput_tok_s"
+# objectives: metrics of the decode model, one value per (row, seed); True = maximised (experiments/names.py)
+OBJECTIVES = DECODE_OBJECTIVES
+DEFAULT_OBJECTIVE = DEFAULT_DECODE_OBJECTIVE
 
 
 def objective(name: str) -> tn.Objective:

@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxroute import fast_prng  # noqa: F401  (unrolled Threefry on CPU; this module jits without jaxroute.sim)
 from jaxroute.errors import JaxrouteError
 from jaxroute.predictors import base, learned
 from jaxroute.predictors.data import LengthData, Pairs, from_requests

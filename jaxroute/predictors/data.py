@@ -31,8 +31,9 @@ import numpy as np
 from jaxroute.errors import JaxrouteError
 from jaxroute.predictors.base import RequestFeatures
 from jaxroute.workloads import decode, traces
+from jaxroute.workloads.names import PREDICTOR_WORKLOADS
 
-WORKLOADS = decode.DECODE_WORKLOADS + ("mooncake",)
+WORKLOADS = PREDICTOR_WORKLOADS  # the decode workloads and mooncake's trace (workloads/names.py)
 MOONCAKE_DEFAULT_PATH = "../shared/data/mooncake_synthetic_trace.jsonl"
 MOONCAKE_KEY_BLOCKS = 1  # prompt key = hash of the first block id(s) of hash_ids
 SPLIT_FRACTIONS = (0.70, 0.15, 0.15)  # train, validation, held-out test (temporal)

@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from jaxroute import fast_prng  # noqa: F401  (unrolled Threefry on CPU; this module jits without jaxroute.sim)
 from jaxroute.errors import JaxrouteError
 from jaxroute.predictors import learned
 from jaxroute.predictors.data import LengthData, Pairs, sample_pairs

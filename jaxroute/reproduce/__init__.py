@@ -30,14 +30,9 @@ from jaxroute.reproduce.document import (
     summary_markdown,
     verdict_counts,
 )
+from jaxroute.sources import SOURCES
 
-# source -> modules (under jaxroute.reproduce) holding its experiments, in report order
-SOURCES: dict[str, tuple[str, ...]] = {
-    "lecture": ("lecture_dispatch", "lecture_cluster", "lecture_preble"),
-    "balanceroute": ("balanceroute",),
-    "llmselector": ("llmselector",),
-    "production-routers": ("production_routers", "pd_study", "capacity_study"),
-}
+# SOURCES: source -> its modules here, in report order (in jaxroute/sources.py, jax-free: the CLI lists them)
 
 
 def experiments(source: str) -> list[Experiment]:

@@ -3,9 +3,10 @@
 Replica-cluster routers (`prefix.py`) are built from parts, as real routers are (llm-d's scheduler
 config, SGLang, Dynamo): filters (`[G]` masks), scorers (`[G]` scores), traced weights, and a picker
 (`parts.py`). A named policy (preset) is registered in `prefix.PRESETS`; its position is the traced
-policy id selected with `lax.switch`.
+policy id selected with `lax.switch`. Its name is also in `names.PREFIX_POLICIES` (same order; checked on
+import), which the command line reads without importing JAX.
 
-Adding a stateless router = one function + one registry entry::
+Adding a stateless router = one function + one registry entry (+ its name in `names.py`)::
 
     # routers/presets.py
     def shortest_prompt_queue(view, req, p, key):
@@ -14,8 +15,10 @@ Adding a stateless router = one function + one registry entry::
 
     # routers/prefix.py, PRESETS (append: existing ids stay; defaults= sets its weights, picker, ...)
     "shortest_prompt_queue": Preset(presets.shortest_prompt_queue),
+    # routers/names.py, PREFIX_POLICIES (appended likewise)
+    ..., "shortest_prompt_queue",
 
-Adding a stateful router = one module + one registry entry (+ its reference in tests/). The module
+Adding a stateful router = one module + one registry entry (+ its name in `names.py` and its reference in tests/). The module
 owns its state and defines, with `view: RouterView`, `req: Request`, `g` the chosen replica and
 `active` a traced bool (update only where true, so a vmapped step stays O(row))::
 

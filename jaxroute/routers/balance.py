@@ -37,8 +37,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxroute.registry import PolicyRegistry
+from jaxroute.routers.names import DECODE_POLICIES, DISPATCH_MODES
 
-POLICIES = ("random", "rr", "p2c", "jsq", "least_kv", "br0", "brh")  # run on every decode model
+POLICIES = DECODE_POLICIES  # run on every decode model (routers/names.py)
 # Appended after POLICIES (existing ids unchanged); kept out of POLICIES, which callers iterate as "every
 # policy a model runs", because these need per-rank prefix caches (check_params refuses them otherwise).
 CACHE_POLICIES = ("br_cache", "cache")
@@ -48,7 +49,6 @@ PAPER_BASELINES = ("random", "rr", "p2c", "jsq")
 RANDOM, RR, P2C, JSQ, LEAST_KV, BR0, BRH, BR_CACHE, CACHE = range(len(ALL_POLICIES))
 CACHE_IDS = (BR_CACHE, CACHE)
 IMMEDIATE, POOLED = 0, 1
-DISPATCH_MODES = ("immediate", "pooled")
 DISPATCH_REGISTRY = PolicyRegistry("decode", DISPATCH_MODES, what="dispatch mode")
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from jaxroute.routers.names import SCORERS  # noqa: F401  (parts.SCORERS: the weighted presets' scorers, in weight order)
 from jaxroute.routers.view import Request, RouterView
 
 # ----------------------------------------------------------------------------- filters
@@ -89,11 +90,6 @@ def spread(x: jax.Array, active: jax.Array | None = None) -> jax.Array:
     max and min over the `active` replicas (None = all); inactive entries are left unnormalised (mask them)."""
     hi, lo = masked_max(x, active), masked_min(x, active)
     return jnp.where(hi > lo, (hi - x) / jnp.where(hi > lo, hi - lo, 1.0), 1.0)
-
-
-# Named scorers of the weighted presets, each in [0, 1] (higher is better); `RouterParams.weights`
-# holds one weight per name, in this order, and `--weights name=w,...` sets them.
-SCORERS = ("prefix", "inflight", "tokens", "queue", "kv", "load_aware")
 
 
 def load_aware(waiting: jax.Array, threshold: jax.Array) -> jax.Array:

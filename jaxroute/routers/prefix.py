@@ -62,6 +62,7 @@ from jaxroute.routers import (
     sglang,
     vllm_stack,
 )
+from jaxroute.routers.names import PARTIAL_OK, PREFIX_POLICIES  # noqa: F401  (prefix.PARTIAL_OK)
 from jaxroute.routers.view import Request, RouterStatic, RouterView
 
 
@@ -88,7 +89,7 @@ def _stateful(module: ModuleType, rule: Callable | None = None, **defaults) -> P
     return Preset(rule or module.choose, module, defaults)
 
 
-# name -> preset (order = traced policy id: append new ones)
+# name -> preset, in the order of `names.PREFIX_POLICIES` (= traced policy id: append new ones there and here)
 PRESETS: dict[str, Preset] = {
     "rr": Preset(presets.rr),
     "least_load": Preset(presets.least_load),
@@ -121,13 +122,11 @@ PRESETS: dict[str, Preset] = {
     # Preble with every rule (routers/preble.py); the local priority groups are the replicas' (--local priority)
     "preble": _stateful(preble, e2_pairing=True, e2_autoscale=True),
 }
-REGISTRY = PolicyRegistry("replica-cluster router", tuple(PRESETS))
-PREFIX_POLICIES = REGISTRY.names
+if tuple(PRESETS) != PREFIX_POLICIES:
+    raise ImportError(f"routers.prefix.PRESETS {tuple(PRESETS)} must name routers.names.PREFIX_POLICIES "
+                      f"{PREFIX_POLICIES}, in that order")
+REGISTRY = PolicyRegistry("replica-cluster router", PREFIX_POLICIES)
 LOAD_ONLY = ("rr", "least_load", "least_tokens")
-# presets that honour `RouterView.active` (a partial cluster: n_active < n_replicas), each deciding as a
-# cluster of the n_active replicas would; the model refuses the others on a partial cluster
-PARTIAL_OK = ("rr", "random", "least_load", "least_tokens", "affinity", "threshold", "weighted", "llmd_precise",
-              "llmd_load", "llmd_load_aware", "dynamo_kv")
 # modules that own router state, by short name (one state per module, shared by its presets)
 MODULES: dict[str, ModuleType] = {_module_name(m): m
                                   for m in dict.fromkeys(p.module for p in PRESETS.values() if p.module)}

@@ -42,10 +42,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxroute.errors import JaxrouteError
+from jaxroute.selector.names import EXTRA_OPTIMIZERS, OPTIMIZERS
 from jaxroute.selector.world import Questions, World
 
-OPTIMIZERS = ("llmselector", "greedy", "random_search", "exhaustive", "best_single")
-EXTRA_OPTIMIZERS = ("llmselector_downgrade",)  # exercise 7; not run by default
 MAX_EXHAUSTIVE = 10**6  # K^L allocations; K <= 10 and L <= 6 on a GPU
 
 

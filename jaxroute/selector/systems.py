@@ -31,6 +31,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxroute.errors import JaxrouteError
+from jaxroute.selector import names
 from jaxroute.selector.world import Questions
 
 
@@ -107,7 +108,9 @@ class Debate:
         return correct, jnp.concatenate([answers == 0, picks == 0])
 
 
-SYSTEMS = {"locate-solve": LocateSolve(), "self-refine": SelfRefine(), "debate": Debate()}
+SYSTEMS = {s.name: s for s in (LocateSolve(), SelfRefine(), Debate())}
+if tuple(SYSTEMS) != names.SYSTEMS:
+    raise ImportError(f"selector.systems.SYSTEMS {tuple(SYSTEMS)} must name selector.names.SYSTEMS {names.SYSTEMS}")
 
 
 def get_system(name: str):

@@ -30,6 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxroute import fast_prng  # noqa: F401  (unrolled Threefry on CPU; this module jits without jaxroute.sim)
 from jaxroute.errors import JaxrouteError
 
 MODEL_NAMES = string.ascii_uppercase  # model k is called MODEL_NAMES[k]

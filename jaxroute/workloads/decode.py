@@ -75,8 +75,7 @@ import numpy as np
 
 from jaxroute.errors import JaxrouteError
 from jaxroute.workloads import traces
-
-DECODE_WORKLOADS = ("synthetic-azure24", "synthetic-prod", "azure-conv", "azure-code")
+from jaxroute.workloads.names import DECODE_WORKLOADS
 
 # Trace files in the shared data folder (never bundled); resolved relative to the cwd.
 DEFAULT_TRACE_PATHS = {

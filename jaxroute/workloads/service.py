@@ -20,8 +20,8 @@ import jax.numpy as jnp
 from jax.scipy.special import ndtri
 
 from jaxroute.registry import PolicyRegistry
+from jaxroute.workloads.names import SERVICE_LAWS
 
-SERVICE_LAWS: tuple[str, ...] = ("exp", "pareto", "lognormal", "det")
 REGISTRY = PolicyRegistry("service", SERVICE_LAWS, what="service law")
 EXP, PARETO, LOGNORMAL, DET = range(4)
 

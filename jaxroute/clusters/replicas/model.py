@@ -67,6 +67,7 @@ import numpy as np
 
 from jaxroute import cost_models, sim
 from jaxroute import metrics as mlib
+from jaxroute.clusters.names import ADMISSIONS, LOCAL_ORDERS, REPLICA_METRICS
 from jaxroute.clusters.prefix_cache import leading_run
 from jaxroute.clusters.replicas.cache import (
     Replication,
@@ -87,11 +88,7 @@ from jaxroute.routers import prefix as routers
 from jaxroute.routers.view import Request, RouterStatic, RouterView
 
 INF = jnp.inf
-METRICS = ("mean_latency_s", "p99_latency_s", "ttft_mean_s", "ttft_p90_s", "ttft_p99_s", "tpot_mean_s",
-           "output_tokens_per_s", "hit_rate", "replication_factor", "max_replica_share", "queue_mean",
-           "kv_usage_mean", "preemptions")
-ADMISSIONS = ("reserve", "on-demand")
-LOCAL_ORDERS = ("fcfs", "lpm", "priority")
+METRICS = REPLICA_METRICS
 _ROUTER_KEY = 0x7E57  # fold_in tag: the router's coin flips never reuse the workload's draws
 
 

@@ -15,10 +15,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxroute.errors import JaxrouteError
+from jaxroute.workloads.names import TRACE_WORKLOADS  # noqa: F401  (prefix.TRACE_WORKLOADS)
 from jaxroute.workloads.prefix.types import RequestTable, request_steps
 from jaxroute.workloads.traces import MOONCAKE_BLOCK_TOKENS, Trace
 
-TRACE_WORKLOADS = ("mooncake", "azure-conv")
 DEFAULT_TRACE_PATHS = {
     "mooncake": "../shared/data/mooncake_synthetic_trace.jsonl",
     "azure-conv": "../shared/data/azure_llm_2023_conv.csv",

@@ -26,9 +26,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxroute.errors import JaxrouteError
+from jaxroute.workloads.names import PREFIX_WORKLOADS, SP_DEFAULTS  # noqa: F401  (SP_DEFAULTS: inference-perf's)
 from jaxroute.workloads.prefix.types import RequestTable, request_steps
-
-PREFIX_WORKLOADS = ("longdoc", "toolbench", "agent", "programming", "videoqa", "shared-prefix")
 
 
 def _zipf(n: int, s: float) -> np.ndarray:
@@ -295,12 +294,8 @@ def agent(n_requests: int, n_envs: int = 50, env_mean: int = 600, turns: int = 6
     return _build("agent", units, _zipf(n_envs, zipf_s), shared, n_requests)
 
 
-# inference-perf (kubernetes-sigs/inference-perf @7de5ef2): SharedPrefix defaults in
-# inference_perf/config/datagen/config.py lines 49-71 (num_groups 10, num_prompts_per_group 10,
-# system_prompt_len 100, question_len 50, output_len 50); the generator in
+# SP_DEFAULTS (workloads/names.py): inference-perf's SharedPrefix defaults; the generator in
 # inference_perf/datagen/synthetic/shared_prefix_datagen.py.
-SP_DEFAULTS = {"groups": 10, "prompts_per_group": 10, "system_tokens": 100, "question_tokens": 50,
-               "output_tokens": 50}
 
 
 def shared_prefix(n_requests: int, groups: int = 10, prompts_per_group: int = 10, system_tokens: int = 100,

@@ -1,0 +1,27 @@
+"""The routers' names, defined once and importable without JAX (the command line lists and checks them).
+
+`prefix.py` and `balance.py` build their registries from these; the parsers of `jaxroute` read them
+without importing the routers, so `jaxroute --help` and argument errors need no JAX.
+"""
+
+from __future__ import annotations
+
+# Replica-cluster router presets, in traced-id order (append new ones: existing ids stay). Each has its
+# entry in `prefix.PRESETS` (checked when `prefix` is imported).
+PREFIX_POLICIES: tuple[str, ...] = (
+    "rr", "least_load", "least_tokens", "affinity", "threshold", "cache_guard", "sglang_cache_aware", "preble_e2",
+    "weighted", "llmd_precise", "llmd_approx", "llmd_load", "llmd_load_aware", "dynamo_kv", "random",
+    "sglang_cache_aware_rs", "sglang_gateway", "sglang_power_of_two", "vllm_prefixaware", "vllm_session",
+    "vllm_kvaware", "aibrix_prefix_cache", "aibrix_least_request", "preble",
+)
+# presets that honour `RouterView.active` (a partial cluster: n_active < n_replicas), each deciding as a
+# cluster of the n_active replicas would; the model refuses the others on a partial cluster
+PARTIAL_OK: tuple[str, ...] = ("rr", "random", "least_load", "least_tokens", "affinity", "threshold", "weighted",
+                               "llmd_precise", "llmd_load", "llmd_load_aware", "dynamo_kv")
+# Named scorers of the weighted presets, each in [0, 1] (higher is better); `RouterParams.weights`
+# holds one weight per name, in this order, and `--weights name=w,...` sets them.
+SCORERS: tuple[str, ...] = ("prefix", "inflight", "tokens", "queue", "kv", "load_aware")
+
+# Decode data-parallel routers (`balance.py`), in traced-id order: run on every decode model
+DECODE_POLICIES: tuple[str, ...] = ("random", "rr", "p2c", "jsq", "least_kv", "br0", "brh")
+DISPATCH_MODES: tuple[str, ...] = ("immediate", "pooled")  # decode dispatch: bind at once, or from a prompt pool

@@ -1,0 +1,94 @@
+"""Where the suite's time goes, and a guard against compiling one program twice.
+
+A pytest plugin (conftest registers it). Through `jaxroute.compile_log` it sees every XLA program the
+suite gets, in this process and in the subprocesses it starts (they append to the session's log,
+`JAXROUTE_COMPILE_LOG`), and attributes each to the running test and to the program: the engine's grid
+programs by model and kind (`sim.last_traced_program`), the rest by JAX's name.
+
+- The guard: a program that took at least `cli.CACHE_MIN_COMPILE_S` to compile is written to the
+  persistent cache, so compiling its key a second time anywhere in the session means some process did
+  not share the cache. The session then fails, naming the programs.
+- `JAXROUTE_TEST_PROFILE=FILE` writes per-test and per-program tables (seconds compiling, seconds loading
+  from the cache, wall seconds) as JSON at the end of the session.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+
+from jaxroute import compile_log, sim
+from jaxroute.cli import CACHE_MIN_COMPILE_S
+
+
+class CompileProfile:
+    def __init__(self, session_log: Path) -> None:
+        self.session_log = session_log
+        self.test = "<collection>"
+        self.guard_fired = 0  # times the memory-mapping guard dropped every compiled program
+        self.per_test: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+        self.per_program: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+        self.records: list[dict] = []  # this process's programs, with the test that asked
+        compile_log.watch(self._on_program)
+
+    def _on_program(self, rec: dict) -> None:
+        label = sim.last_traced_program() if "batched" in rec["program"] else rec["program"]
+        kind = "load" if rec["hit"] else "compile"
+        for row in (self.per_test[self.test], self.per_program[label]):
+            row[f"{kind}_s"] += rec["s"]
+            row[f"{kind}s"] += 1
+        self.records.append({**rec, "label": label, "test": self.test, "pid": os.getpid()})
+
+    def pytest_runtest_protocol(self, item, nextitem):
+        self.test = item.nodeid
+        os.environ[compile_log.TAG_ENV] = item.nodeid  # subprocesses started by this test log under its name
+        self._t0 = time.perf_counter()
+
+    def pytest_runtest_logfinish(self, nodeid, location):
+        self.per_test[nodeid]["wall_s"] += time.perf_counter() - self._t0
+        self.test = "<between tests>"
+
+    def _all_records(self) -> list[dict]:
+        """This process's records and the subprocesses' (the session log holds both; keep each once)."""
+        others = []
+        if self.session_log.exists():
+            for line in self.session_log.read_text().splitlines():
+                rec = json.loads(line)
+                if rec.get("pid") != os.getpid():
+                    others.append({**rec, "label": rec["program"], "test": f"{rec['tag']} (subprocess {' '.join(rec['argv'])})"})
+        return self.records + others
+
+    def compiled_twice(self) -> list[str]:
+        """Programs the session compiled twice although the first compilation was long enough to be cached."""
+        first: dict[str, dict] = {}
+        counts: Counter = Counter()
+        for rec in self._all_records():
+            if rec["key"] is None or rec["hit"]:
+                continue
+            counts[rec["key"]] += 1
+            first.setdefault(rec["key"], rec)
+        return [f"{first[k]['label']} ({first[k]['s']:.1f} s, first in {first[k]['test']}) compiled {n} times"
+                for k, n in counts.items() if n > 1 and first[k]["s"] >= CACHE_MIN_COMPILE_S]
+
+    def pytest_sessionfinish(self, session, exitstatus):
+        twice = self.compiled_twice()
+        if twice:
+            session.exitstatus = 1
+            tr = session.config.pluginmanager.get_plugin("terminalreporter")
+            if tr is not None:
+                tr.write_line("compiled twice in one session (the persistent cache was not shared):", red=True)
+                for line in twice:
+                    tr.write_line("  " + line, red=True)
+        path = os.environ.get("JAXROUTE_TEST_PROFILE")
+        if path:
+            sub = defaultdict(lambda: defaultdict(float))
+            for rec in self._all_records()[len(self.records):]:
+                kind = "load" if rec["hit"] else "compile"
+                sub[rec["test"]][f"{kind}_s"] += rec["s"]
+                sub[rec["test"]][f"{kind}s"] += 1
+            Path(path).write_text(json.dumps({"tests": self.per_test, "programs": self.per_program,
+                                              "subprocesses": sub, "guard_fired": self.guard_fired,
+                                              "compiled_twice": twice}, indent=1))
