@@ -25,9 +25,10 @@ from pathlib import Path
 from jaxroute.errors import JaxrouteError
 
 NO_CACHE_ENV = "JAXROUTE_NO_COMPILE_CACHE"
-# Programs that compile faster than this are not written to the cache (JAX's default, 1 s, misses
-# most of ours on a fast machine; tiny helper programs below 0.5 s are not worth a file).
-CACHE_MIN_COMPILE_S = 0.5
+# Programs that compile faster than this are not written to the cache. Every program is: JAX's default (1 s)
+# missed most of ours, and a command's small helper programs (20 of dispatch's 21) compiled again on every
+# run cost more (1.4 s under load) than loading them from the cache does (scripts/time_to_first_step.py).
+CACHE_MIN_COMPILE_S = 0.0
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -3,8 +3,9 @@
 JAX reports each backend compilation as a duration event (`/jax/core/compile/backend_compile_duration`,
 which also covers a load from the persistent cache) and, when the persistent cache is on, logs the
 program's cache key with "hit" or "MISS" just before. `watch(callback)` joins the two into one record per
-program: `{"program", "s", "key", "hit"}` (key is None when the persistent cache is off). The test
-suite's compile profile and `JAXROUTE_COMPILE_LOG=FILE` (one JSON line per program) are built on it.
+program: `{"program", "s", "key", "hit", "t"}` (key is None when the persistent cache is off; t is the wall
+clock when the program was ready). The test suite's compile profile and `JAXROUTE_COMPILE_LOG=FILE` (one JSON
+line per program, and a `mark` line when a grid's first step is launched: `sim.run_grid`) are built on it.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import logging
 import os
 import re
 import sys
+import time
 from collections.abc import Callable
 
 BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"
@@ -37,7 +39,7 @@ def _on_duration(event: str, seconds: float, **kwargs) -> None:
     if event != BACKEND_COMPILE:
         return
     rec = {"program": str(kwargs.get("fun_name", "?")), "s": seconds, "key": _pending.get("key"),
-           "hit": bool(_pending.get("hit", False))}
+           "hit": bool(_pending.get("hit", False)), "t": time.time()}
     _pending.clear()
     for cb in _callbacks:
         cb(rec)
@@ -53,6 +55,13 @@ def watch(callback: Callable[[dict], None]) -> None:
         logger.addHandler(_CacheKeyHandler(logging.DEBUG))
         logger.setLevel(logging.DEBUG)
     _callbacks.append(callback)
+
+
+def mark(event: str) -> None:
+    """Write `{"mark": event, "t": now}` to the logs of `log_to` (none: nothing), e.g. the first simulated step."""
+    for path in _logged_to:
+        with open(path, "a") as f:
+            f.write(json.dumps({"mark": event, "t": time.time(), "pid": os.getpid()}) + "\n")
 
 
 def log_to(path: str) -> None:

@@ -39,7 +39,10 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jaxroute import fast_prng  # noqa: F401  (unrolled Threefry on CPU for every program built here)
+from jaxroute import (
+    compile_log,
+    fast_prng,  # noqa: F401  (unrolled Threefry on CPU for every program built here)
+)
 from jaxroute import metrics as metrics_lib
 
 PyTree = Any
@@ -316,6 +319,7 @@ def run_grid(
     total = int(model.num_steps(workload))
     if chunk is None or chunk >= total:
         out = _jitted(model, "run")(keys, workload, flat_params)
+        compile_log.mark("first_step")
         if progress:
             _bar(total, progress).update(total)
     else:
@@ -328,11 +332,13 @@ def run_grid(
         # Early exit once every row is done (num_steps can be a loose upper bound: the
         # remaining steps would be no-ops, so the result equals the full run).
         done_fn = _jitted(model, "done")
-        for _ in range(n_chunks):
+        for i in range(n_chunks):
             with warnings.catch_warnings():
                 # Backends without buffer donation (older CPU runtimes) warn and copy instead.
                 warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
                 state = step_chunk(state, workload, flat_params)
+            if i == 0:
+                compile_log.mark("first_step")  # compiled (or loaded) and launched
             if bar is not None:
                 jax.block_until_ready(state)
                 bar.update(chunk)

@@ -5,9 +5,10 @@ suite gets, in this process and in the subprocesses it starts (they append to th
 `JAXROUTE_COMPILE_LOG`), and attributes each to the running test and to the program: the engine's grid
 programs by model and kind (`sim.last_traced_program`), the rest by JAX's name.
 
-- The guard: a program that took at least `cli.CACHE_MIN_COMPILE_S` to compile is written to the
-  persistent cache, so compiling its key a second time anywhere in the session means some process did
-  not share the cache. The session then fails, naming the programs.
+- The guard: every program is written to the persistent cache (`cli.CACHE_MIN_COMPILE_S` is 0), so
+  compiling one key a second time anywhere in the session means some process did not share the cache
+  (or a program JAX does not cache, e.g. one with host callbacks, was built twice). Programs that took
+  under `GUARD_MIN_S` are not worth failing for. The session then fails, naming the programs.
 - `JAXROUTE_TEST_PROFILE=FILE` writes per-test and per-program tables (seconds compiling, seconds loading
   from the cache, wall seconds) as JSON at the end of the session.
 """
@@ -21,7 +22,8 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 from jaxroute import compile_log, sim
-from jaxroute.cli import CACHE_MIN_COMPILE_S
+
+GUARD_MIN_S = 0.5  # programs that compiled faster are not reported as compiled twice
 
 
 class CompileProfile:
@@ -48,6 +50,8 @@ class CompileProfile:
         self._t0 = time.perf_counter()
 
     def pytest_runtest_logfinish(self, nodeid, location):
+        if self.test != nodeid:  # xdist's controller hears of tests its workers ran
+            return
         self.per_test[nodeid]["wall_s"] += time.perf_counter() - self._t0
         self.test = "<between tests>"
 
@@ -71,7 +75,7 @@ class CompileProfile:
             counts[rec["key"]] += 1
             first.setdefault(rec["key"], rec)
         return [f"{first[k]['label']} ({first[k]['s']:.1f} s, first in {first[k]['test']}) compiled {n} times"
-                for k, n in counts.items() if n > 1 and first[k]["s"] >= CACHE_MIN_COMPILE_S]
+                for k, n in counts.items() if n > 1 and first[k]["s"] >= GUARD_MIN_S]
 
     def pytest_sessionfinish(self, session, exitstatus):
         twice = self.compiled_twice()
@@ -83,6 +87,8 @@ class CompileProfile:
                 for line in twice:
                     tr.write_line("  " + line, red=True)
         path = os.environ.get("JAXROUTE_TEST_PROFILE")
+        if path and os.environ.get("PYTEST_XDIST_WORKER"):
+            path = f"{path}.{os.environ['PYTEST_XDIST_WORKER']}"  # one file per worker
         if path:
             sub = defaultdict(lambda: defaultdict(float))
             for rec in self._all_records()[len(self.records):]:

@@ -19,9 +19,6 @@ os.environ.setdefault("JAXROUTE_NO_PROGRESS", "1")
 os.environ.pop("JAXROUTE_NO_COMPILE_CACHE", None)
 os.environ["JAX_COMPILATION_CACHE_DIR"] = str(TEST_COMPILE_CACHE)  # the CLI's cache, in-process and in subprocesses
 os.environ["JAXROUTE_CPU_DEVICES"] = str(TEST_DEVICES)  # subprocesses compile the suite's programs
-# Every program of the suite goes to the cache, not only those the CLI keeps (cli.CACHE_MIN_COMPILE_S): the
-# suite compiles the same small programs in many tests (a reference's jitted helper, a fresh lambda per call).
-os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
 SESSION_LOG = TEST_COMPILE_CACHE.parent / f"session-{os.getpid()}.jsonl"
 os.environ["JAXROUTE_COMPILE_LOG"] = str(SESSION_LOG)
 
@@ -71,37 +68,68 @@ def _release_compiled_programs(request):
 
 
 QUICK_REPORT_TIMEOUT_S = 3600
-_quick_report: dict = {}  # the background `reproduce all --quick`: its process, folder and log
+QUICK_REPORT_GROUP = "quick_report"  # xdist group of the tests that read it: one worker runs them, last
 
 
+def _quick_report_dir(config) -> Path:
+    """One folder per session, shared by the xdist workers (each has its own basetemp below the session's)."""
+    base = config._tmp_path_factory.getbasetemp()
+    return (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "reproduce-all-quick"
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(session, config, items):
-    """When a collected test needs `quick_report`, start it now in a background process and run its tests
-    last: the report compiles and simulates on one core while the other tests use the other."""
+    """When a collected test needs `quick_report`, start `jaxroute reproduce all --quick` in a background
+    process now (the first process of the session to get here starts it; the others find it started) and run
+    its tests last, on one worker: the report compiles and simulates while the other tests run."""
     needs = [item for item in items if "quick_report" in getattr(item, "fixturenames", ())]
     if not needs or os.environ.get("JAXROUTE_TEST_QUICK_REPORT"):
         return
+    for item in needs:
+        item.add_marker(pytest.mark.xdist_group(QUICK_REPORT_GROUP))
     items[:] = [item for item in items if item not in needs] + needs
+    folder = _quick_report_dir(config)
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        os.close(os.open(folder / "started", os.O_CREAT | os.O_EXCL))
+    except FileExistsError:
+        return  # another worker of this session started it
+    import shlex
     import subprocess
     import sys
 
-    out = config._tmp_path_factory.mktemp("reproduce") / "all"
-    log = out.parent / "stdout.txt"
     env = {k: v for k, v in os.environ.items() if not k.startswith("XLA_")} | {"JAX_PLATFORMS": "cpu"}
-    with open(log, "w") as stdout, open(log.with_name("stderr.txt"), "w") as stderr:
-        proc = subprocess.Popen([sys.executable, "-m", "jaxroute", "reproduce", "all", "--quick", "--out", str(out),
-                                 "--no-progress"], stdout=stdout, stderr=stderr, env=env)
-    _quick_report.update(proc=proc, out=out, log=log)
+    cmd = [sys.executable, "-m", "jaxroute", "reproduce", "all", "--quick", "--out", str(folder / "all"), "--no-progress"]
+    script = (f"{shlex.join(cmd)} > {shlex.quote(str(folder / 'stdout.txt'))} 2> {shlex.quote(str(folder / 'stderr.txt'))}; "
+              f"echo $? > {shlex.quote(str(folder / 'rc.part'))} && mv {shlex.quote(str(folder / 'rc.part'))} "
+              f"{shlex.quote(str(folder / 'rc'))}")
+    config._jaxroute_quick_report = subprocess.Popen(["sh", "-c", script], env=env)
+
+
+def _wait_for_quick_report(folder: Path) -> int:
+    import time
+
+    deadline = time.monotonic() + QUICK_REPORT_TIMEOUT_S
+    while not (folder / "rc").exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"reproduce all --quick did not finish in {QUICK_REPORT_TIMEOUT_S} s")
+        time.sleep(1)
+    return int((folder / "rc").read_text())
 
 
 def pytest_unconfigure(config):
     SESSION_LOG.unlink(missing_ok=True)
-    proc = _quick_report.get("proc")
-    if proc is not None and proc.poll() is None:  # the session ended before a test waited for it
-        proc.kill()
+    proc = getattr(config, "_jaxroute_quick_report", None)
+    if proc is not None:  # the starter does not leave it behind: other workers' tests may still wait for it
+        try:
+            proc.wait(timeout=QUICK_REPORT_TIMEOUT_S)
+        except BaseException:
+            proc.kill()
+            raise
 
 
 @pytest.fixture(scope="session")
-def quick_report():
+def quick_report(pytestconfig):
     """`jaxroute reproduce all --quick`, run once per session in a fresh process (as a user would): its folder.
 
     It starts in the background at collection (`pytest_collection_modifyitems`) and shares the suite's compile
@@ -110,9 +138,9 @@ def quick_report():
     `reproduce all --quick --out DIR` instead (development)."""
     if os.environ.get("JAXROUTE_TEST_QUICK_REPORT"):
         return Path(os.environ["JAXROUTE_TEST_QUICK_REPORT"])
-    proc, out, log = _quick_report["proc"], _quick_report["out"], _quick_report["log"]
-    code = proc.wait(timeout=QUICK_REPORT_TIMEOUT_S)
-    text = log.read_text()
-    assert code == 0, text[-3000:] + log.with_name("stderr.txt").read_text()[-3000:]
+    folder = _quick_report_dir(pytestconfig)
+    code = _wait_for_quick_report(folder)
+    out, text = folder / "all", (folder / "stdout.txt").read_text()
+    assert code == 0, text[-3000:] + (folder / "stderr.txt").read_text()[-3000:]
     (out / "stdout.txt").write_text(text)
     return out
