@@ -2,4 +2,5 @@
 
 from jaxroute.cli import main
 
-raise SystemExit(main())
+if __name__ == "__main__":  # not when a worker process (multiprocessing's spawn) imports this module
+    raise SystemExit(main())

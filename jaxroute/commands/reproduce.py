@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import os
 import shlex
 from pathlib import Path
 
 from jaxroute.commands._common import csv_list, positive_int, show_progress
 from jaxroute.errors import JaxrouteError
 from jaxroute.sources import SOURCES
+
+MAX_JOBS = 4  # default worker processes at most (each holds its own compiled programs in memory)
 
 _ABOUT = {
     "lecture": "the lecture's §1-§3: dispatch theory, balls into bins, stale information, the cache-aware cluster, Preble",
@@ -43,6 +46,9 @@ def register(subparsers) -> None:
                    help="also write a summary of the report (provenance, verdict tally, every claim with its verdict) into "
                         "FILE between the lines '<!-- reproduce:SOURCE begin -->' and '<!-- reproduce:SOURCE end -->' "
                         "(rerun on a finished DIR, this only resumes and rewrites; default: no summary)")
+    p.add_argument("--jobs", type=positive_int, default=None, metavar="N",
+                   help="worker processes running experiments at once, one source module each (compilation is "
+                   f"single-threaded, so a second core compiles a second experiment) (default: the CPU cores, at most {MAX_JOBS})")
     p.add_argument("--no-progress", action="store_true", help="no progress bars (also JAXROUTE_NO_PROGRESS=1; default: one bar per experiment)")
     p.set_defaults(func=main)
 
@@ -62,8 +68,9 @@ def main(args) -> int:
     if args.readme is not None:
         _check_readme(args.readme, args.source)
         command += f" --readme {shlex.quote(str(args.readme))}"
+    jobs = args.jobs or min(MAX_JOBS, os.cpu_count() or 1)
     run(sources, args.out, quick=args.quick, seeds=args.seeds, only=args.only, fresh=args.fresh,
-        progress=show_progress(args), command=command)
+        progress=show_progress(args), command=command, jobs=jobs)
     if args.readme is not None:
         path = write_readme_block(args.readme, args.source, args.out, command)
         print(f"wrote the {args.source} summary into {path}")

@@ -7,6 +7,7 @@ stopped), then `DIR/report.md` and `DIR/results.json` from all parts.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import json
 import os
@@ -80,11 +81,13 @@ def device_line() -> str:
 
 def run(sources: Sequence[str], out_dir: str | Path, *, quick: bool = False, seeds: int | None = None,
         only: Sequence[str] = (), fresh: bool = False, progress: bool = True, echo: bool = True,
-        command: str = "jaxroute reproduce", todo: Sequence[Experiment] | None = None) -> tuple[Path, list[Section]]:
+        command: str = "jaxroute reproduce", todo: Sequence[Experiment] | None = None,
+        jobs: int = 1) -> tuple[Path, list[Section]]:
     """Run (or resume) the sources' experiments; write report.md, results.json and the PNGs into out_dir.
 
     only: experiment names to run (default all); fresh: rerun experiments an earlier run already wrote;
-    todo: these experiments instead of the sources' (a script's module).
+    todo: these experiments instead of the sources' (a script's module); jobs: worker processes
+    (`run_in_workers`; 1 runs everything in this process).
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -95,8 +98,16 @@ def run(sources: Sequence[str], out_dir: str | Path, *, quick: bool = False, see
             raise JaxrouteError(f"unknown experiment(s) {', '.join(sorted(unknown))}; the chosen sources have: "
                                 f"{', '.join(e.name for e in todo)}")
         todo = [e for e in todo if e.name in only]
+    ran_now: set[tuple[str, str]] = set()
+    start = time.perf_counter()
+    if jobs > 1:
+        pending = [e for e in todo if fresh or load_part(out_dir, e.source, e.name, quick) is None]
+        ran_now = run_in_workers(pending, out_dir, jobs=jobs, quick=quick, seeds=seeds, echo=echo, progress=progress)
     sections: list[Section] = []
     for exp in todo:
+        if (exp.source, exp.name) in ran_now:  # written by a worker of this run
+            sections.append(dataclasses.replace(load_part(out_dir, exp.source, exp.name, quick), resumed=False))
+            continue
         done = None if fresh else load_part(out_dir, exp.source, exp.name, quick)
         if done is not None:
             if echo:
@@ -110,6 +121,8 @@ def run(sources: Sequence[str], out_dir: str | Path, *, quick: bool = False, see
               "device": device_line(),
               "seeds": "; ".join(f"{s.key} {s.seeds}" for s in sections if s.seeds is not None) or "-",
               "wall_s": sum(s.wall_s for s in sections), "resumed": sum(s.resumed for s in sections)}
+    if ran_now:
+        header |= {"jobs": jobs, "elapsed_s": time.perf_counter() - start}
     path = out_dir / "report.md"
     path.write_text(render(sections, header))
     report.write_json(out_dir / "results.json", results_json(sections, header))
@@ -117,6 +130,72 @@ def run(sources: Sequence[str], out_dir: str | Path, *, quick: bool = False, see
         print(f"wrote {path} and {out_dir / 'results.json'}: "
               + verdict_counts(c.verdict for s in sections for c in s.claims))
     return path, sections
+
+
+def _module(exp: Experiment) -> str:
+    return exp.run.__module__
+
+
+def _jax_setup() -> dict:
+    """The JAX settings the CLI made in this process (devices, compile cache), for worker processes."""
+    import jax
+
+    names = ("jax_num_cpu_devices", "jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs")
+    return {n: getattr(jax.config, n) for n in names}
+
+
+def _worker_group(keys: list[tuple[str, str]], out_dir: str, quick: bool, seeds: int | None, echo: bool,
+                  setup: dict) -> list[tuple[str, str]]:
+    """In a worker process: run the experiments `keys` (one module's) in order, saving each part."""
+    import jax
+
+    from jaxroute import compile_log
+
+    for name, value in setup.items():
+        jax.config.update(name, value)
+    if os.environ.get(compile_log.LOG_ENV):  # as `cli.main` does
+        compile_log.log_to(os.environ[compile_log.LOG_ENV])
+    by_key = {(e.source, e.name): e for src in {k[0] for k in keys} for e in experiments(src)}
+    for key in keys:
+        section = _run_one(by_key[key], Path(out_dir), quick=quick, seeds=seeds, progress=False, echo=echo)
+        save_part(Path(out_dir), section)
+        sys.stdout.flush()
+    return keys
+
+
+def run_in_workers(todo: Sequence[Experiment], out_dir: Path, *, jobs: int, quick: bool, seeds: int | None,
+                   echo: bool, progress: bool) -> set[tuple[str, str]]:
+    """Run `todo` on `jobs` worker processes, writing their parts; the (source, name) of each one run.
+
+    Experiments of one module run in one worker, in order (they may share grids in memory or read a sibling's
+    part); modules go to the first free worker, those with more experiments first. Compilation is single-
+    threaded, so on a machine with several cores the workers compile at once; they share the compile cache."""
+    import concurrent.futures as cf
+    import multiprocessing
+
+    groups: dict[str, list[tuple[str, str]]] = {}
+    for e in todo:
+        groups.setdefault(_module(e), []).append((e.source, e.name))
+    if len(groups) < 2:
+        return set()
+    order = sorted(groups.values(), key=len, reverse=True)
+    done: set[tuple[str, str]] = set()
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(todo), desc=f"reproduce ({jobs} workers)", unit="experiment", dynamic_ncols=True)
+    setup = _jax_setup()
+    with cf.ProcessPoolExecutor(max_workers=min(jobs, len(order)), mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = [pool.submit(_worker_group, keys, str(out_dir), quick, seeds, echo, setup) for keys in order]
+        for fut in cf.as_completed(futures):
+            keys = fut.result()  # a worker's exception is raised here
+            done.update(keys)
+            if bar is not None:
+                bar.update(len(keys))
+    if bar is not None:
+        bar.close()
+    return done
 
 
 def _run_one(exp: Experiment, out_dir: Path, *, quick: bool, seeds: int | None, progress: bool,

@@ -184,7 +184,9 @@ def render(sections: Sequence[Section], header: dict) -> str:
     out += [f"- command: `{header['command']}`", f"- git commit: `{header['commit']}`",
             f"- device: {header['device']}", f"- seeds: {header['seeds']}",
             f"- wall time: {header['wall_s']:.0f} s" + (f" ({header['resumed']} experiment(s) resumed from an earlier "
-                                                       "run; their time is their own run's)" if header['resumed'] else ""),
+                                                       "run; their time is their own run's)" if header['resumed'] else "")
+            + (f"; experiments summed: {header['jobs']} worker processes ran them in {header['elapsed_s']:.0f} s"
+               if header.get("jobs", 1) > 1 else ""),
             ""]
     out += ["## Verdicts", "", verdict_counts(c.verdict for s in sections for c in s.claims), ""]
     rows = [[f"[{s.key}](#{key_anchor(s.key)})", c.claim, c.source, c.ours, f"**{c.verdict}**"]
