@@ -6,7 +6,7 @@ XLA spent compiling, the seconds spent loading programs from the cache, and when
 first step (`sim.run_grid` marks it), counted from the process start.
 
     python scripts/time_to_first_step.py                      # jaxroute dispatch (the README's main command)
-    python scripts/time_to_first_step.py -- cluster --requests 400
+    python scripts/time_to_first_step.py --json t.json cluster --requests 400
 """
 
 from __future__ import annotations
@@ -42,10 +42,11 @@ def one_run(command: list[str], cache: Path, log: Path) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("command", nargs="*", default=["dispatch"],
-                    help="the jaxroute command and its arguments, after -- (default: dispatch)")
     ap.add_argument("--json", metavar="PATH", help="also write the figures as JSON (default: print only)")
+    ap.add_argument("command", nargs=argparse.REMAINDER,
+                    help="the jaxroute command and its arguments, after the options (default: dispatch)")
     args = ap.parse_args(argv)
+    args.command = [a for a in args.command if a != "--"] or ["dispatch"]
     with tempfile.TemporaryDirectory(prefix="jaxroute-first-step-") as tmp:
         cache = Path(tmp) / "cache"
         runs = {name: one_run(args.command, cache, Path(tmp) / f"{name}.jsonl") for name in ("cold", "warm")}

@@ -30,7 +30,8 @@ class CompileProfile:
     def __init__(self, session_log: Path) -> None:
         self.session_log = session_log
         self.test = "<collection>"
-        self.guard_fired = 0  # times the memory-mapping guard dropped every compiled program
+        self.guard_fired = 0  # times the memory-mapping guard dropped every compiled program after a test
+        self.module_releases = 0  # times a finished module's programs were dropped (conftest.MODULE_BUDGET)
         self.per_test: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
         self.per_program: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
         self.records: list[dict] = []  # this process's programs, with the test that asked
@@ -101,4 +102,5 @@ class CompileProfile:
                 sub[rec["test"]][f"{kind}s"] += 1
             Path(path).write_text(json.dumps({"tests": self.per_test, "programs": self.per_program,
                                               "subprocesses": sub, "guard_fired": self.guard_fired,
+                                              "module_releases": self.module_releases,
                                               "compiled_twice": twice}, indent=1))

@@ -32,7 +32,11 @@ import pytest  # noqa: E402
 from jaxroute import cli  # noqa: E402
 from tests.compile_profile import CompileProfile  # noqa: E402
 
-MAP_BUDGET = 30_000  # memory mappings this process may hold before compiled programs are dropped
+# Memory mappings this process may hold: past MODULE_BUDGET, a finished test module's compiled programs are dropped
+# (routine: few programs outlive their module, and those come back from the persistent cache); past MAP_BUDGET,
+# after any test (the guard: it should not fire in an ordinary run; the compile profile counts both).
+MODULE_BUDGET = 20_000
+MAP_BUDGET = 40_000
 
 
 def pytest_configure(config):
@@ -49,6 +53,24 @@ def _mappings() -> int:
         return 0
 
 
+def _release_compiled(config, counter: str) -> None:
+    from jaxroute import sim
+    from jaxroute.clusters.replicas import model as replica_model
+
+    sim.clear_compiled()
+    replica_model._SINGLE.clear()
+    jax.clear_caches()
+    profile = config.pluginmanager.get_plugin("jaxroute_compile_profile")
+    setattr(profile, counter, getattr(profile, counter) + 1)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _release_programs_after_a_module(request):
+    yield
+    if _mappings() > MODULE_BUDGET:
+        _release_compiled(request.config, "module_releases")
+
+
 @pytest.fixture(autouse=True)
 def _release_compiled_programs(request):
     """Drop every compiled program once the process holds many memory mappings. XLA's CPU executables
@@ -58,13 +80,7 @@ def _release_compiled_programs(request):
     profile counts how often this fires. Tests that count compilations start from `sim.clear_compiled`."""
     yield
     if _mappings() > MAP_BUDGET:
-        from jaxroute import sim
-        from jaxroute.clusters.replicas import model as replica_model
-
-        sim.clear_compiled()
-        replica_model._SINGLE.clear()
-        jax.clear_caches()
-        request.config.pluginmanager.get_plugin("jaxroute_compile_profile").guard_fired += 1
+        _release_compiled(request.config, "guard_fired")
 
 
 QUICK_REPORT_TIMEOUT_S = 3600
@@ -74,7 +90,7 @@ QUICK_REPORT_GROUP = "quick_report"  # xdist group of the tests that read it: on
 def _quick_report_dir(config) -> Path:
     """One folder per session, shared by the xdist workers (each has its own basetemp below the session's)."""
     base = config._tmp_path_factory.getbasetemp()
-    return (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "reproduce-all-quick"
+    return (base.parent if hasattr(config, "workerinput") else base) / "reproduce-all-quick"
 
 
 @pytest.hookimpl(tryfirst=True)
