@@ -102,10 +102,11 @@ def use_compile_cache(enabled: bool = True) -> Path | None:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)  # no JAX yet: --help and usage errors exit here
     # JAX from here on, set up before any command builds a program
-    if os.environ.get("JAXROUTE_COMPILE_LOG"):  # one JSON line per program compiled (jaxroute.compile_log)
-        from jaxroute import compile_log
+    from jaxroute import (
+        compile_log,  # jax-free; JAXROUTE_COMPILE_LOG: one JSON line per program
+    )
 
-        compile_log.log_to(os.environ[compile_log.LOG_ENV])
+    compile_log.log_from_env()
     use_all_cpu_cores()
     use_compile_cache(not args.no_compile_cache)
     try:

@@ -64,6 +64,12 @@ def mark(event: str) -> None:
             f.write(json.dumps({"mark": event, "t": time.time(), "pid": os.getpid()}) + "\n")
 
 
+def log_from_env() -> None:
+    """`log_to` the file named by `JAXROUTE_COMPILE_LOG`, when it is set (the CLI and its worker processes)."""
+    if os.environ.get(LOG_ENV):
+        log_to(os.environ[LOG_ENV])
+
+
 def log_to(path: str) -> None:
     """Append one JSON line per program (with the command that asked for it) to `path`; once per process."""
     if path in _logged_to:

@@ -26,6 +26,13 @@ from jaxroute import compile_log, sim
 GUARD_MIN_S = 0.5  # programs that compiled faster are not reported as compiled twice
 
 
+def _count(row: dict, rec: dict) -> None:
+    """Add one program record to a table row: seconds and count, as a compilation or a load from the cache."""
+    kind = "load" if rec["hit"] else "compile"
+    row[f"{kind}_s"] += rec["s"]
+    row[f"{kind}s"] += 1
+
+
 class CompileProfile:
     def __init__(self, session_log: Path) -> None:
         self.session_log = session_log
@@ -39,10 +46,8 @@ class CompileProfile:
 
     def _on_program(self, rec: dict) -> None:
         label = sim.last_traced_program() if "batched" in rec["program"] else rec["program"]
-        kind = "load" if rec["hit"] else "compile"
         for row in (self.per_test[self.test], self.per_program[label]):
-            row[f"{kind}_s"] += rec["s"]
-            row[f"{kind}s"] += 1
+            _count(row, rec)
         self.records.append({**rec, "label": label, "test": self.test, "pid": os.getpid()})
 
     def pytest_runtest_protocol(self, item, nextitem):
@@ -97,9 +102,7 @@ class CompileProfile:
         if path:
             sub = defaultdict(lambda: defaultdict(float))
             for rec in self._all_records()[len(self.records):]:
-                kind = "load" if rec["hit"] else "compile"
-                sub[rec["test"]][f"{kind}_s"] += rec["s"]
-                sub[rec["test"]][f"{kind}s"] += 1
+                _count(sub[rec["test"]], rec)
             Path(path).write_text(json.dumps({"tests": self.per_test, "programs": self.per_program,
                                               "subprocesses": sub, "guard_fired": self.guard_fired,
                                               "module_releases": self.module_releases,

@@ -153,8 +153,7 @@ def _worker_group(keys: list[tuple[str, str]], out_dir: str, quick: bool, seeds:
 
     for name, value in setup.items():
         jax.config.update(name, value)
-    if os.environ.get(compile_log.LOG_ENV):  # as `cli.main` does
-        compile_log.log_to(os.environ[compile_log.LOG_ENV])
+    compile_log.log_from_env()  # as `cli.main` does
     by_key = {(e.source, e.name): e for src in {k[0] for k in keys} for e in experiments(src)}
     for key in keys:
         section = _run_one(by_key[key], Path(out_dir), quick=quick, seeds=seeds, progress=False, echo=echo)
