@@ -22,6 +22,7 @@ import pkgutil
 import sys
 from pathlib import Path
 
+from jaxroute import compile_log  # jax-free until it watches
 from jaxroute.errors import JaxrouteError
 
 NO_CACHE_ENV = "JAXROUTE_NO_COMPILE_CACHE"
@@ -102,11 +103,7 @@ def use_compile_cache(enabled: bool = True) -> Path | None:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)  # no JAX yet: --help and usage errors exit here
     # JAX from here on, set up before any command builds a program
-    from jaxroute import (
-        compile_log,  # jax-free; JAXROUTE_COMPILE_LOG: one JSON line per program
-    )
-
-    compile_log.log_from_env()
+    compile_log.log_from_env()  # JAXROUTE_COMPILE_LOG: one JSON line per program
     use_all_cpu_cores()
     use_compile_cache(not args.no_compile_cache)
     try:
