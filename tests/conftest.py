@@ -114,7 +114,10 @@ def pytest_collection_modifyitems(session, config, items):
     import subprocess
     import sys
 
-    env = {k: v for k, v in os.environ.items() if not k.startswith("XLA_")} | {"JAX_PLATFORMS": "cpu"}
+    # as a user runs it: the CLI's own device count (one per core), not the suite's simulated four: on two cores
+    # shared with the test workers they only add threads (a replica grid's run took 2-3x as long on four as on one)
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("XLA_") and k != "JAXROUTE_CPU_DEVICES"} | {"JAX_PLATFORMS": "cpu"}
     cmd = [sys.executable, "-m", "jaxroute", "reproduce", "all", "--quick", "--out", str(folder / "all"), "--no-progress"]
     script = (f"{shlex.join(cmd)} > {shlex.quote(str(folder / 'stdout.txt'))} 2> {shlex.quote(str(folder / 'stderr.txt'))}; "
               f"echo $? > {shlex.quote(str(folder / 'rc.part'))} && mv {shlex.quote(str(folder / 'rc.part'))} "

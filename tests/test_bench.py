@@ -1,8 +1,8 @@
 """`jaxroute bench`: the JSON has every model with sane figures; flags are checked; gpu_check.sh parses.
 
 Compilation dominates a bench run (each model and size is its own program, ~10-20 s each on two
-cores), so the fast test runs `--quick` with one seed count, no 2x-requests runs and no separate
-preble_e2 grid; the slow test runs `--quick --seeds 1,4 --request-scaling` (about 20 programs) and checks the scaling fields.
+cores), so one slow test runs `--quick --seeds 1,4 --request-scaling` (about 20 programs) and checks every
+part's figures and the scaling fields from that one run.
 """
 
 import json
@@ -55,28 +55,21 @@ def _check(res: dict, models: set[str]) -> None:
         assert _positive(v["p50_ms"]) and v["p99_ms"] >= v["p50_ms"]
 
 
-def test_bench_quick_every_model(tmp_path, capsys):
+@pytest.mark.slow
+def test_bench_quick_every_model_and_scaling(tmp_path, capsys):
+    # One run serves both checks: every part at the quick preset's sizes (4 seeds, 32 BLIS requests, traces of
+    # 32 and 64, shared with the wrapper scripts and gpu_check's quick stages through the compile cache), plus
+    # 1 seed and 2x requests for the scaling fields and the separate preble_e2 grid.
     out = tmp_path / "bench.json"
-    # the quick preset's own sizes (4 seeds, 32 BLIS requests, traces of 32 and 64): the wrapper scripts and
-    # gpu_check's quick stages run the same grids, so the suite compiles them once (its compile cache)
-    rc = cli(["bench", "--quick", "--separate", "none", "--out", str(out)])
+    assert cli(["bench", "--quick", "--seeds", "1,4", "--request-scaling", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
-    assert rc == 0, printed
     res = json.loads(out.read_text())
-    _check(res, {"dispatch", "cluster/toolbench", "decode"})
-    assert res["config"]["preset"] == "quick" and res["config"]["dispatch_seeds"] == [4]
+    _check(res, {"dispatch", "cluster/toolbench", "cluster/toolbench/preble_e2", "decode"})
+    assert res["config"]["preset"] == "quick" and res["config"]["dispatch_seeds"] == [1, 4]
     assert res["trace"]["sizes"][0]["reused_from"] == "blis"
     for line in ("model", "dispatch", "cluster/toolbench", "decode", "BLIS scenario", "trace-length scaling",
                  "BR decision latency", "ratio"):
         assert line in printed
-
-
-@pytest.mark.slow
-def test_bench_quick_reports_scaling(tmp_path):
-    out = tmp_path / "bench.json"
-    assert cli(["bench", "--quick", "--seeds", "1,4", "--request-scaling", "--out", str(out)]) == 0
-    res = json.loads(out.read_text())
-    _check(res, {"dispatch", "cluster/toolbench", "cluster/toolbench/preble_e2", "decode"})
     for m in res["models"]:
         assert [s["seeds"] for s in m["sizes"]] == [1, 4]
         assert m["seed_scaling"]["from_seeds"] == 1 and m["seed_scaling"]["to_seeds"] == 4

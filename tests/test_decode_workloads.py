@@ -197,3 +197,16 @@ def test_bad_inputs(tmp_path, monkeypatch):
     bad.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.0,-4,3\n")
     with pytest.raises(JaxrouteError, match="negative"):
         decode.make_decode_requests("azure-conv", 1, trace_path=bad)
+
+
+def test_clip_outputs_caps_only_the_outputs():
+    req = decode.make_decode_requests("synthetic-prod", 40, seed=0)
+    clipped = decode.clip_outputs(req, 1000)
+    assert req.output_tokens.max() > 1000 and clipped.output_tokens.max() == 1000
+    np.testing.assert_array_equal(clipped.output_tokens, np.minimum(req.output_tokens, 1000))
+    np.testing.assert_array_equal(clipped.prompt_tokens, req.prompt_tokens)
+    np.testing.assert_array_equal(clipped.arrival_s, req.arrival_s)
+    assert decode.clip_outputs(req, None) is req
+    for bad in (0, -5, 2.5, True):
+        with pytest.raises(JaxrouteError, match="output cap must be a positive integer"):
+            decode.clip_outputs(req, bad)

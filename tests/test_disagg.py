@@ -85,9 +85,9 @@ def test_rows_really_differ_and_threshold_keeps_short_prompts_local(raw):
 
 
 def test_run_pd_table_and_colocated_rows():
-    rows = [pd.PDRow("rr", "jsq", 2, 2), pd.PDRow("rr", "jsq", 2, 2, colocated=True),
-            pd.PDRow("least_load", "br0", 1, 2, colocated=True)]
-    res, raw = pd.run_pd(rows, _workload(), rate=RATE, seeds=2, dep=DEP, slo_ttft=1.0, slo_tpot=0.05)
+    # the disaggregated rows are ROWS (so the two tiers are the `raw` fixture's programs), then two colocated
+    rows = ROWS + [pd.PDRow("rr", "jsq", 2, 2, colocated=True), pd.PDRow("least_load", "br0", 1, 2, colocated=True)]
+    res, raw = pd.run_pd(rows, _workload(), rate=RATE, seeds=SEEDS, dep=DEP, slo_ttft=1.0, slo_tpot=0.05)
     assert res.labels == [r.label for r in rows]
     for rec in res.records:
         assert rec.metrics["completed"].mean == 36
@@ -96,7 +96,7 @@ def test_run_pd_table_and_colocated_rows():
         for k in ("util_prefill", "util_decode"):
             assert 0 < rec.metrics[k].mean <= 1, (rec.policy, k)
     assert conservation_failures(res) == []
-    dis, col = res.records[0].metrics, res.records[1].metrics
+    dis, col = res.records[0].metrics, res.records[len(ROWS)].metrics  # rr > jsq at 2:2, split and colocated
     assert dis["transfer_s"].mean > 0 and col["transfer_s"].mean == 0
     assert dis["disagg_fraction"].mean == 1.0
     # the TTFT split adds up: queue + prefill + link queue + transfer + decode wait = mean TTFT (all disaggregated)

@@ -55,13 +55,17 @@ CASES = [
 ]
 
 
+def _case_rows(beta=None):
+    """The CASES as params rows (beta: one BR-H weight for every row; None: G)."""
+    return [dd.make_params(p, n_workers=G, dispatch=disp, predictor=pred, gamma=gam, arrival=arr, rate=30.0,
+                           **({} if beta is None else {"beta": beta})) for p, disp, pred, gam, arr in CASES]
+
+
 @pytest.fixture(scope="module")
 def grid():
     req = _requests()
     wl = dd.make_workload(req, COST)
-    rows = [dd.make_params(p, n_workers=G, dispatch=disp, predictor=pred, gamma=gam, arrival=arr, rate=30.0)
-            for p, disp, pred, gam, arr in CASES]
-    res = sim.run_grid(_model(), jax.random.PRNGKey(7), wl, sim.stack_params(rows), 2)
+    res = sim.run_grid(_model(), jax.random.PRNGKey(7), wl, sim.stack_params(_case_rows()), 2)
     return req, res
 
 
@@ -193,15 +197,15 @@ def test_immediate_dispatch_is_not_capped():
         assert int(jnp.max(st.q_len)) <= expect // G + 1  # round robin spreads them evenly
 
 
-def test_compile_once_for_policies_and_predictors():
-    req = _requests(3)
+def test_compile_once_for_policies_and_predictors(grid):
+    """Every policy, dispatch mode, predictor and weight is a traced row: one program for the grid (the `grid`
+    fixture's shape, so its program), none more for the rows reversed with other BR-H weights."""
+    req, _ = grid
     wl = dd.make_workload(req, COST)
-    model = _model(max_steps=300, trace_points=4)
-    rows = [dd.make_params(p, n_workers=G) for p in balance.POLICIES]
-    rows += [dd.make_params("brh", n_workers=G, predictor=0), dd.make_params("brh", n_workers=G, beta=1.0)]
+    model = _model()
     sim.clear_compiled(model)
-    sim.run_grid(model, jax.random.PRNGKey(0), wl, sim.stack_params(rows), 2)
-    sim.run_grid(model, jax.random.PRNGKey(1), wl, sim.stack_params(rows[::-1]), 2)
+    sim.run_grid(model, jax.random.PRNGKey(0), wl, sim.stack_params(_case_rows()), 2)
+    sim.run_grid(model, jax.random.PRNGKey(1), wl, sim.stack_params(_case_rows(beta=1.0)[::-1]), 2)
     assert sim.compile_count(model, "run") == 1
 
 
@@ -235,16 +239,14 @@ def test_seeds_are_different_replays(grid):
     np.testing.assert_array_equal(res.metrics["request_worker"][trace, 0], res.metrics["request_worker"][trace, 1])
 
 
-def test_done_run_stops_early_in_chunks_and_equals_the_full_run():
+def test_done_run_stops_early_in_chunks_and_equals_the_full_run(grid):
     """is_done: every request finished; later steps change nothing, so an early exit is exact."""
-    req = _requests(4)
+    req, whole = grid  # the whole scan of 400 steps, every case
     wl = dd.make_workload(req, COST)
     model = _model(max_steps=400)
-    rows = sim.stack_params([dd.make_params(p, n_workers=G) for p in ("jsq", "br0")])
-    whole = sim.run_grid(model, jax.random.PRNGKey(5), wl, rows, 2)
     assert np.all(whole.metrics["completed"] == N) and int(whole.metrics["steps"].max()) < 200
-    chunked = sim.run_grid(model, jax.random.PRNGKey(5), wl, rows, 2, chunk=40)  # stops well before 400
-    for name, v in whole.metrics.items():
+    chunked = sim.run_grid(model, jax.random.PRNGKey(7), wl, sim.stack_params(_case_rows()), 2, chunk=40)
+    for name, v in whole.metrics.items():  # stopped well before 400 steps, the same numbers
         np.testing.assert_array_equal(v, chunked.metrics[name], err_msg=name)
     # a finished state is a fixed point of step
     params = dd.make_params("jsq", n_workers=G)
@@ -355,3 +357,14 @@ def test_ranks_in_use_refused_out_of_range():
     bad = dataclasses.replace(rows, n_active=jnp.asarray([5], jnp.int32))
     with pytest.raises(JaxrouteError, match="ranks in use"):
         _model().check_params(bad)
+
+
+def test_step_bound_widens_for_the_busiest_worker_of_a_small_run():
+    """The loaded steps are widened by 1 + 3 sqrt(G / n): a random spread of few requests over many workers
+    loads the busiest one well above the mean (40 requests over 8 workers: 5 +- 2.2 each)."""
+    out = np.full(40, 1000)
+    small = dd.step_bound(out, n_workers=8, slots=4, r_max=4, slack=1.0)
+    loaded = 40 * 1000 / 32
+    assert small == int((1 + 3 * np.sqrt(8 / 40)) * loaded + 40 / 32 + 1000 + 64)
+    big = dd.step_bound(np.full(8000, 1000), n_workers=8, slots=4, r_max=4, slack=1.0)
+    assert big < 1.1 * (8000 * 1000 / 32) + 8000 / 32 + 1000 + 64  # at the paper's size it widens under 10 %

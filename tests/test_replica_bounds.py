@@ -45,7 +45,7 @@ def test_unique_block_trace_with_few_slots_matches_reference():
 def test_too_small_table_is_flagged_and_regrown(capsys):
     make, cap, rate = CASES["shared-prefix"]  # slot bound 8: 2 slots fill at once, 4 probably, 8 never
     wl = make()
-    model = R.ReplicaModel(n_replicas=2, max_queue=64, cache_slots=2)
+    model = R.ReplicaModel(n_replicas=2, max_queue=64, cache_slots=2, router_modules=())  # least_load keeps none
     p = R.make_params("least_load", rate=rate, kv_capacity=cap)
     m = model.metrics(R.run_single(model, jax.random.key(0), wl, p), wl, p)
     assert bool(m["cache_full"]) and bool(m["overflow"])

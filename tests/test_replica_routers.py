@@ -42,7 +42,7 @@ def test_softmax_picker_tends_to_argmax():
 
 def test_weight_sweep_compiles_once():
     wl = W.toolbench(30, n_tools=8, tool_mean=1500)
-    model = R.ReplicaModel(n_replicas=3, max_queue=32)
+    model = R.ReplicaModel(n_replicas=3, max_queue=32, router_modules=())  # "weighted" keeps no module state
     sim.clear_compiled(model)
     rows = [R.make_params("weighted", rate=20.0, kv_capacity=8000, weights=w, picker=pk, temperature=0.5)
             for w, pk in (({"prefix": 1.0}, "argmax"), ({"inflight": 1.0}, "random"),

@@ -1,6 +1,7 @@
 """Replica cluster with prefix caches: exact match with the radix-tree reference, invariants, flags."""
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -11,8 +12,13 @@ from jaxroute import sim
 from jaxroute.clusters import replicas as R
 from jaxroute.errors import JaxrouteError
 from jaxroute.routers import preble
+from jaxroute.routers.prefix import modules_for
 from jaxroute.workloads import prefix as W
 from tests import reference_replicas as ref
+
+# The router modules these tests' policies need (the reference's): the other modules (llm-d, Dynamo, AIBrix,
+# vLLM production-stack) would only make every program larger (~30 % more compilation), as the CLI leaves them out.
+_model = functools.partial(R.ReplicaModel, router_modules=modules_for(ref.POLICIES))
 
 # Small workloads with tight KV capacities: admission waits for memory and the LRU evicts.
 CASES = {
@@ -34,7 +40,7 @@ def _compare(case, policy, G=3, B=8, Q=64, local="fcfs", stale=0.0, leap=32, key
     cap = case_cap if cap is None else cap
     if slots == "bound":
         slots = R.slot_bound(wl.segment_lengths(), cap)
-    model = R.ReplicaModel(n_replicas=G, max_running=B, max_queue=Q, local_order=local, stale_view=stale > 0,
+    model = _model(n_replicas=G, max_running=B, max_queue=Q, local_order=local, stale_view=stale > 0,
                            leap=leap, router_window=e2_ring if policy in ref.PREBLE else 0, admission=admission,
                            cache_slots=slots, priority_groups=groups, max_admit=max_admit)
     p = R.make_params(policy, rate=rate, kv_capacity=cap, stale_s=stale, theta=theta, **(router or {}))
@@ -120,7 +126,7 @@ def test_preble_e2_rebalancing_moves_a_hot_prefix():
     """A hot tool (60 % of traffic): without rebalancing E2 keeps exploiting the one replica that holds it;
     with Th_bal = 1.5 the hot tool's requests are sent to other replicas too (its prefix gets replicated)."""
     wl = W.toolbench(120, n_tools=20, tool_mean=1500, hot_tool_share=0.6)
-    model = R.ReplicaModel(n_replicas=4, max_queue=120, router_window=120)
+    model = _model(n_replicas=4, max_queue=120, router_window=120)
     spread, share = {}, {}
     for th in (float("inf"), 1.5):
         p = R.make_params("preble_e2", rate=40.0, kv_capacity=60_000, e2_th_bal=th)
@@ -157,7 +163,7 @@ def test_priority_groups_match_reference():
     assert stats["preemptions"] > 0
     make, cap, rate = CASES["toolbench"]
     wl, p = make(), R.make_params("affinity", rate=rate, kv_capacity=cap)
-    runs = {order: R.run_single(R.ReplicaModel(n_replicas=3, max_running=8, max_queue=64, local_order=order),
+    runs = {order: R.run_single(_model(n_replicas=3, max_running=8, max_queue=64, local_order=order),
                                 jax.random.key(1), wl, p) for order in ("fcfs", "priority")}
     assert len(set(np.asarray(runs["priority"].rec_group).tolist())) >= 3  # the groups are used
     assert not np.array_equal(R.records(runs["fcfs"])["admit_s"], R.records(runs["priority"])["admit_s"])
@@ -182,8 +188,8 @@ def test_event_leaping_changes_nothing():
     make, cap, rate = CASES["agent"]
     wl = make()
     p = R.make_params("threshold", rate=rate, kv_capacity=cap)
-    a = R.records(R.run_single(R.ReplicaModel(n_replicas=3, leap=0), jax.random.key(3), wl, p))
-    b = R.records(R.run_single(R.ReplicaModel(n_replicas=3, leap=32), jax.random.key(3), wl, p))
+    a = R.records(R.run_single(_model(n_replicas=3, leap=0), jax.random.key(3), wl, p))
+    b = R.records(R.run_single(_model(n_replicas=3, leap=32), jax.random.key(3), wl, p))
     for k in a:
         np.testing.assert_allclose(a[k], b[k], rtol=1e-6)
 
@@ -214,7 +220,7 @@ def test_reserve_never_preempts():
 
 def test_admission_mode_is_checked():
     with pytest.raises(JaxrouteError, match="unknown admission 'eager'; choose from: reserve, on-demand"):
-        R.ReplicaModel(admission="eager")
+        _model(admission="eager")
 
 
 def _parents(req) -> np.ndarray:
@@ -240,7 +246,7 @@ def test_cache_invariants_during_a_run():
     """Cached tokens + private tokens never exceed capacity; every cached segment's parent is cached."""
     make, cap, rate = CASES["agent"]
     wl = make()
-    model = R.ReplicaModel(n_replicas=2, max_running=8, max_queue=64)
+    model = _model(n_replicas=2, max_running=8, max_queue=64)
     p = R.make_params("rr", rate=rate, kv_capacity=cap)
     state = model.init(jax.random.key(5), wl, p)
     parent = _parents(state.req)
@@ -263,14 +269,14 @@ def test_overflow_flags():
     make, cap, rate = CASES["toolbench"]
     wl = make()
     p = R.make_params("affinity", rate=rate, kv_capacity=50_000)
-    m = R.ReplicaModel(n_replicas=2, max_running=2, max_queue=64)
+    m = _model(n_replicas=2, max_running=2, max_queue=64)
     met = m.metrics(R.run_single(m, jax.random.key(0), wl, p), wl, p)
     assert bool(met["running_full"]) and not bool(met["overflow"])  # a modeled limit, not an overflow
-    m = R.ReplicaModel(n_replicas=2, max_running=64, max_queue=2)
+    m = _model(n_replicas=2, max_running=64, max_queue=2)
     st = R.run_single(m, jax.random.key(0), wl, p)
     met = m.metrics(st, wl, p)
     assert bool(met["overflow"])  # a local queue was full
-    m = R.ReplicaModel(n_replicas=2, max_running=64, max_queue=64)
+    m = _model(n_replicas=2, max_running=64, max_queue=64)
     met = m.metrics(R.run_single(m, jax.random.key(0), wl, p), wl, p)
     assert not bool(met["overflow"]) and int(met["conservation_error"]) == 0
 
@@ -278,7 +284,7 @@ def test_overflow_flags():
 def test_incomplete_run_is_flagged():
     make, cap, rate = CASES["toolbench"]
     wl = make()
-    model = R.ReplicaModel(n_replicas=2)
+    model = _model(n_replicas=2)
     p = R.make_params("rr", rate=rate, kv_capacity=cap)
     state = jax.jit(lambda: sim.scan_steps(model, model.init(jax.random.key(0), wl, p), wl, p, 30))()
     m = model.metrics(state, wl, p)
@@ -288,7 +294,7 @@ def test_incomplete_run_is_flagged():
 def test_policies_behave_as_described():
     """Pure affinity herds on the shared system prompt; load-only routers replicate the cache."""
     wl = W.toolbench(150, n_tools=30, tool_mean=1500, sys_tokens=13)
-    model = R.ReplicaModel(n_replicas=4, max_queue=150)
+    model = _model(n_replicas=4, max_queue=150)
     res = {}
     for pol in ("rr", "affinity", "threshold"):
         p = R.make_params(pol, rate=20.0, kv_capacity=30_000)
@@ -314,13 +320,13 @@ def test_bad_input():
     with pytest.raises(JaxrouteError, match="overload detector"):
         R.make_params("preble", e2_overload_window_s=-1)
     with pytest.raises(JaxrouteError, match="priority groups"):
-        R.ReplicaModel(local_order="priority", priority_groups=0)
+        _model(local_order="priority", priority_groups=0)
     with pytest.raises(JaxrouteError, match="router_window"):
-        R.ReplicaModel(router_window=-1)
+        _model(router_window=-1)
     with pytest.raises(JaxrouteError, match="local order"):
-        R.ReplicaModel(local_order="lifo")
+        _model(local_order="lifo")
     with pytest.raises(JaxrouteError, match=">= 1"):
-        R.ReplicaModel(n_replicas=0)
+        _model(n_replicas=0)
     with pytest.raises(JaxrouteError, match="holds only"):
         W.check_fits(W.longdoc(10), 10_000)
 
@@ -328,7 +334,7 @@ def test_bad_input():
 def test_records_are_consistent():
     make, cap, rate = CASES["programming"]
     wl = make()
-    model = R.ReplicaModel(n_replicas=3)
+    model = _model(n_replicas=3)
     p = R.make_params("cache_guard", rate=rate, kv_capacity=cap)
     rec = R.records(R.run_single(model, jax.random.key(2), wl, p))
     assert (rec["arrival_s"] <= rec["admit_s"]).all()
@@ -360,7 +366,7 @@ def test_capacity_flags_are_separate():
     make, cap, rate = CASES["toolbench"]
     wl = make()
     p = R.make_params("preble_e2", rate=rate, kv_capacity=cap)
-    model = R.ReplicaModel(n_replicas=2, max_queue=2, router_window=2)
+    model = _model(n_replicas=2, max_queue=2, router_window=2)
     met = model.metrics(R.run_single(model, jax.random.key(0), wl, p), wl, p)
     assert bool(met["queue_overflow"]) and bool(met["e2_ring_overflow"]) and bool(met["overflow"])
     q = R.make_params("rr", rate=rate, kv_capacity=cap)  # the ring is E2's: other rows are not flagged
@@ -382,12 +388,12 @@ def test_static_switches_refuse_traced_values_they_would_ignore():
     make, cap, rate = CASES["toolbench"]
     wl = make()
     with pytest.raises(JaxrouteError, match="router_window"):
-        R.run_single(R.ReplicaModel(n_replicas=2), jax.random.key(0), wl, R.make_params("preble_e2", rate=rate))
+        R.run_single(_model(n_replicas=2), jax.random.key(0), wl, R.make_params("preble_e2", rate=rate))
     rows = sim.stack_params([R.make_params(p, rate=rate) for p in ("rr", "preble_e2")])
     with pytest.raises(JaxrouteError, match="router_window"):
-        sim.run_grid(R.ReplicaModel(n_replicas=2), jax.random.key(0), wl, rows, 1)
+        sim.run_grid(_model(n_replicas=2), jax.random.key(0), wl, rows, 1)
     with pytest.raises(JaxrouteError, match="stale_view"):
-        R.run_single(R.ReplicaModel(n_replicas=2), jax.random.key(0), wl, R.make_params("rr", rate=rate, stale_s=1.0))
+        R.run_single(_model(n_replicas=2), jax.random.key(0), wl, R.make_params("rr", rate=rate, stale_s=1.0))
 
 
 def test_lru_eviction_order():
@@ -418,7 +424,7 @@ def test_fully_cached_prompts_still_get_a_first_token(policy, admission):
     finished request has a first token after its admission (TTFT > 0), as in the reference."""
     _compare("shared-prefix", policy, admission=admission)
     make, cap, rate = CASES["shared-prefix"]
-    model = R.ReplicaModel(n_replicas=3, max_running=8, max_queue=64, admission=admission)
+    model = _model(n_replicas=3, max_running=8, max_queue=64, admission=admission)
     st = R.run_single(model, jax.random.key(1), make(), R.make_params(policy, rate=rate, kv_capacity=cap))
     rec = R.records(st)
     done = np.isfinite(rec["finish_s"])

@@ -200,3 +200,24 @@ def test_many_panels_wrap_into_rows(tmp_path):
 
     (h3, w3), (h5, w5) = png(report.PANELS_PER_ROW), png(5)
     assert report.PANELS_PER_ROW == 3 and w5 == w3 and h5 > 1.8 * h3
+
+
+def test_worker_tasks_keep_shared_state_together_and_start_the_longest(tmp_path):
+    from jaxroute.reproduce.document import save_part
+
+    todo = rp.experiments("lecture") + rp.experiments("production-routers")
+    plan = rp.plan_tasks(todo, tmp_path, quick=True)
+    assert sorted(k for task in plan for k in task) == sorted((e.source, e.name) for e in todo)  # each once
+    preble = [t for t in plan if ("lecture", "preble_fig3") in t]
+    assert len(preble) == 1 and len(preble[0]) == 6  # lecture_preble shares its grids: one task, in order
+    capacity = [t for t in plan if ("production-routers", "capacity_shared_prefix") in t][0]
+    assert capacity[0] == ("production-routers", "capacity_shared_prefix")  # its part is read by the next two
+    assert [("lecture", "theory")] in plan and [("production-routers", "routers_mooncake")] in plan
+    # no earlier parts: the tasks of several experiments first, then the later source's (the production routers')
+    assert plan[0] == preble[0] and plan[1] == capacity and plan[2][0][0] == "production-routers"
+    assert plan[-1] == [("lecture", "theory")]
+    # with an earlier run's parts, the longest task first
+    for e in todo:
+        save_part(tmp_path, Section(e.source, e.name, e.title, quick=True, wall_s=100.0 if e.name == "theory" else 1.0))
+    assert rp.plan_tasks(todo, tmp_path, quick=True)[0] == [("lecture", "theory")]
+    assert rp.plan_tasks(todo, tmp_path, quick=False)[0] == preble[0]  # full-size parts: none

@@ -94,12 +94,9 @@ def cluster_reference(cfg: BenchConfig, workload: str, policies: tuple[str, ...]
 
 @functools.lru_cache(maxsize=8)
 def decode_requests(requests: int, output_cap: int | None):
-    from jaxroute.workloads.decode import make_decode_requests
+    from jaxroute.workloads.decode import clip_outputs, make_decode_requests
 
-    req = make_decode_requests(DECODE_WORKLOAD, requests, seed=0)
-    if output_cap is not None:
-        req = dataclasses.replace(req, output_tokens=np.minimum(req.output_tokens, output_cap))
-    return req
+    return clip_outputs(make_decode_requests(DECODE_WORKLOAD, requests, seed=0), output_cap)
 
 
 def decode_scenario(cfg: BenchConfig) -> Scenario:

@@ -833,8 +833,8 @@ def step_budget(req: DecodeRequests, n_workers: int, slots: int, r_max: int, arr
                 rate: float = 1.0, min_step_s: float = 1e-3, slack: float = 1.1) -> int:
     """A static upper bound on the events one run needs (runs that exceed it flag overflow_steps).
 
-    Saturated: loaded steps (total tokens / all slots) plus admission-limited steps plus the
-    longest request (the drain), with slack. Poisson/trace: also the arrival span divided by the
+    Saturated: loaded steps (total tokens / all slots, widened for the busiest worker of a random
+    spread) plus admission-limited steps plus the longest request (the drain), with slack. Poisson/trace: also the arrival span divided by the
     shortest possible step; capped by the all-serial bound (one request at a time, plus one idle
     jump per request).
     """
@@ -849,6 +849,9 @@ def step_bound(output_tokens, n_workers: int, slots: int, r_max: int, span_s: fl
     """`step_budget` from the output lengths and the span over which requests arrive (0 = all at once)."""
     out = np.asarray(output_tokens)
     n = len(out)
-    loaded = out.sum() / (n_workers * slots) + n / (n_workers * r_max)
+    # a router that spreads requests at random loads its busiest worker above the mean by about sqrt(G / n)
+    # of it (binomial counts): three of those keep a small run's busiest worker inside the bound
+    spread = 1 + 3 * math.sqrt(n_workers / max(n, 1))
+    loaded = spread * out.sum() / (n_workers * slots) + n / (n_workers * r_max)
     bound = slack * (loaded + out.max()) + 64 + span_s / min_step_s
     return int(min(bound, out.sum() + 2 * n + 64))

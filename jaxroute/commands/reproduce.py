@@ -47,8 +47,9 @@ def register(subparsers) -> None:
                         "FILE between the lines '<!-- reproduce:SOURCE begin -->' and '<!-- reproduce:SOURCE end -->' "
                         "(rerun on a finished DIR, this only resumes and rewrites; default: no summary)")
     p.add_argument("--jobs", type=positive_int, default=None, metavar="N",
-                   help="worker processes running experiments at once, one source module each (compilation is "
-                   f"single-threaded, so a second core compiles a second experiment) (default: the CPU cores, at most {MAX_JOBS})")
+                   help="worker processes running experiments at once, the longest first (those that share grids run in one "
+                   "worker; compilation is single-threaded, so a second core compiles a second experiment) "
+                   f"(default: the CPU cores, at most {MAX_JOBS})")
     p.add_argument("--no-progress", action="store_true", help="no progress bars (also JAXROUTE_NO_PROGRESS=1; default: one bar per experiment)")
     p.set_defaults(func=main)
 

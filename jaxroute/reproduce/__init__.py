@@ -136,6 +136,12 @@ def _module(exp: Experiment) -> str:
     return exp.run.__module__
 
 
+def _previous_wall(out_dir: Path, keys: list[tuple[str, str]], quick: bool) -> float:
+    """Seconds the parts of `keys` took in an earlier run in out_dir (inf when one is missing)."""
+    parts = [load_part(out_dir, source, name, quick) for source, name in keys]
+    return sum(p.wall_s for p in parts) if all(p is not None for p in parts) else float("inf")
+
+
 def _jax_setup() -> dict:
     """The JAX settings the CLI made in this process (devices, compile cache), for worker processes."""
     import jax
@@ -146,7 +152,7 @@ def _jax_setup() -> dict:
 
 def _worker_group(keys: list[tuple[str, str]], out_dir: str, quick: bool, seeds: int | None, echo: bool,
                   setup: dict) -> list[tuple[str, str]]:
-    """In a worker process: run the experiments `keys` (one module's) in order, saving each part."""
+    """In a worker process: run the experiments `keys` (one task's) in order, saving each part."""
     import jax
 
     from jaxroute import compile_log
@@ -162,22 +168,34 @@ def _worker_group(keys: list[tuple[str, str]], out_dir: str, quick: bool, seeds:
     return keys
 
 
+def plan_tasks(todo: Sequence[Experiment], out_dir: Path, quick: bool) -> list[list[tuple[str, str]]]:
+    """The worker tasks for `todo`, in the order to start them: lists of (source, name) run in order.
+
+    Each experiment is a task of its own, except those of a module that sets `ONE_WORKER` (its experiments
+    share grids in memory or read a sibling's part): one task runs them in order. The longest go first: by the
+    wall time of the task's parts an earlier run left in `out_dir`; tasks without one go first, those of more
+    experiments first, then the later sources' (the production routers' runs are the longest)."""
+    tasks: dict[str, list[tuple[str, str]]] = {}
+    for e in todo:
+        module = _module(e)
+        together = getattr(importlib.import_module(module), "ONE_WORKER", False)
+        tasks.setdefault(module if together else f"{module}.{e.name}", []).append((e.source, e.name))
+    listed = list(tasks.values())
+    return [listed[i] for i in sorted(range(len(listed)), reverse=True,
+                                      key=lambda i: (_previous_wall(out_dir, listed[i], quick), len(listed[i]), i))]
+
+
 def run_in_workers(todo: Sequence[Experiment], out_dir: Path, *, jobs: int, quick: bool, seeds: int | None,
                    echo: bool, progress: bool) -> set[tuple[str, str]]:
-    """Run `todo` on `jobs` worker processes, writing their parts; the (source, name) of each one run.
-
-    Experiments of one module run in one worker, in order (they may share grids in memory or read a sibling's
-    part); modules go to the first free worker, those with more experiments first. Compilation is single-
-    threaded, so on a machine with several cores the workers compile at once; they share the compile cache."""
+    """Run `todo` on `jobs` worker processes (`plan_tasks`; a free worker takes the next task), writing their
+    parts; the (source, name) of each one run. Compilation is single-threaded, so the workers compile at
+    once; they share the compile cache."""
     import concurrent.futures as cf
     import multiprocessing
 
-    groups: dict[str, list[tuple[str, str]]] = {}
-    for e in todo:
-        groups.setdefault(_module(e), []).append((e.source, e.name))
-    if len(groups) < 2:
+    order = plan_tasks(todo, out_dir, quick)
+    if len(order) < 2:
         return set()
-    order = sorted(groups.values(), key=len, reverse=True)
     done: set[tuple[str, str]] = set()
     bar = None
     if progress:

@@ -16,7 +16,7 @@ paper's baselines (random, rr, p2c, jsq) on that metric, as the paper compares w
   at least 4 workers of 4 dies in the DP-attention + EP setting.)
 - `sensitivity`: oracle BR-H's beta x gamma grid at H = 80 (paper: 945-1043 tok/s vs 847).
 
-Quick sizes: 40 requests, 4 slots per worker, 2 seeds, the ladder's first step and its Little's-law row (the final
+Quick sizes: 40 requests with outputs clipped at 1,000 tokens, 4 slots per worker, 2 seeds, the ladder's first step and its Little's-law row (the final
 setting, so both ends of the ladder), G = 4, 8 at 5 requests per worker, two (beta, gamma) cells, the production
 workload only.
 """
@@ -51,7 +51,7 @@ from jaxroute.reproduce.document import (
     markdown_table,
 )
 from jaxroute.routers import balance
-from jaxroute.workloads.decode import make_decode_requests
+from jaxroute.workloads.decode import clip_outputs, make_decode_requests
 
 SOURCE = "balanceroute"
 # The paper's numbers (write-up §10, main table): imbalance, TPOT P95 ms, throughput tok/s.
@@ -91,14 +91,24 @@ LADDER = [
 LITTLE_SLOTS = int(843 * 0.0832 / 8 + 0.5)
 
 
+QUICK_OUTPUT_CAP = 1000  # quick runs clip output lengths here (the full runs keep the workload's)
+
+
+def requests(s: dict, workload: str, n: int, version: int = 2):
+    """The first n requests of `workload` (numpy seed 0), outputs clipped at the settings' cap."""
+    return clip_outputs(make_decode_requests(workload, n, seed=0, version=version), s["output_cap"])
+
+
 def settings(quick: bool, seeds: int | None) -> dict:
     if quick:
         # The drain of the longest request sets a run's steps: 40 requests of synthetic-prod (seed 0) reach 7,009
-        # output tokens, 120 reach 18,481 (3x the steps), so quick stays at 40 (5 per worker in `scaling`).
+        # output tokens, 120 reach 18,481 (3x the steps), so quick stays at 40 (5 per worker in `scaling`), with
+        # outputs clipped at QUICK_OUTPUT_CAP tokens (the median is 466).
         return dict(sizes={"synthetic-prod": 40, "synthetic-azure24": 40}, seeds=seeds or 2, slots=4,
+                    output_cap=QUICK_OUTPUT_CAP,
                     per_worker=5, workers=(4, 8), betas=(8.0,), gammas=(0.9, 0.99), little_slots=2,
                     workloads=("synthetic-prod",), ladder=(0,))
-    return dict(sizes=dict(PAPER_SIZES), seeds=seeds or 3, slots=PAPER_DEPLOYMENT.slots, per_worker=1000,
+    return dict(sizes=dict(PAPER_SIZES), seeds=seeds or 3, output_cap=None, slots=PAPER_DEPLOYMENT.slots, per_worker=1000,
                 workers=(4, 8, 16), betas=(4.0, 8.0, 16.0), gammas=(0.9, 0.95, 0.99), little_slots=LITTLE_SLOTS,
                 workloads=("synthetic-prod", "synthetic-azure24"), ladder=tuple(range(len(LADDER))))
 
@@ -213,7 +223,7 @@ def ladder(ctx: Context) -> Section:
     step_rows, gains, data, claims = [], [], [], []
     for label, version, dep in steps:
         dep = dataclasses.replace(dep, slots=s["little_slots"] if "Little" in label else s["slots"])
-        req = make_decode_requests("synthetic-prod", n, seed=0, version=version)
+        req = requests(s, "synthetic-prod", n, version)
         t0 = time.perf_counter()
         res = run_comparison(req, rows, workers=8, seeds=s["seeds"], dep=dep)
         wall = time.perf_counter() - t0
@@ -326,7 +336,7 @@ def main_table(ctx: Context) -> Section:
              "the best of its four (random, rr, p2c, jsq) on each metric, and so is ours (paired per seed)."]
     for workload in s["workloads"]:
         n = s["sizes"][workload]
-        req = make_decode_requests(workload, n, seed=0)
+        req = requests(s, workload, n)
         extra, bank, names = deployed_rows(workload, n, dep, ctx)
         rows = rows_for(MAIN_POLICIES, ["oracle"]) + extra
         t0 = time.perf_counter()
@@ -419,7 +429,7 @@ def scaling(ctx: Context) -> Section:
     rows = rows_for(LADDER_POLICIES, ["oracle"])
     claims, best_rows, gains, data, ours = [], [], [], {}, {}
     for g in s["workers"]:
-        req = make_decode_requests("synthetic-prod", s["per_worker"] * g, seed=0)
+        req = requests(s, "synthetic-prod", s["per_worker"] * g)
         records = run_comparison(req, rows, workers=g, seeds=s["seeds"], dep=dep).records
         ctx.advance(f"G={g}")
         by = _by(records)
@@ -484,7 +494,7 @@ def sensitivity(ctx: Context) -> Section:
     s = settings(ctx.quick, ctx.seeds)
     dep = dataclasses.replace(PAPER_DEPLOYMENT, slots=s["slots"])
     n = s["sizes"]["synthetic-prod"]
-    req = make_decode_requests("synthetic-prod", n, seed=0)
+    req = requests(s, "synthetic-prod", n)
     base_rows = rows_for(balance.PAPER_BASELINES, [])
     grid_rows = [DecodeRow("brh", "oracle", 1.0, b, gm) for b in s["betas"] for gm in s["gammas"]]
     res = run_comparison(req, base_rows + grid_rows, workers=8, seeds=s["seeds"], dep=dep)

@@ -35,6 +35,7 @@ from jaxroute.reproduce.document import (
 )
 
 SOURCE = "production-routers"
+ONE_WORKER = True  # capacity_mooncake and capacity_tuned read capacity_shared_prefix's part: one worker, in order
 ROUTERS = ("rr", "least_load", "sglang_cache_aware", "llmd_precise", "dynamo_kv", "preble")
 LOAD_ONLY = ("rr", "least_load")
 CACHE_AWARE = ("sglang_cache_aware", "llmd_precise", "dynamo_kv", "preble")

@@ -50,6 +50,7 @@ from jaxroute.reproduce.document import (
 )
 
 SOURCE = "lecture"
+ONE_WORKER = True  # its experiments share grids in memory (_GRIDS): `reproduce --jobs` runs them in one worker
 # Two loads per workload on 4 replicas (requests/s): longdoc's 1 req/s and video QA's 6 and 8 req/s are
 # the lecture's; the others are set so that round robin runs busy at the lower load and saturated at the higher.
 LOADS = {"toolbench": (20.0, 40.0), "agent": (8.0, 16.0), "programming": (5.0, 10.0), "longdoc": (0.5, 1.0),

@@ -272,6 +272,16 @@ def resolve_trace_path(name: str, trace_path: str | Path | None) -> Path:
     return p
 
 
+def clip_outputs(req: DecodeRequests, cap: int | None) -> DecodeRequests:
+    """`req` with every output length clipped to `cap` tokens (None: unchanged): short runs for smoke checks,
+    where the longest request's drain would set the step count."""
+    if cap is None:
+        return req
+    if isinstance(cap, bool) or not isinstance(cap, (int, np.integer)) or cap < 1:
+        raise JaxrouteError(f"output cap must be a positive integer, got {cap!r}")
+    return dataclasses.replace(req, output_tokens=np.minimum(req.output_tokens, int(cap)))
+
+
 def make_decode_requests(
     name: str, n: int, seed: int = 0, trace_path: str | Path | None = None, time_scale: float = 1.0,
     version: int = 2,
