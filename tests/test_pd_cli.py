@@ -103,7 +103,8 @@ def test_pd_refuses_lost_requests(monkeypatch, capsys):
         return res, raw
 
     monkeypatch.setattr(pd, "run_pd", leaky)  # the command imports pd.run_pd when it runs
-    rc = cli(["pd", *SMALL, "--prefill", "1", "--decode", "1", "--prefill-router", "rr", "--decode-router", "rr"])
+    # the threshold test's 2:2 rr > rr tiers (its two rows and this one row fill the same 4 lanes): its programs
+    rc = cli(["pd", *SMALL, "--prefill", "2", "--decode", "2", "--prefill-router", "rr", "--decode-router", "rr"])
     assert rc != 0 and "conservation failed" in capsys.readouterr().err
 
 

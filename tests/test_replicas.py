@@ -42,7 +42,8 @@ def _compare(case, policy, G=3, B=8, Q=64, local="fcfs", stale=0.0, leap=32, key
         slots = R.slot_bound(wl.segment_lengths(), cap)
     model = _model(n_replicas=G, max_running=B, max_queue=Q, local_order=local, stale_view=stale > 0,
                            leap=leap, router_window=e2_ring if policy in ref.PREBLE else 0, admission=admission,
-                           cache_slots=slots, priority_groups=groups, max_admit=max_admit)
+                           cache_slots=slots, priority_groups=groups, max_admit=max_admit,
+                           router_modules=modules_for((*ref.POLICIES, policy)))  # the gateway tests' routers too
     p = R.make_params(policy, rate=rate, kv_capacity=cap, stale_s=stale, theta=theta, **(router or {}))
     st = R.run_single(model, jax.random.key(key), wl, p)
     got = R.records(st)
