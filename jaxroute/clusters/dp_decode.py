@@ -834,9 +834,9 @@ def step_budget(req: DecodeRequests, n_workers: int, slots: int, r_max: int, arr
     """A static upper bound on the events one run needs (runs that exceed it flag overflow_steps).
 
     Saturated: loaded steps (total tokens / all slots, widened for the busiest worker of a random
-    spread) plus admission-limited steps plus the longest request (the drain), with slack. Poisson/trace: also the arrival span divided by the
-    shortest possible step; capped by the all-serial bound (one request at a time, plus one idle
-    jump per request).
+    spread) plus admission-limited steps plus the longest request (the drain), with slack.
+    Poisson/trace: also the arrival span divided by the shortest possible step; capped by the
+    all-serial bound (one request at a time, plus one idle jump per request).
     """
     out = np.asarray(req.output_tokens)
     span = 0.0 if arrival == "saturated" else (float(req.arrival_s[-1]) if arrival == "trace"

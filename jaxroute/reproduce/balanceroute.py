@@ -16,9 +16,9 @@ paper's baselines (random, rr, p2c, jsq) on that metric, as the paper compares w
   at least 4 workers of 4 dies in the DP-attention + EP setting.)
 - `sensitivity`: oracle BR-H's beta x gamma grid at H = 80 (paper: 945-1043 tok/s vs 847).
 
-Quick sizes: 40 requests with outputs clipped at 1,000 tokens, 4 slots per worker, 2 seeds, the ladder's first step and its Little's-law row (the final
-setting, so both ends of the ladder), G = 4, 8 at 5 requests per worker, two (beta, gamma) cells, the production
-workload only.
+Quick sizes: 40 requests with outputs clipped at 1,000 tokens, 4 slots per worker, 2 seeds, the ladder's first
+step and its Little's-law row (the final setting, so both ends of the ladder), G = 4, 8 at 5 requests per worker,
+two (beta, gamma) cells, the production workload only.
 """
 
 from __future__ import annotations
@@ -108,8 +108,8 @@ def settings(quick: bool, seeds: int | None) -> dict:
                     output_cap=QUICK_OUTPUT_CAP,
                     per_worker=5, workers=(4, 8), betas=(8.0,), gammas=(0.9, 0.99), little_slots=2,
                     workloads=("synthetic-prod",), ladder=(0,))
-    return dict(sizes=dict(PAPER_SIZES), seeds=seeds or 3, output_cap=None, slots=PAPER_DEPLOYMENT.slots, per_worker=1000,
-                workers=(4, 8, 16), betas=(4.0, 8.0, 16.0), gammas=(0.9, 0.95, 0.99), little_slots=LITTLE_SLOTS,
+    return dict(sizes=dict(PAPER_SIZES), seeds=seeds or 3, output_cap=None, slots=PAPER_DEPLOYMENT.slots,
+                per_worker=1000, workers=(4, 8, 16), betas=(4.0, 8.0, 16.0), gammas=(0.9, 0.95, 0.99), little_slots=LITTLE_SLOTS,
                 workloads=("synthetic-prod", "synthetic-azure24"), ladder=tuple(range(len(LADDER))))
 
 
