@@ -67,7 +67,7 @@ if (( QUICK )); then
   stage "bench dispatch" 110 "${BENCH[@]}" --only dispatch --out "$DEST/bench_dispatch.json"
   stage "bench cluster" 170 "${BENCH[@]}" --only cluster --out "$DEST/bench_cluster.json"
   stage "bench blis, trace, decode, decision" 130 "${BENCH[@]}" --only blis,trace,decode,decision \
-    --blis-requests 16 --trace-sizes 16 --calls 20 --out "$DEST/bench_rest.json"
+    --out "$DEST/bench_rest.json"
 else
   BENCH=("$PY" -m jaxroute.cli bench --gpu-sizes --max-repeat-s 20)
   stage "bench dispatch" 110 "${BENCH[@]}" --only dispatch --dispatch-requests 10000 --out "$DEST/bench_dispatch.json"

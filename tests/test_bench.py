@@ -19,6 +19,9 @@ from jaxroute.errors import JaxrouteError
 from tests.cli_helpers import cli
 
 ROOT = Path(__file__).resolve().parent.parent
+# The quick bench runs on one worker, in this order: the in-process run compiles the quick preset's programs, and
+# the wrapper scripts' and gpu_check's runs (the same sizes, in subprocesses) load them from the compile cache.
+BENCH_GROUP = "bench"
 TOP_LEVEL = ("command", "config", "device", "n_devices", "cores", "jax_version", "load_average", "date", "models",
              "blis", "trace", "decision", "errors")
 
@@ -56,6 +59,7 @@ def _check(res: dict, models: set[str]) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group(BENCH_GROUP)
 def test_bench_quick_every_model_and_scaling(tmp_path, capsys):
     # One run serves both checks: every part at the quick preset's sizes (4 seeds, 32 BLIS requests, traces of
     # 32 and 64, shared with the wrapper scripts and gpu_check's quick stages through the compile cache), plus
@@ -129,6 +133,7 @@ def test_wrapper_scripts_show_help(name):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group(BENCH_GROUP)
 @pytest.mark.parametrize("name,model", [("bench_dispatch", "dispatch"), ("bench_cluster", "cluster/toolbench"),
                                         ("bench_dispatch_latency", "decode")])
 def test_wrapper_scripts_run_quick(name, model, tmp_path):
@@ -143,6 +148,7 @@ def test_wrapper_scripts_run_quick(name, model, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group(BENCH_GROUP)
 def test_gpu_check_quick_runs_every_stage_on_cpu(tmp_path):
     # the stage limits size the GPU run's 10 minutes; on a CPU shared with other jobs a 130 s stage ran 131 s,
     # so the test scales them (no wall-clock threshold in a test)

@@ -46,17 +46,19 @@ def test_bad_slo_is_refused():
 
 
 def test_an_overrun_ring_grows_and_gives_the_large_ring_answer():
-    """JSQ reads queue lengths from a ring of K departures per server: with K = 2 the runs near capacity
-    overrun it. Without growth those brackets are unknown; growing the ring reproduces the K = 256 answer."""
+    """JSQ reads queue lengths from a ring of K departures per server: with K = 16 the runs near capacity
+    overrun it. Without growth those brackets are unknown; growing the ring reproduces the K = 256 answer.
+    (K = 16, not smaller: the stuck and grown searches then share their first program, and growth takes one
+    doubling, not four: three dispatch programs in all.)"""
     slo = cap.parse_slo("mean_response<=3")
     kw = dict(servers=4, seeds=2, requests=6000)
     big = cap.search(cap.DispatchEvaluator(["jsq"], **kw), 1, 0.3, 1.0, slo, tol=0.05, points=4)
-    stuck = cap.search(cap.DispatchEvaluator(["jsq"], ring=2, max_ring=2, **kw), 1, 0.3, 1.0, slo, tol=0.05, points=4)
-    ev = cap.DispatchEvaluator(["jsq"], ring=2, **kw)
+    stuck = cap.search(cap.DispatchEvaluator(["jsq"], ring=16, max_ring=16, **kw), 1, 0.3, 1.0, slo, tol=0.05, points=4)
+    ev = cap.DispatchEvaluator(["jsq"], ring=16, **kw)
     grown = cap.search(ev, 1, 0.3, 1.0, slo, tol=0.05, points=4)
     assert np.all(np.isfinite(big.capacity))
     assert stuck.overflowed.any() and np.isnan(stuck.capacity).any()
-    assert ev.ring > 2 and np.array_equal(grown.capacity, big.capacity)
+    assert ev.ring > 16 and np.array_equal(grown.capacity, big.capacity)
 
 
 def test_routers_with_replica_state_get_one_model_per_count():
