@@ -7,7 +7,7 @@ configuration (anything that sets a shape) and subclasses the abstract `Model`:
     step(state, workload, params)    -> state     (one event; a no-op once done)
     metrics(state, workload, params) -> dict[str, scalar array]
     num_steps(workload)              -> int       (static upper bound on events)
-    is_done(state)                   -> bool      (every event done: lets a chunked run stop early)
+    is_done(state)                   -> bool      (every event done: a run stops early)
     check_params(params, workload)   -> None      (optional: refuse, before tracing, params the static
                                                    config would silently clamp or ignore)
 
@@ -110,10 +110,35 @@ def scan_steps(model: Model, state: PyTree, workload: PyTree, params: PyTree, le
     return state
 
 
+DONE_CHECK_EVERY = 16  # events between two checks of `is_done` in `advance` (at most this many no-op events)
+
+
+def advance(step: Callable[[PyTree], PyTree], is_done: Callable[[PyTree], jax.Array], state: PyTree,
+            length: int) -> PyTree:
+    """Up to `length` events of `step`, stopping early once `is_done(state)`: blocks of `DONE_CHECK_EVERY`
+    events in a while loop, then the remainder. Equal to `length` events whenever later events are no-ops
+    (the `Model.step` contract), at a fraction of the cost when the bound is loose (a replica run's
+    `num_steps` can be 10x its events). `step` and `is_done` may be batched (vmapped): the loop then goes
+    on while any row runs, so its condition is one boolean for the whole batch."""
+
+    def steps(s, n):
+        return jax.lax.scan(lambda c, _: (step(c), None), s, None, length=n)[0]
+
+    blocks, rest = divmod(int(length), DONE_CHECK_EVERY)
+    if blocks:
+        def go_on(carry):
+            i, s = carry
+            return (i < blocks) & ~jnp.all(is_done(s))
+
+        state = jax.lax.while_loop(go_on, lambda c: (c[0] + 1, steps(c[1], DONE_CHECK_EVERY)),
+                                   (jnp.int32(0), state))[1]
+    return steps(state, rest) if rest else state
+
+
 def run(model: Model, key: jax.Array, workload: PyTree, params: PyTree) -> dict[str, jax.Array]:
-    """One simulation: init, scan over all events, metrics. Pure and jittable."""
+    """One simulation: init, every event (`advance`: stops once done), metrics. Pure and jittable."""
     state = model.init(key, workload, params)
-    state = scan_steps(model, state, workload, params, model.num_steps(workload))
+    state = advance(lambda s: model.step(s, workload, params), model.is_done, state, model.num_steps(workload))
     return model.metrics(state, workload, params)
 
 
@@ -198,11 +223,18 @@ def _jitted(model: Model, kind: str, chunk: int = 0, out_sharding: NamedSharding
         return fn
     donate: tuple[int, ...] = ()
 
+    def advance_rows(state, workload, params, length):
+        """`advance` for a batch of rows: one loop around the vmapped step, until every row is done."""
+        step = jax.vmap(lambda s, p: model.step(s, workload, p))
+        return advance(lambda s: step(s, params), jax.vmap(model.is_done), state, length)
+
     if kind == "run":
 
         def batched(keys, workload, params):
             _count_trace(cache_key)
-            return jax.vmap(lambda k, p: run(model, k, workload, p))(keys, params)
+            state = jax.vmap(lambda k, p: model.init(k, workload, p))(keys, params)
+            state = advance_rows(state, workload, params, model.num_steps(workload))
+            return jax.vmap(lambda s, p: model.metrics(s, workload, p))(state, params)
 
     elif kind == "init":
 
@@ -215,7 +247,7 @@ def _jitted(model: Model, kind: str, chunk: int = 0, out_sharding: NamedSharding
 
         def batched(state, workload, params):
             _count_trace(cache_key)
-            return jax.vmap(lambda s, p: scan_steps(model, s, workload, p, chunk))(state, params)
+            return advance_rows(state, workload, params, chunk)
 
     elif kind == "metrics":
 

@@ -168,3 +168,11 @@ def test_gpu_check_quick_runs_every_stage_on_cpu(tmp_path):
     bad = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), "--quick"], capture_output=True, text=True,
                          cwd=ROOT, env={**env, "LIMIT_SCALE": "0.5"})
     assert bad.returncode == 2 and "LIMIT_SCALE must be a positive whole number" in bad.stderr
+
+
+@pytest.mark.xdist_group(BENCH_GROUP)
+def test_xdist_groups_are_honoured(request):
+    """Under pytest 9, xdist 3.8 ignored every xdist_group (pyproject pins pytest < 9): a grouped test's node id
+    carries its group on an xdist worker run with --dist loadgroup."""
+    if getattr(request.config.option, "loadgroup", False):
+        assert request.node.nodeid.endswith(f"@{BENCH_GROUP}"), request.node.nodeid
