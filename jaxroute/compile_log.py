@@ -21,6 +21,7 @@ from collections.abc import Callable
 BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"
 LOG_ENV = "JAXROUTE_COMPILE_LOG"
 TAG_ENV = "JAXROUTE_COMPILE_LOG_TAG"  # copied into each line of the log (the test suite names the test here)
+_BASE_TAG_ENV = "_JAXROUTE_COMPILE_LOG_BASE_TAG"  # the tag this process started with, kept by `tag_programs`
 _KEY = re.compile(r"(?P<kind>hit|MISS) for '(?P<name>[^']*)' with key '(?P<key>[^']*)'")
 
 _callbacks: list[Callable[[dict], None]] = []
@@ -62,6 +63,13 @@ def mark(event: str) -> None:
     for path in _logged_to:
         with open(path, "a") as f:
             f.write(json.dumps({"mark": event, "t": time.time(), "pid": os.getpid()}) + "\n")
+
+
+def tag_programs(tag: str) -> None:
+    """Name what this process does from now on in its log lines (`TAG_ENV`), after any tag it was started with."""
+    base = os.environ.get(_BASE_TAG_ENV, os.environ.get(TAG_ENV) or "")
+    os.environ[_BASE_TAG_ENV] = base
+    os.environ[TAG_ENV] = f"{base} {tag}".strip()
 
 
 def log_from_env() -> None:

@@ -115,24 +115,24 @@ DONE_CHECK_EVERY = 16  # events between two checks of `is_done` in `advance` (at
 
 def advance(step: Callable[[PyTree], PyTree], is_done: Callable[[PyTree], jax.Array], state: PyTree,
             length: int) -> PyTree:
-    """Up to `length` events of `step`, stopping early once `is_done(state)`: blocks of `DONE_CHECK_EVERY`
-    events in a while loop, then the remainder. Equal to `length` events whenever later events are no-ops
-    (the `Model.step` contract), at a fraction of the cost when the bound is loose (a replica run's
-    `num_steps` can be 10x its events). `step` and `is_done` may be batched (vmapped): the loop then goes
-    on while any row runs, so its condition is one boolean for the whole batch."""
+    """At least `length` events of `step` (rounded up to whole blocks of `DONE_CHECK_EVERY`), stopping early
+    once `is_done(state)`: blocks of events in a while loop, so the program holds one copy of the step (a
+    remainder block would trace and compile a second one). Equal to `length` events whenever the extra
+    events are no-ops (the `Model.step` contract: `length` is a bound on a run's events, or a chunk of a run
+    that goes on), at a fraction of the cost when the bound is loose (a replica run's `num_steps` can be 10x
+    its events). `step` and `is_done` may be batched (vmapped): the loop then goes on while any row runs, so
+    its condition is one boolean for the whole batch."""
+    blocks = -(-int(length) // DONE_CHECK_EVERY)
 
-    def steps(s, n):
-        return jax.lax.scan(lambda c, _: (step(c), None), s, None, length=n)[0]
+    def go_on(carry):
+        i, s = carry
+        return (i < blocks) & ~jnp.all(is_done(s))
 
-    blocks, rest = divmod(int(length), DONE_CHECK_EVERY)
-    if blocks:
-        def go_on(carry):
-            i, s = carry
-            return (i < blocks) & ~jnp.all(is_done(s))
+    def block(carry):
+        i, s = carry
+        return i + 1, jax.lax.scan(lambda c, _: (step(c), None), s, None, length=DONE_CHECK_EVERY)[0]
 
-        state = jax.lax.while_loop(go_on, lambda c: (c[0] + 1, steps(c[1], DONE_CHECK_EVERY)),
-                                   (jnp.int32(0), state))[1]
-    return steps(state, rest) if rest else state
+    return jax.lax.while_loop(go_on, block, (jnp.int32(0), state))[1] if blocks else state
 
 
 def run(model: Model, key: jax.Array, workload: PyTree, params: PyTree) -> dict[str, jax.Array]:

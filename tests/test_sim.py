@@ -149,6 +149,20 @@ def test_chunked_run_stops_early_and_equals_the_full_run():
     assert sim.compile_count(model, "done") == 1
 
 
+@pytest.mark.parametrize("length", [sim.DONE_CHECK_EVERY, 3 * sim.DONE_CHECK_EVERY + 5])
+def test_advance_holds_one_copy_of_the_step(length):
+    """A length that is not whole blocks still traces the step once (a second copy doubled the compile time of
+    every grid program), and the extra events of the last block are no-ops."""
+    traced, model = [], ToyModel(n=length)
+
+    def step(s):
+        traced.append(1)
+        return model.step(s, jnp.float32(1.0), ToyParams(jnp.int32(0), jnp.float32(1.0)))
+
+    state = jax.jit(lambda k: sim.advance(step, model.is_done, model.init(k, None, None), length))(jax.random.key(0))
+    assert len(traced) == 1 and int(state["t"]) == length
+
+
 def test_run_batch_fn_and_summary():
     def run(key, workload, params):
         return {"v": jax.random.normal(key) * params.scale + workload}

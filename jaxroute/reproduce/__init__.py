@@ -230,6 +230,9 @@ def _run_one(exp: Experiment, out_dir: Path, *, quick: bool, seeds: int | None, 
 
     ctx = Context(out_dir=out_dir, quick=quick, seeds=seeds, echo=echo, advance=advance)
     ctx.log(f"[{exp.source}.{exp.name}] {exp.title}")
+    from jaxroute import compile_log
+
+    compile_log.tag_programs(f"{exp.source}.{exp.name}")  # the compile log names the experiment of each program
     start = time.perf_counter()
     try:
         section = exp.run(ctx)
