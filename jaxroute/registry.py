@@ -64,3 +64,14 @@ class PolicyRegistry:
         if len(branches) != len(self.names):
             raise ValueError(f"{self.kind}: {len(branches)} branches for {len(self.names)} policies")
         return jax.lax.switch(policy_id, branches, *operands)
+
+    def switch_shared(self, policy_id: jax.Array, rules: Sequence[Any], branch: Callable[[Any], Callable],
+                      *operands) -> Any:
+        """`switch` where policies that run the same rule share a branch: `rules` names each policy's rule (one
+        per registered policy, hashable), `branch(rule)` builds its branch. Each distinct rule is traced and
+        compiled once (presets that differ only in their traced settings are one rule)."""
+        if len(rules) != len(self.names):
+            raise ValueError(f"{self.kind}: {len(rules)} rules for {len(self.names)} policies")
+        distinct = list(dict.fromkeys(rules))
+        index = np.asarray([distinct.index(r) for r in rules], np.int32)
+        return jax.lax.switch(jax.numpy.asarray(index)[policy_id], [branch(r) for r in distinct], *operands)

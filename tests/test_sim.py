@@ -9,6 +9,7 @@ import pytest
 
 from jaxroute import metrics, sim
 from jaxroute.errors import JaxrouteError
+from jaxroute.registry import PolicyRegistry
 
 
 @jax.tree_util.register_dataclass
@@ -161,6 +162,22 @@ def test_advance_holds_one_copy_of_the_step(length):
 
     state = jax.jit(lambda k: sim.advance(step, model.is_done, model.init(k, None, None), length))(jax.random.key(0))
     assert len(traced) == 1 and int(state["t"]) == length
+
+
+def test_switch_shared_traces_each_rule_once_and_picks_each_policys():
+    reg = PolicyRegistry("toy", ["double", "double_too", "negate", "double_again"])
+    traced = []
+
+    def branch(rule):
+        traced.append(rule)
+        return (lambda x: 2 * x) if rule == "double" else (lambda x: -x)
+
+    rules = ["double", "double", "negate", "double"]
+    out = jax.jit(jax.vmap(lambda p, x: reg.switch_shared(p, rules, branch, x)))(jnp.arange(4), jnp.full(4, 3.0))
+    assert sorted(traced) == ["double", "negate"]
+    np.testing.assert_array_equal(out, [6.0, 6.0, -3.0, 6.0])
+    with pytest.raises(ValueError, match="3 rules for 4 policies"):
+        reg.switch_shared(jnp.int32(0), rules[:3], branch, 1.0)
 
 
 def test_run_batch_fn_and_summary():

@@ -173,8 +173,8 @@ def choose_worker(policy, key, counts, kv, rr_next, eligible, single_scores, cac
         cand = eligible & (hit == jnp.max(hit))
         return jnp.argmin(jnp.where(cand, counts, inf))
 
-    return REGISTRY.switch(policy, [rand, rr, p2c, jsq, least_kv, balance, balance, balance, cache],
-                           None).astype(jnp.int32)
+    rules = [rand, rr, p2c, jsq, least_kv, balance, balance, balance, cache]
+    return REGISTRY.switch_shared(policy, rules, lambda rule: rule, None).astype(jnp.int32)
 
 
 # --------------------------------------------------------------------------- pooled dispatch

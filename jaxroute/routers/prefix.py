@@ -248,15 +248,17 @@ def choose(state: dict, view: RouterView, req: Request, policy: jax.Array, param
            key: jax.Array) -> jax.Array:
     """Replica index (int32) chosen by preset `policy` (a traced REGISTRY id)."""
 
-    def branch(p: Preset):
-        if p.module is not None:
-            n = _module_name(p.module)
+    def branch(module_rule):
+        module, rule = module_rule
+        if module is not None:
+            n = _module_name(module)
             if n not in state:  # left out of this model: refused on the host by `check`
                 return lambda: jnp.int32(0)
-            return lambda: jnp.asarray(p.rule(state[n], view, req, params, key), jnp.int32)
-        return lambda: jnp.asarray(p.rule(view, req, params, key), jnp.int32)
+            return lambda: jnp.asarray(rule(state[n], view, req, params, key), jnp.int32)
+        return lambda: jnp.asarray(rule(view, req, params, key), jnp.int32)
 
-    return REGISTRY.switch(policy, [branch(p) for p in PRESETS.values()])
+    # presets of one rule (SGLang's three, llm-d's schedulers, ...) differ only in traced params: one branch
+    return REGISTRY.switch_shared(policy, [(p.module, p.rule) for p in PRESETS.values()], branch)
 
 
 def on_dispatch(state: dict, view: RouterView, req: Request, g: jax.Array, active: jax.Array,
