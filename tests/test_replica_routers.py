@@ -1,5 +1,7 @@
 """Replica-cluster routers from parts: pickers' tie rules, traced weights, the registry."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -52,6 +54,16 @@ def test_weight_sweep_compiles_once():
     assert (grid.metrics["conservation_error"] == 0).all() and not grid.metrics["overflow"].any()
     share = grid.metrics["max_replica_share"].mean(1)
     assert share[0] > share[1]  # prefix-only herds more than queue-only
+    # a model built for its grid's routers only (router_policies: the others' branches are left out) gives the
+    # same grid, and refuses a row of another router before tracing
+    only = dataclasses.replace(model, router_policies=("weighted",))
+    same = sim.run_grid(only, jax.random.key(0), wl, sim.stack_params(rows), 2, chunk=300)
+    for name, value in grid.metrics.items():
+        np.testing.assert_array_equal(same.metrics[name], value, err_msg=name)
+    with pytest.raises(JaxrouteError, match="router 'rr' is not among the routers this model was built for"):
+        sim.run_grid(only, jax.random.key(0), wl, sim.stack_params([rows[0], R.make_params("rr", rate=20.0)]), 2)
+    with pytest.raises(JaxrouteError, match="unknown .*'nope'"):
+        R.ReplicaModel(router_policies=("rr", "nope"))
 
 
 def test_unknown_names_are_refused_before_tracing():

@@ -213,8 +213,12 @@ def modules_for(policies) -> tuple[str, ...]:
 
 
 def check(static: RouterStatic, policies) -> None:
-    """Refuse, on the host, policies whose module is left out or cannot run with these static sizes."""
+    """Refuse, on the host, policies the model was not built for (`static.policies`), whose module is left
+    out, or that cannot run with these static sizes."""
     for name in policies:
+        if static.policies is not None and name not in static.policies:
+            raise JaxrouteError(f"router '{name}' is not among the routers this model was built for "
+                                f"({', '.join(static.policies)}): build it with router_policies including it")
         m = PRESETS[name].module
         if m is None:
             continue
@@ -245,10 +249,13 @@ def on_refresh(state: dict, view: RouterView, active: jax.Array, params: RouterP
 
 
 def choose(state: dict, view: RouterView, req: Request, policy: jax.Array, params: RouterParams,
-           key: jax.Array) -> jax.Array:
-    """Replica index (int32) chosen by preset `policy` (a traced REGISTRY id)."""
+           key: jax.Array, policies: tuple[str, ...] | None = None) -> jax.Array:
+    """Replica index (int32) chosen by preset `policy` (a traced REGISTRY id). `policies` (static; None = all):
+    the presets rows may run; the others share one constant branch (`check` refuses them on the host)."""
 
     def branch(module_rule):
+        if module_rule is None:  # no row runs it: refused on the host by `check`
+            return lambda: jnp.int32(0)
         module, rule = module_rule
         if module is not None:
             n = _module_name(module)
@@ -258,7 +265,8 @@ def choose(state: dict, view: RouterView, req: Request, policy: jax.Array, param
         return lambda: jnp.asarray(rule(view, req, params, key), jnp.int32)
 
     # presets of one rule (SGLang's three, llm-d's schedulers, ...) differ only in traced params: one branch
-    return REGISTRY.switch_shared(policy, [(p.module, p.rule) for p in PRESETS.values()], branch)
+    rules = [(p.module, p.rule) if policies is None or name in policies else None for name, p in PRESETS.items()]
+    return REGISTRY.switch_shared(policy, rules, branch)
 
 
 def on_dispatch(state: dict, view: RouterView, req: Request, g: jax.Array, active: jax.Array,

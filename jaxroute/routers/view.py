@@ -19,6 +19,7 @@ class RouterStatic:
     n_segments: int  # M + 1 (the workload's segment ids + the padding dummy)
     window: int = 0  # dispatch-window ring entries per replica (routers that keep a window; 0 = none)
     modules: tuple[str, ...] | None = None  # stateful router modules to keep (None = all; fewer = a faster step)
+    policies: tuple[str, ...] | None = None  # presets a row may run (None = all; fewer = a smaller, faster step)
 
 
 @jax.tree_util.register_dataclass

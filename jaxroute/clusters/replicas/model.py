@@ -138,6 +138,7 @@ class ReplicaModel(sim.Model):
     stale_view: bool = False  # keep a router snapshot refreshed every params.stale_s seconds
     router_window: int = 0  # dispatch-window ring per replica for routers that keep one (0 = none)
     router_modules: tuple[str, ...] | None = None  # stateful router modules kept (None = all; routers.modules_for)
+    router_policies: tuple[str, ...] | None = None  # presets rows may run (None = all; fewer = a smaller step)
     leap: int = 32  # pure-decode iterations a replica may take in one step (0 = none; exact either way)
     cache_slots: int = 0  # C: segments a replica's cache table holds (0 = every segment id; cache.slot_bound)
     admission: str = "reserve"  # KV admission: "reserve" (prompt + whole output) or "on-demand" (vLLM V1)
@@ -155,9 +156,12 @@ class ReplicaModel(sim.Model):
             raise JaxrouteError(f"priority groups must be >= 1, got {self.priority_groups}")
         if self.admission not in ADMISSIONS:
             raise JaxrouteError(f"unknown admission '{self.admission}'; choose from: {', '.join(ADMISSIONS)}")
+        for name in self.router_policies or ():
+            routers.REGISTRY.id(name)  # an unknown router: a JaxrouteError naming the choices
 
     def router_static(self, n_segments: int) -> RouterStatic:
-        return RouterStatic(self.n_replicas, n_segments, self.router_window, self.router_modules)
+        return RouterStatic(self.n_replicas, n_segments, self.router_window, self.router_modules,
+                            self.router_policies)
 
     # ------------------------------------------------------------------ protocol
 
@@ -288,7 +292,8 @@ class ReplicaModel(sim.Model):
         pending = s.pending.at[s.pending_g, s.pending_segs].add(s.pending_add, mode="drop")
         view, snap = self._view(s, pending, params, a, is_route, req)
         router = routers.on_refresh(s.router, view, is_route, params.router)
-        g_route = routers.choose(router, view, req, params.policy, params.router, jax.random.fold_in(s.key, i))
+        g_route = routers.choose(router, view, req, params.policy, params.router, jax.random.fold_in(s.key, i),
+                                 self.router_policies)
         g = jnp.where(is_route, g_route, jnp.argmin(s.clock))
         row = jax.tree.map(lambda x: x[g], s.rep)
         router = routers.on_dispatch(router, view, req, g, is_route, params.router)
