@@ -40,6 +40,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jaxroute import (
+    compile_effort,
     compile_log,
     fast_prng,  # noqa: F401  (unrolled Threefry on CPU for every program built here)
 )
@@ -58,9 +59,9 @@ def last_traced_program() -> str:
     key = _LAST_TRACED[0]
     if key is None:
         return "?"
-    model, kind, chunk, _ = key
+    model, kind, chunk, _, fast = key
     name = model.fn.__qualname__ if isinstance(model, _FnModel) else type(model).__name__
-    return f"{name}#{hash(model) & 0xFFFF:04x}.{kind}" + (f"[{chunk}]" if chunk else "")
+    return f"{name}#{hash(model) & 0xFFFF:04x}.{kind}" + (f"[{chunk}]" if chunk else "") + (" fast" if fast else "")
 
 
 class Model(abc.ABC):
@@ -212,12 +213,14 @@ class GridResult:
         return {k: v[c] for k, v in self.metrics.items()}
 
 
-def _jitted(model: Model, kind: str, chunk: int = 0, out_sharding: NamedSharding | None = None) -> Callable:
-    """Batched jitted functions, cached per (model, kind, chunk, out_sharding) so a grid compiles once.
+def _jitted(model: Model, kind: str, chunk: int = 0, out_sharding: NamedSharding | None = None,
+            fast: bool = False) -> Callable:
+    """Batched jitted functions, cached per (model, kind, chunk, out_sharding, fast) so a grid compiles once.
 
-    The chunk step donates its state buffers: the loop only keeps the newest state.
+    The chunk step donates its state buffers: the loop only keeps the newest state. `fast`: compiled with
+    `compile_effort.FAST_OPTIONS` (a small job).
     """
-    cache_key = (model, kind, chunk, out_sharding)
+    cache_key = (model, kind, chunk, out_sharding, fast)
     fn = _JIT_CACHE.get(cache_key)
     if fn is not None:
         return fn
@@ -263,7 +266,8 @@ def _jitted(model: Model, kind: str, chunk: int = 0, out_sharding: NamedSharding
 
     else:  # pragma: no cover - internal
         raise ValueError(kind)
-    fn = jax.jit(batched, donate_argnums=donate, out_shardings=out_sharding)
+    fn = jax.jit(batched, donate_argnums=donate, out_shardings=out_sharding,
+                 compiler_options=compile_effort.options(fast))
     _JIT_CACHE[cache_key] = fn
     return fn
 
@@ -349,8 +353,9 @@ def run_grid(
     workload = jax.device_put(workload, replicated)
 
     total = int(model.num_steps(workload))
+    fast = compile_effort.is_fast(padded * total)
     if chunk is None or chunk >= total:
-        out = _jitted(model, "run")(keys, workload, flat_params)
+        out = _jitted(model, "run", fast=fast)(keys, workload, flat_params)
         compile_log.mark("first_step")
         if progress:
             _bar(total, progress).update(total)
@@ -358,12 +363,12 @@ def run_grid(
         n_chunks = math.ceil(total / chunk)
         # Both return the state sharded by row (leaves that do not depend on the inputs would
         # otherwise come out replicated), so the chunk program sees one layout and compiles once.
-        state = _jitted(model, "init", out_sharding=row_sharding)(keys, workload, flat_params)
-        step_chunk = _jitted(model, "chunk", chunk, out_sharding=row_sharding)
+        state = _jitted(model, "init", out_sharding=row_sharding, fast=fast)(keys, workload, flat_params)
+        step_chunk = _jitted(model, "chunk", chunk, out_sharding=row_sharding, fast=fast)
         bar = _bar(n_chunks * chunk, progress) if progress else None
         # Early exit once every row is done (num_steps can be a loose upper bound: the
         # remaining steps would be no-ops, so the result equals the full run).
-        done_fn = _jitted(model, "done")
+        done_fn = _jitted(model, "done", fast=fast)
         for i in range(n_chunks):
             with warnings.catch_warnings():
                 # Backends without buffer donation (older CPU runtimes) warn and copy instead.
@@ -378,7 +383,7 @@ def run_grid(
                 break
         if bar is not None:
             bar.close()
-        out = _jitted(model, "metrics")(state, workload, flat_params)
+        out = _jitted(model, "metrics", fast=fast)(state, workload, flat_params)
 
     host = jax.tree.map(lambda x: np.asarray(x)[:n_rows], out)
     shaped = {k: v.reshape((n_configs, n_seeds) + v.shape[1:]) for k, v in host.items()}

@@ -62,6 +62,8 @@ class BenchConfig:
     decision_calls: int = 2000
     max_repeat_s: float = 120.0  # a first run longer than this is not repeated (steady = first - compile)
     progress: bool = False  # tqdm bars inside the long cluster / trace runs
+    # every size compiles at one effort (jaxroute.compile_effort), so per-request costs compare across sizes
+    compile_effort: str = "optimized"
 
     def __post_init__(self):
         unknown = [p for p in self.parts if p not in PARTS]

@@ -6,6 +6,7 @@ import dataclasses
 import time
 from collections.abc import Callable
 
+from jaxroute import compile_effort
 from jaxroute.bench import blis, decision, models
 from jaxroute.bench.config import PARTS, BenchConfig
 from jaxroute.bench.measure import error_record, load_average, machine_info, say, sweep
@@ -58,34 +59,35 @@ def run_bench(cfg: BenchConfig, checkpoint: Callable[[dict], object] | None = No
             say(f"{part} failed: {out['errors'][-1]['error']} {out['errors'][-1]['detail']}")
             return None
 
-    for part in (p for p in PARTS if p in cfg.parts):
-        if part == "dispatch":
-            r = guarded(part, lambda: _model(cfg, models.dispatch_scenario(cfg), cfg.dispatch_seeds,
-                                             lambda: models.dispatch_reference(cfg), save))
-            out["models"] += [r] if r else []
-        elif part == "cluster":
-            grids = [cfg.policies] + [(p,) for p in cfg.separate]
-            for wl in cfg.cluster_workloads:
-                for pols in grids:
-                    r = guarded(part, lambda wl=wl, pols=pols: _model(
-                        cfg, models.cluster_scenario(cfg, wl, pols), cfg.cluster_seeds,
-                        lambda: models.cluster_reference(cfg, wl, pols), save))
-                    out["models"] += [r] if r else []
-                    save()
-        elif part == "decode":
-            r = guarded(part, lambda: _model(cfg, models.decode_scenario(cfg), cfg.decode_seeds,
-                                             lambda: models.decode_reference(cfg), save))
-            out["models"] += [r] if r else []
-        elif part == "blis":
-            say("BLIS scenario:")
-            out["blis"] = guarded(part, lambda: blis.run_blis(cfg, memo))
-        elif part == "trace":
-            say("trace-length scaling (unique prompts, rr, 1 seed):")
-            out["trace"] = guarded(part, lambda: blis.run_trace(cfg, memo))
-        elif part == "decision":
-            say(f"BR decision latency ({cfg.decision_calls} calls each):")
-            out["decision"] = guarded(part, lambda: decision.run_decision(cfg.decision_calls))
-        save()
+    with compile_effort.forced(cfg.compile_effort):
+        for part in (p for p in PARTS if p in cfg.parts):
+            if part == "dispatch":
+                r = guarded(part, lambda: _model(cfg, models.dispatch_scenario(cfg), cfg.dispatch_seeds,
+                                                 lambda: models.dispatch_reference(cfg), save))
+                out["models"] += [r] if r else []
+            elif part == "cluster":
+                grids = [cfg.policies] + [(p,) for p in cfg.separate]
+                for wl in cfg.cluster_workloads:
+                    for pols in grids:
+                        r = guarded(part, lambda wl=wl, pols=pols: _model(
+                            cfg, models.cluster_scenario(cfg, wl, pols), cfg.cluster_seeds,
+                            lambda: models.cluster_reference(cfg, wl, pols), save))
+                        out["models"] += [r] if r else []
+                        save()
+            elif part == "decode":
+                r = guarded(part, lambda: _model(cfg, models.decode_scenario(cfg), cfg.decode_seeds,
+                                                 lambda: models.decode_reference(cfg), save))
+                out["models"] += [r] if r else []
+            elif part == "blis":
+                say("BLIS scenario:")
+                out["blis"] = guarded(part, lambda: blis.run_blis(cfg, memo))
+            elif part == "trace":
+                say("trace-length scaling (unique prompts, rr, 1 seed):")
+                out["trace"] = guarded(part, lambda: blis.run_trace(cfg, memo))
+            elif part == "decision":
+                say(f"BR decision latency ({cfg.decision_calls} calls each):")
+                out["decision"] = guarded(part, lambda: decision.run_decision(cfg.decision_calls))
+            save()
     out["partial"] = False
     out["load_average"]["after"] = load_average()
     out["elapsed_s"] = time.perf_counter() - start

@@ -65,7 +65,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxroute import cost_models, sim
+from jaxroute import compile_effort, cost_models, sim
 from jaxroute import metrics as mlib
 from jaxroute.clusters.names import ADMISSIONS, LOCAL_ORDERS, REPLICA_METRICS
 from jaxroute.clusters.prefix_cache import leading_run
@@ -443,18 +443,19 @@ class ReplicaModel(sim.Model):
 def run_single(model: ReplicaModel, key, workload, params: ReplicaParams) -> ReplicaState:
     """One run to completion with a while loop (for tests and per-request records); compiled once per model."""
     model.check_params(params, workload)
-    go = _SINGLE.get(model)
+    fast = compile_effort.is_fast(model.num_steps(workload))
+    go = _SINGLE.get((model, fast))
     if go is None:
 
         def run(key, workload, params):
             state = model.init(key, workload, params)
             return jax.lax.while_loop(lambda s: ~model.is_done(s), lambda s: model.step(s, workload, params), state)
 
-        go = _SINGLE[model] = jax.jit(run)
+        go = _SINGLE[model, fast] = jax.jit(run, compiler_options=compile_effort.options(fast))
     return go(key, workload, params)
 
 
-_SINGLE: dict[ReplicaModel, object] = {}
+_SINGLE: dict[tuple[ReplicaModel, bool], object] = {}
 
 
 def records(state: ReplicaState) -> dict[str, np.ndarray]:

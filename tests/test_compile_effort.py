@@ -1,0 +1,47 @@
+"""Compile effort: a small job compiles fast, a long one for speed, and the results are the same bit for bit."""
+
+import jax
+import numpy as np
+import pytest
+
+from jaxroute import compile_effort, sim
+from jaxroute.clusters import replicas as R
+from jaxroute.errors import JaxrouteError
+from jaxroute.workloads import prefix as W
+
+
+def test_effort_follows_the_work_and_can_be_forced():
+    assert compile_effort.is_fast(compile_effort.FAST_MAX_WORK)
+    assert not compile_effort.is_fast(compile_effort.FAST_MAX_WORK + 1)
+    with compile_effort.forced("optimized"):
+        assert not compile_effort.is_fast(1)
+        with compile_effort.forced("fast"):
+            assert compile_effort.is_fast(10**12)
+        assert not compile_effort.is_fast(1)  # restored on leaving the inner block
+    assert compile_effort.is_fast(1)
+    with pytest.raises(JaxrouteError, match="unknown compile effort 'max'; choose from: auto, fast, optimized"):
+        with compile_effort.forced("max"):
+            pass
+    assert compile_effort.options(False) is None
+    assert compile_effort.options(True) == compile_effort.FAST_OPTIONS
+
+
+def test_both_efforts_give_the_same_replica_grid():
+    """The suite's small exact-match runs compile fast; this holds the optimized program (long jobs) to them."""
+    wl = W.toolbench(60, n_tools=8, tool_mean=1500)
+    model = R.ReplicaModel(n_replicas=3, max_running=8, max_queue=64, local_order="lpm",
+                           router_policies=("rr", "least_load", "sglang_cache_aware"))
+    rows = sim.stack_params([R.make_params(p, rate=30.0, kv_capacity=6000)
+                             for p in ("rr", "least_load", "sglang_cache_aware")])
+    sim.clear_compiled(model)
+    grids = {}
+    for effort in ("fast", "optimized"):
+        with compile_effort.forced(effort):
+            grids[effort] = sim.run_grid(model, jax.random.key(4), wl, rows, 2)
+        assert sim.last_traced_program().endswith(" fast") == (effort == "fast")
+    assert sim.compile_count(model, "run") == 2  # one program per effort
+    fast, optimized = grids["fast"].metrics, grids["optimized"].metrics
+    assert fast.keys() == optimized.keys()
+    for name in fast:
+        np.testing.assert_array_equal(fast[name], optimized[name], err_msg=name)
+    assert np.all(fast["completed"] == 60)
