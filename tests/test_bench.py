@@ -70,6 +70,8 @@ def test_bench_quick_every_model_and_scaling(tmp_path, capsys):
     res = json.loads(out.read_text())
     _check(res, {"dispatch", "cluster/toolbench", "cluster/toolbench/preble_e2", "decode"})
     assert res["config"]["preset"] == "quick" and res["config"]["dispatch_seeds"] == [1, 4]
+    assert res["config"]["compile_effort"] == "auto" and "compile effort auto" in printed  # a smoke run
+    assert BenchConfig().compile_effort == "optimized"  # measurements: one effort at every size
     assert res["trace"]["sizes"][0]["reused_from"] == "blis"
     for line in ("model", "dispatch", "cluster/toolbench", "decode", "BLIS scenario", "trace-length scaling",
                  "BR decision latency", "ratio"):

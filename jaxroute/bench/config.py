@@ -63,7 +63,7 @@ class BenchConfig:
     max_repeat_s: float = 120.0  # a first run longer than this is not repeated (steady = first - compile)
     progress: bool = False  # tqdm bars inside the long cluster / trace runs
     # every size compiles at one effort (jaxroute.compile_effort), so per-request costs compare across sizes
-    compile_effort: str = "optimized"
+    compile_effort: str = "optimized"  # the quick preset: "auto" (a smoke run, not a measurement)
 
     def __post_init__(self):
         unknown = [p for p in self.parts if p not in PARTS]
@@ -96,8 +96,9 @@ class BenchConfig:
 
     @classmethod
     def quick(cls, **overrides) -> BenchConfig:
-        """Every part at tiny sizes: a check that all of it runs (compilation dominates its time)."""
-        sizes = dict(preset="quick", dispatch_seeds=(4,), cluster_seeds=(4,), decode_seeds=(4,), request_scaling=False,
+        """Every part at tiny sizes: a check that all of it runs (compilation dominates its time, so each
+        program's effort follows its job, as in the other commands)."""
+        sizes = dict(preset="quick", compile_effort="auto", dispatch_seeds=(4,), cluster_seeds=(4,), decode_seeds=(4,), request_scaling=False,
                      dispatch_requests=2000, cluster_requests=24, cluster_workloads=("toolbench",),
                      decode_requests=32, decode_output_cap=48, blis_requests=(32,), trace_sizes=(32, 64),
                      ref_seeds=1, ref_requests=24, ref_decode_requests=8, ref_decode_steps=20, decision_calls=50)

@@ -125,7 +125,7 @@ def format_report(res: dict) -> str:
     lines = [f"jaxroute bench ({res['config']['preset']}): {res['n_devices']} x {res['device']['kind']} "
              f"({res['device']['platform']}), {res['cores']['used']} {per}(s) used of {res['cores']['os_cpu_count']} "
              f"cores; jax {res['jax_version']}; load average {res['load_average']['before']} -> "
-             f"{res['load_average']['after']}", ""]
+             f"{res['load_average']['after']}; compile effort {res['config'].get('compile_effort', 'optimized')}", ""]
     rows = []
     for m in res["models"]:
         for s in m["sizes"]:
