@@ -11,6 +11,7 @@ sits below the smallest. Other backends (GPU) always get the default.
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
 
 import jax
@@ -18,12 +19,15 @@ import jax
 from jaxroute.errors import JaxrouteError
 
 EFFORTS = ("auto", "fast", "optimized")
-# Row-events a program may have to run and still compile fast. The calibration script measured the break-even
-# at 6.9 M (dispatch), 7.0 M (the replica cluster) and never (decode: both ran as fast); at 2 M the slower run
-# costs at most ~30 % of the compile seconds saved.
+# Row-events a program may have to run and still compile fast. The calibration script measured the break-even of
+# one cold run at 6.9 M (dispatch), 7.0 M (the replica cluster) and never (decode: both ran as fast), on one noisy
+# 2-core machine; at 2 M the slower run costs ~30 % of the compile seconds saved. A program loaded from the
+# persistent cache saves nothing and still runs slower: reproductions, which are rerun, compile optimized
+# (`reproduce.REPRODUCE_EFFORT`), as does `jaxroute bench` (one effort at every size).
 FAST_MAX_WORK = 2_000_000
 FAST_OPTIONS = {"xla_cpu_use_fusion_emitters": False}
-_EFFORT = ["auto"]
+ENV = "JAXROUTE_COMPILE_EFFORT"  # a process-wide effort (default auto): e.g. optimized for a timing run
+_EFFORT: list[str | None] = [None]  # forced within a `forced` block
 
 
 @contextlib.contextmanager
@@ -38,12 +42,20 @@ def forced(effort: str) -> Iterator[None]:
         _EFFORT[0] = before
 
 
+def effort() -> str:
+    """The effort in force: a `forced` block's, else $JAXROUTE_COMPILE_EFFORT's, else auto."""
+    chosen = _EFFORT[0] or os.environ.get(ENV) or "auto"
+    if chosen not in EFFORTS:
+        raise JaxrouteError(f"{ENV}={chosen!r} is not a compile effort; choose from: {', '.join(EFFORTS)}")
+    return chosen
+
+
 def is_fast(work: int) -> bool:
     """Whether a program whose job is `work` row-events compiles fast (on CPU)."""
-    effort = _EFFORT[0]
-    if effort == "auto":
-        effort = "fast" if work <= FAST_MAX_WORK else "optimized"
-    return effort == "fast" and jax.default_backend() == "cpu"
+    chosen = effort()
+    if chosen == "auto":
+        chosen = "fast" if work <= FAST_MAX_WORK else "optimized"
+    return chosen == "fast" and jax.default_backend() == "cpu"
 
 
 def options(fast: bool) -> dict | None:

@@ -10,7 +10,7 @@ from jaxroute.errors import JaxrouteError
 from jaxroute.workloads import prefix as W
 
 
-def test_effort_follows_the_work_and_can_be_forced():
+def test_effort_follows_the_work_and_can_be_forced(monkeypatch):
     assert compile_effort.is_fast(compile_effort.FAST_MAX_WORK)
     assert not compile_effort.is_fast(compile_effort.FAST_MAX_WORK + 1)
     with compile_effort.forced("optimized"):
@@ -22,6 +22,14 @@ def test_effort_follows_the_work_and_can_be_forced():
     with pytest.raises(JaxrouteError, match="unknown compile effort 'max'; choose from: auto, fast, optimized"):
         with compile_effort.forced("max"):
             pass
+    monkeypatch.setenv(compile_effort.ENV, "optimized")  # a process-wide choice; a forced block still wins
+    assert not compile_effort.is_fast(1)
+    with compile_effort.forced("fast"):
+        assert compile_effort.is_fast(10**12)
+    monkeypatch.setenv(compile_effort.ENV, "quick")
+    with pytest.raises(JaxrouteError, match="JAXROUTE_COMPILE_EFFORT='quick' is not a compile effort"):
+        compile_effort.is_fast(1)
+    monkeypatch.delenv(compile_effort.ENV)
     assert compile_effort.options(False) is None
     assert compile_effort.options(True) == compile_effort.FAST_OPTIONS
 
@@ -45,3 +53,24 @@ def test_both_efforts_give_the_same_replica_grid():
     for name in fast:
         np.testing.assert_array_equal(fast[name], optimized[name], err_msg=name)
     assert np.all(fast["completed"] == 60)
+
+
+def test_reproductions_compile_optimized_unless_told(tmp_path, monkeypatch):
+    """A report's runs are long for their programs and reports are rerun: `reproduce` compiles optimized."""
+    from jaxroute import reproduce
+    from jaxroute.reproduce.document import Experiment
+
+    class Seen(Exception):
+        pass
+
+    def run(ctx):
+        raise Seen(compile_effort.effort())
+
+    exp = Experiment("lecture", "effort", "the effort in force", run, lambda quick: 1)
+    monkeypatch.delenv(compile_effort.ENV, raising=False)
+    with pytest.raises(Seen, match="^optimized$"):
+        reproduce._run_one(exp, tmp_path, quick=True, seeds=None, progress=False, echo=False)
+    monkeypatch.setenv(compile_effort.ENV, "auto")
+    with pytest.raises(Seen, match="^auto$"):
+        reproduce._run_one(exp, tmp_path, quick=True, seeds=None, progress=False, echo=False)
+    assert compile_effort.effort() == "auto"  # the block is left
