@@ -64,6 +64,10 @@ def test_weight_sweep_compiles_once():
         sim.run_grid(only, jax.random.key(0), wl, sim.stack_params([rows[0], R.make_params("rr", rate=20.0)]), 2)
     with pytest.raises(JaxrouteError, match="unknown .*'nope'"):
         R.ReplicaModel(router_policies=("rr", "nope"))
+    # its routers' modules are derived (no module list to keep in step), and an explicit list still wins
+    assert R.ReplicaModel(router_policies=("preble_e2", "rr")).router_static(1).modules == routers.modules_for(("preble_e2",))
+    assert R.ReplicaModel(router_policies=("rr",), router_modules=("sglang",)).router_static(1).modules == ("sglang",)
+    assert R.ReplicaModel().router_static(1).modules is None
 
 
 def test_unknown_names_are_refused_before_tracing():

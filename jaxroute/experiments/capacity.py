@@ -207,7 +207,6 @@ class ClusterEvaluator(Evaluator):
             caps = initial_capacities(workload, probe, size)
             caps["max_queue"] = workload.n_requests
             self.groups[g] = {"size": size, "caps": caps, "full": set(),
-                              "modules": routers.modules_for({self.rows[i][0] for i in members}),
                               "policies": tuple(sorted({self.rows[i][0] for i in members}))}
 
     def params(self, row: int, rate: float) -> replicas.ReplicaParams:
@@ -225,7 +224,7 @@ class ClusterEvaluator(Evaluator):
             caps = info["caps"]
             model = replicas.ReplicaModel(n_replicas=info["size"], max_queue=caps["max_queue"],
                                           cache_slots=caps["cache_slots"], router_window=caps["router_window"],
-                                          router_modules=info["modules"], router_policies=info["policies"],
+                                          router_policies=info["policies"],
                                           **self.static)
             params = sim.stack_params([self.params(int(idx[k]), rates[k]) for k in sel])
             grid = sim.run_grid(model, jax.random.key(self.seed), self.workload, params, self.seeds, chunk=2000,

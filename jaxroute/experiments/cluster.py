@@ -12,7 +12,7 @@ from jaxroute.experiments.comparison import Comparison, Results, Row, run_with_r
 from jaxroute.experiments.names import CLUSTER_WORKLOADS
 from jaxroute.routers import preble
 from jaxroute.routers.parts import SCORERS
-from jaxroute.routers.prefix import PRESETS, REGISTRY, modules_for
+from jaxroute.routers.prefix import PRESETS, REGISTRY
 from jaxroute.workloads import prefix as wl_prefix
 from jaxroute.workloads import traces
 
@@ -169,7 +169,6 @@ def run_cluster(rows, workload, *, replicas_n=4, seeds=16, local="fcfs", chunk=5
     params = [p for _, p in rows]
     stale_view = any(float(p.stale_s) > 0 for p in params)
     names = tuple(sorted({REGISTRY.name(int(np.asarray(p.policy))) for p in params}))
-    modules = modules_for(names)
     for cap in {int(np.asarray(p.kv_capacity)) for p in params}:
         wl_prefix.check_fits(workload, cap)
     rows = [Row(name, p, dict(label_params or {}, **row_info(p))) for name, p in rows]
@@ -183,7 +182,7 @@ def run_cluster(rows, workload, *, replicas_n=4, seeds=16, local="fcfs", chunk=5
         model = replicas.ReplicaModel(
             n_replicas=replicas_n, chunk=chunk, max_running=max_running, max_queue=caps["max_queue"],
             local_order=local, stale_view=stale_view, router_window=caps["router_window"],
-            router_modules=modules, router_policies=names, admission=admission, cache_slots=caps["cache_slots"],
+            router_policies=names, admission=admission, cache_slots=caps["cache_slots"],
             priority_groups=priority_groups)
         metrics = METRICS + (E2_METRICS if any(_is_e2(p) for p in params) else ()) + tuple(extra_metrics)
         return Comparison(model, rows, seeds, metrics, workload=workload, seed=seed, chunk=1000,

@@ -130,8 +130,7 @@ def _replica_model(dep: Deployment, workload, params: list[replicas.ReplicaParam
     names = {prefix_routers.REGISTRY.name(int(p.policy)) for p in params}
     return replicas.ReplicaModel(n_replicas=n_replicas, chunk=dep.chunk, max_running=max_running or dep.max_running,
                                  max_queue=workload.n_requests, cache_slots=caps["cache_slots"],
-                                 router_window=caps["router_window"], router_modules=prefix_routers.modules_for(names),
-                                 router_policies=tuple(sorted(names)))
+                                 router_window=caps["router_window"], router_policies=tuple(sorted(names)))
 
 
 def _overflowed(m: dict, rows: list[PDRow], tier: str, allow: bool, n_seeds: int) -> np.ndarray:

@@ -290,7 +290,7 @@ def tune_model(space: Space, setup: Setup) -> TuneStage:
     return TuneStage(replicas.ReplicaModel(
         n_replicas=setup.replicas, chunk=setup.chunk, max_running=setup.max_running,
         max_queue=setup.workload.n_requests, cache_slots=caps["cache_slots"], router_window=caps["router_window"],
-        router_modules=routers.modules_for({space.router}), router_policies=(space.router,),
+        router_policies=(space.router,),
         stale_view=setup.stale_s > 0, local_order=setup.local, admission=setup.admission))
 
 

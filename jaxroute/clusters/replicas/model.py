@@ -137,7 +137,7 @@ class ReplicaModel(sim.Model):
     priority_groups: int = 10  # P: groups of local order "priority" (Preble's 10)
     stale_view: bool = False  # keep a router snapshot refreshed every params.stale_s seconds
     router_window: int = 0  # dispatch-window ring per replica for routers that keep one (0 = none)
-    router_modules: tuple[str, ...] | None = None  # stateful router modules kept (None = all; routers.modules_for)
+    router_modules: tuple[str, ...] | None = None  # stateful router modules kept (None = router_policies' or all)
     router_policies: tuple[str, ...] | None = None  # presets rows may run (None = all; fewer = a smaller step)
     leap: int = 32  # pure-decode iterations a replica may take in one step (0 = none; exact either way)
     cache_slots: int = 0  # C: segments a replica's cache table holds (0 = every segment id; cache.slot_bound)
@@ -160,8 +160,10 @@ class ReplicaModel(sim.Model):
             routers.REGISTRY.id(name)  # an unknown router: a JaxrouteError naming the choices
 
     def router_static(self, n_segments: int) -> RouterStatic:
-        return RouterStatic(self.n_replicas, n_segments, self.router_window, self.router_modules,
-                            self.router_policies)
+        modules = self.router_modules
+        if modules is None and self.router_policies is not None:
+            modules = routers.modules_for(self.router_policies)  # the modules its routers need, no others
+        return RouterStatic(self.n_replicas, n_segments, self.router_window, modules, self.router_policies)
 
     # ------------------------------------------------------------------ protocol
 
