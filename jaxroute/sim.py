@@ -27,6 +27,7 @@ update a progress bar between chunks. Metrics named `overflow` (bool) and
 from __future__ import annotations
 
 import abc
+import contextlib
 import dataclasses
 import math
 import warnings
@@ -161,7 +162,7 @@ def batch_size(params_batch: PyTree) -> int:
 
 
 def _mesh(devices: Sequence[jax.Device] | None) -> Mesh:
-    devs = list(devices) if devices is not None else jax.devices()
+    devs = list(devices) if devices is not None else jax.devices()[:1] if _RECORDING else jax.devices()
     return Mesh(np.array(devs), ("batch",))
 
 
@@ -276,6 +277,27 @@ _JIT_CACHE: dict[tuple, Callable] = {}
 _TRACES: dict[tuple, int] = {}  # traces (= compilations) of each cached jitted function
 _LAST_TRACED: list[tuple | None] = [None]  # cache key of the newest trace (compile profiles)
 KINDS = ("run", "init", "chunk", "metrics", "done")
+_RECORDING: list[list] = []  # open `recording_programs` blocks
+
+
+@contextlib.contextmanager
+def recording_programs():
+    """Within the block, every grid program that advances rows (kinds run and chunk) is appended, once per
+    grid, as (jitted function, abstract arguments), so its compiled text can be read (the bench's cost profile);
+    grids run on the first device only (unless given devices), so a profile counts one device's executions."""
+    launched: list = []
+    _RECORDING.append(launched)
+    try:
+        yield launched
+    finally:
+        _RECORDING.remove(launched)
+
+
+def _record(fn: Callable, *args) -> None:
+    if _RECORDING:
+        spec = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), args)
+        for launched in _RECORDING:
+            launched.append((fn, spec))
 
 
 def _matches(model: Model | type | Callable) -> Callable[[Model], bool]:
@@ -355,7 +377,9 @@ def run_grid(
     total = int(model.num_steps(workload))
     fast = compile_effort.is_fast(padded * total)
     if chunk is None or chunk >= total:
-        out = _jitted(model, "run", fast=fast)(keys, workload, flat_params)
+        run_fn = _jitted(model, "run", fast=fast)
+        _record(run_fn, keys, workload, flat_params)
+        out = run_fn(keys, workload, flat_params)
         compile_log.mark("first_step")
         if progress:
             _bar(total, progress).update(total)
@@ -365,6 +389,7 @@ def run_grid(
         # otherwise come out replicated), so the chunk program sees one layout and compiles once.
         state = _jitted(model, "init", out_sharding=row_sharding, fast=fast)(keys, workload, flat_params)
         step_chunk = _jitted(model, "chunk", chunk, out_sharding=row_sharding, fast=fast)
+        _record(step_chunk, state, workload, flat_params)
         bar = _bar(n_chunks * chunk, progress) if progress else None
         # Early exit once every row is done (num_steps can be a loose upper bound: the
         # remaining steps would be no-ops, so the result equals the full run).

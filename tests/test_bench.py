@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from jaxroute.bench import BenchConfig, references
+from jaxroute.bench.config import PROFILE_ROWS
 from jaxroute.errors import JaxrouteError
 from tests.cli_helpers import cli
 
@@ -82,6 +83,11 @@ def test_bench_quick_every_model_and_scaling(tmp_path, capsys):
         assert isinstance(m["seed_scaling"]["flat_or_rising"], bool)
         rq = m["request_scaling"]
         assert rq["requests_per_seed"][1] == 2 * rq["requests_per_seed"][0] and _positive(rq["per_request_cost_ratio"])
+        cost = m["cost"]  # counted on a profiled run of PROFILE_ROWS rows (tests/test_program_cost.py: exactness)
+        assert cost["available"] and cost["profiled_seeds"] * m["rows"] >= PROFILE_ROWS, cost
+        assert _positive(cost["scan_steps_per_request"]) and cost["launches_per_step"] >= cost["compiled_ops_per_step"] > 0
+        assert _positive(cost["projection"]["requests_per_s"])
+    assert "cost per simulated request (counted, not timed)" in printed
     assert _positive(res["trace"]["max_over_min"]) and isinstance(res["trace"]["flat"], bool)
 
 

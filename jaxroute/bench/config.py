@@ -28,6 +28,9 @@ SEED_SCALING_MIN = 0.9  # requests/s at the largest seed count >= 0.9 x the next
 LINEAR_MAX = 1.5  # time per request at 2R <= 1.5 x at R: "linear in requests per seed"
 TRACE_FLAT_MAX = 1.5  # max / min requests/s over the trace sizes
 DECISION_TARGET_P50_MS = 0.1
+# Rows of the profiled run that counts steps and launches (`program_cost`): XLA runs a much smaller program
+# inline, without the per-operation events the count reads.
+PROFILE_ROWS = 64
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,6 +65,7 @@ class BenchConfig:
     decision_calls: int = 2000
     max_repeat_s: float = 120.0  # a first run longer than this is not repeated (steady = first - compile)
     progress: bool = False  # tqdm bars inside the long cluster / trace runs
+    cost_profile: bool = True  # count steps, launches and loop trips per request (one profiled run per model)
     # every size compiles at one effort (jaxroute.compile_effort), so per-request costs compare across sizes
     compile_effort: str = "optimized"  # the quick preset: "auto" (a smoke run, not a measurement)
 

@@ -7,8 +7,8 @@ import time
 from collections.abc import Callable
 
 from jaxroute import compile_effort
-from jaxroute.bench import blis, decision, models
-from jaxroute.bench.config import PARTS, BenchConfig
+from jaxroute.bench import blis, decision, models, program_cost
+from jaxroute.bench.config import PARTS, PROFILE_ROWS, BenchConfig
 from jaxroute.bench.measure import error_record, load_average, machine_info, say, sweep
 
 
@@ -33,7 +33,26 @@ def _model(cfg: BenchConfig, scenario, seeds, reference, on_size=None) -> dict:
             say(f"  reference failed: {ref['error']} {ref['detail']}")
     res = sweep(scenario, seeds, max_repeat_s=cfg.max_repeat_s, request_scaling=cfg.request_scaling,
                 on_size=None if on_size is None else lambda partial: on_size(_with_reference(partial, ref)))
+    if cfg.cost_profile and res["sizes"]:
+        res["cost"] = _cost(scenario, res)
     return _with_reference(res, ref)
+
+
+def _cost(scenario, res: dict) -> dict:
+    """The hardware-independent figures (`program_cost`) of one more run of at least `PROFILE_ROWS` rows, and
+    the launch-bound projection at the largest size that fit."""
+    seeds, large = -(-PROFILE_ROWS // scenario.rows), res["sizes"][-1]
+    say(f"  {scenario.name}: counting steps and launches ({seeds} seed(s) on one device, profiled) ...")
+    try:
+        fig = program_cost.profile(lambda: scenario.run(seeds, scenario.requests, 2), scenario.requests)
+    except Exception as e:  # the profiler is a diagnostic: its failure does not fail the model
+        return {"available": False, **error_record(e)}
+    if fig.get("available"):
+        fig["profiled_seeds"] = seeds
+        fig["projection"] = program_cost.projection(fig, scenario.rows * large["seeds"], scenario.requests)
+        say(f"    {fig['scan_steps_per_request']:.2f} scan steps and {fig['launches_per_request']:,.0f} launches per "
+            f"request; {fig['launches_per_step']:,.0f} launches per step ({fig['compiled_ops_per_step']} compiled ops)")
+    return fig
 
 
 def run_bench(cfg: BenchConfig, checkpoint: Callable[[dict], object] | None = None) -> dict:
@@ -156,11 +175,36 @@ def format_report(res: dict) -> str:
             bits.append(f"reference unavailable: {ref.get('reason') or ref.get('error')}")
         if bits:
             lines.append(f"  {m['model']}: " + "; ".join(bits))
+    lines += _cost_lines(res["models"])
     lines += _blis_lines(res.get("blis")) + _trace_lines(res.get("trace")) + _decision_lines(res.get("decision"))
     for e in res["errors"]:
         lines.append(f"ERROR in {e['part']}: {e['error']} {e['detail']}")
     lines.append(f"({res['elapsed_s']:.0f} s in all)")
     return "\n".join(lines)
+
+
+def _cost_lines(models: list[dict]) -> list[str]:
+    """What one simulated request costs in steps and launches, and the launch-bound projection."""
+    rows = []
+    for m in models:
+        c = m.get("cost")
+        if not c:
+            continue
+        if not c.get("available"):
+            rows.append([m["model"], f"not counted: {c.get('why') or c.get('error')}"] + [""] * 6)
+            continue
+        top = next((loop for loop in c["nested_loops"] if loop["trips"]), None)
+        loop = f"{top['trips_per_step']:.1f} x {top['ops_per_trip']}" if top else "-"
+        p = c["projection"]
+        rows.append([m["model"], _num(c["scan_steps_per_request"], ".2f"), _num(c["launches_per_step"]),
+                     str(c["compiled_ops_per_step"]), loop, _num(c["launches_per_request"]),
+                     f"{_num(p['requests_per_s'])} @ {p['rows_in_parallel']:,} rows"])
+    if not rows:
+        return []
+    us = next(m["cost"]["projection"]["assumed_us_per_launch"] for m in models if m.get("cost", {}).get("available"))
+    return ["", "cost per simulated request (counted, not timed):"] + _table(
+        ["model", "steps/request", "launches/step", "compiled ops/step", "top loop (trips/step x ops)",
+         "launches/request", f"launch-bound req/s at {us:g} us/launch"], rows)
 
 
 def _blis_lines(b: dict | None) -> list[str]:
