@@ -268,8 +268,17 @@ def balance_dispatch(pool_s, pool_valid, loads_h, free, kv_room, alpha, beta, d,
         out = jax.lax.while_loop(s1_cond, s1_body, (jnp.int32(0), assign0, free, kv_room, zeros_g, none_blocked))
         return out[1]
 
+    def s2_cond(c):
+        """Another worker's turn can change the assignment: some entry waits and some worker not yet served
+        has a free slot (a turn without either changes nothing; under `vmap` the loop then stops once no row
+        needs it, e.g. every row in stage 1)."""
+        i, assign, free_, _, _, done = c
+        return ((i < n_workers) & ~stage1 & jnp.any(pool_valid & (assign < 0))
+                & jnp.any((free_ > 0) & ~done))
+
     def run_stage2(_):
-        return jax.lax.fori_loop(0, n_workers, s2_body, (assign0, free, kv_room, zeros_g, none_blocked))[0]
+        body = lambda c: (c[0] + 1, *s2_body(c[0], c[1:]))  # noqa: E731
+        return jax.lax.while_loop(s2_cond, body, (jnp.int32(0), assign0, free, kv_room, zeros_g, none_blocked))[1]
 
     return jax.lax.cond(stage1, run_stage1, run_stage2, None)
 
