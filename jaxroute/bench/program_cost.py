@@ -44,6 +44,7 @@ _CALLS = re.compile(r"(?:condition|body|calls|to_apply|branch_computations|true_
                     r"=\{?(%[\w.\-]+(?:,\s*%[\w.\-]+)*)\}?")
 _TRIPS = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
 _OP_NAME = re.compile(r'op_name="([^"]*)"')
+_FRAME_ID = re.compile(r"stack_frame_id=(\d+)")
 
 
 @dataclasses.dataclass
@@ -54,6 +55,7 @@ class Instr:
     calls: tuple[str, ...]  # computations it runs (loop body and condition, branches, fused computation)
     trip_count: int | None  # a while loop's known trip count
     source: str  # the JAX operation it came from (op_name metadata), "" when unknown
+    frame: int | None  # its stack frame id (`frames`: the Python lines that traced it)
 
 
 def parse_hlo(text: str) -> dict[str, list[Instr]]:
@@ -74,10 +76,39 @@ def parse_hlo(text: str) -> dict[str, list[Instr]]:
         if not m:
             continue
         calls = tuple(c.strip().lstrip("%") for grp in _CALLS.findall(line) for c in grp.split(","))
-        trips, op_name = _TRIPS.search(line), _OP_NAME.search(line)
+        trips, op_name, frame = _TRIPS.search(line), _OP_NAME.search(line), _FRAME_ID.search(line)
         comps[current].append(Instr(m.group(1), m.group(2), current, calls,
-                                    int(trips.group(1)) if trips else None, op_name.group(1) if op_name else ""))
+                                    int(trips.group(1)) if trips else None, op_name.group(1) if op_name else "",
+                                    int(frame.group(1)) if frame else None))
     return comps
+
+
+def _section(text: str, name: str) -> str:
+    """The body of one of the module's debug tables (FileNames, FunctionNames, FileLocations, StackFrames)."""
+    m = re.search(rf"^{name}\n(.*?)(?:\n\n|\Z)", text, re.M | re.S)
+    return m.group(1) if m else ""
+
+
+def frames(text: str) -> dict[int, str]:
+    """stack frame id -> "path:line (function)" of the innermost jaxroute line in it (the module's debug
+    tables; frames outside the package, e.g. JAX's, are skipped up to their jaxroute caller)."""
+    files = dict(re.findall(r'^(\d+) "([^"]*)"', _section(text, "FileNames"), re.M))
+    funcs = dict(re.findall(r'^(\d+) "([^"]*)"', _section(text, "FunctionNames"), re.M))
+    locs = {a: (files.get(f, "?"), funcs.get(fn, "?"), line) for a, f, fn, line in re.findall(
+        r"^(\d+) \{file_name_id=(\d+) function_name_id=(\d+) line=(\d+)", _section(text, "FileLocations"), re.M)}
+    parent = {int(a): (loc, int(p)) for a, loc, p in re.findall(
+        r"^(\d+) \{file_location_id=(\d+) parent_frame_id=(\d+)", _section(text, "StackFrames"), re.M)}
+    out = {}
+    for fid in parent:
+        f, seen = fid, set()
+        while f in parent and f not in seen:
+            seen.add(f)
+            path, func, line = locs.get(parent[f][0], ("?", "?", "?"))
+            if "jaxroute/" in path:
+                out[fid] = f"{'jaxroute/' + path.rsplit('jaxroute/', 1)[1]}:{line} ({func})"
+                break
+            f = parent[f][1]
+    return out
 
 
 def _runtime(instrs: list[Instr]) -> list[Instr]:
@@ -121,6 +152,7 @@ def program_figures(hlo_text: str, counts: collections.Counter) -> dict | None:
     body = step_body(comps)
     if body is None:
         return None
+    where = frames(hlo_text)
     loops = _loop_bodies(comps, body)
     under_step = {body} | {loop.calls[-1] for loop in loops.values()}  # (condition, body): the body is last
     # every computation run from the step (branches and loops' conditions too)
@@ -138,7 +170,8 @@ def program_figures(hlo_text: str, counts: collections.Counter) -> dict | None:
     for name, loop in loops.items():
         loop_body = comps.get(loop.calls[-1], [])
         trips = _executions(counts, loop_body)
-        nested.append({"loop": name, "source": loop.source.split("/", 1)[-1], "known_trip_count": loop.trip_count,
+        nested.append({"loop": name, "where": where.get(loop.frame, "?"), "source": loop.source.split("/", 1)[-1],
+                       "known_trip_count": loop.trip_count,
                        "ops_per_trip": len(_runtime(loop_body)), "trips": trips,
                        "trips_per_step": trips / steps if steps else None})
     nested.sort(key=lambda x: -x["trips"] * x["ops_per_trip"])
@@ -146,18 +179,26 @@ def program_figures(hlo_text: str, counts: collections.Counter) -> dict | None:
             "compiled_ops_per_step": len(_runtime(comps[body])), "nested_loops": nested}
 
 
-def _event_counts(xspace_path: str) -> collections.Counter:
-    """Executions of each operation (by instruction name) in a profile: the XLA executor threads' events."""
+def _event_counts(xspace_path: str) -> dict[int, collections.Counter]:
+    """Executions of each operation in a profile, per program: program id -> {instruction name: count}
+    (the executor's events name their instruction and program in their stats)."""
     pd = jax.profiler.ProfileData.from_file(xspace_path)
-    counts: collections.Counter = collections.Counter()
+    counts: dict[int, collections.Counter] = collections.defaultdict(collections.Counter)
     for plane in pd.planes:
         for line in plane.lines:
-            if plane.name.startswith("/host") and not line.name.startswith("tf_XLA"):
-                continue  # the Python and client threads
             for ev in line.events:
-                if not ev.name.startswith(("ThunkExecutor", "end: ")):
-                    counts[ev.name] += 1
+                stats = dict(ev.stats)
+                if "hlo_op" in stats and "program_id" in stats:
+                    counts[int(stats["program_id"])][str(stats["hlo_op"])] += 1
     return counts
+
+
+def _program_counts(hlo_text: str, counts: dict[int, collections.Counter]) -> collections.Counter:
+    """The execution counts of the program whose text this is: the profiled program all of whose operations
+    are instructions of the text, with the most operations (one compiled program, one id)."""
+    names = {i.name for instrs in parse_hlo(hlo_text).values() for i in instrs}
+    fits = [c for c in counts.values() if c and set(c) <= names]
+    return max(fits, key=len) if fits else collections.Counter()
 
 
 def profile(run, requests_per_row: float) -> dict:
@@ -176,7 +217,8 @@ def profile(run, requests_per_row: float) -> dict:
         counts = _event_counts(files[0])
         best = None
         for fn, args in launched:
-            fig = program_figures(fn.lower(*args).compile().as_text(), counts)
+            text = fn.lower(*args).compile().as_text()
+            fig = program_figures(text, _program_counts(text, counts))
             if fig and fig["steps"] and (best is None or fig["steps"] > best["steps"]):
                 best = fig
     if best is None:

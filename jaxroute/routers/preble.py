@@ -372,14 +372,18 @@ def on_first_token(s: State | None, view: RouterView, g: jax.Array, rids: jax.Ar
         return None
     order = jnp.argsort(~first, stable=True)
 
+    n_first = jnp.sum(first)
+
     def body(c):
         k, w, full = c
         rid = rids[order[k]]
         seg = important_segment(view.table.seg_ids[rid], view.table.seg_tok[rid])
-        w, f = w.push(g, view.now, (view.now - view.table.arrival_s[rid], seg), jnp.bool_(True), p.e2_overload_window_s)
+        # active only while this row's loop runs: under vmap a finished row's push must not pop its window (its
+        # result is discarded, but its stale-entry loop would still set the batched loop's trip count)
+        w, f = w.push(g, view.now, (view.now - view.table.arrival_s[rid], seg), k < n_first, p.e2_overload_window_s)
         return k + 1, w, full | f
 
-    _, w, full = jax.lax.while_loop(lambda c: c[0] < jnp.sum(first), body, (jnp.int32(0), s.ttft, jnp.bool_(False)))
+    _, w, full = jax.lax.while_loop(lambda c: c[0] < n_first, body, (jnp.int32(0), s.ttft, jnp.bool_(False)))
     return dataclasses.replace(s, ttft=w, overflow=s.overflow | full)
 
 
