@@ -256,6 +256,8 @@ def costs(s: State, view: RouterView, req: Request) -> tuple[jax.Array, jax.Arra
     in_req = jnp.zeros(seg_len.shape, bool).at[req.segs].set(True)
     evictable = view.record & ~view.locked & (seg_len > 0) & ~in_req
     deficit = jnp.sum(view.record * seg_len, axis=1).astype(jnp.float32) + missed - cap.astype(jnp.float32)
+    if view.routing is not None:  # no eviction walk for a decision that is discarded (see RouterView.routing)
+        deficit = jnp.where(view.routing, deficit, 0.0)
 
     def evict_cost(ev, last, hr, d):  # LRU order on the router's own dispatch times
         return evict_lru(ev, last, view.table.seg_depth, seg_len, d, seg_cost * hr)[2]

@@ -66,3 +66,6 @@ class RouterView:
     table: RequestTable  # segment catalogue (seg_len, seg_depth); rows of requests the router dispatched
     active: jax.Array | None = None  # [G] bool replicas the router may choose (None = all); the first n_active
     #                                 of a partial cluster: only the routers of `prefix.PARTIAL_OK` honour it
+    routing: jax.Array | None = None  # [] bool the decision is used (None = always); False where a batched step
+    #                                   computes the routing branch of an event that is not an arrival: routers
+    #                                   with data-dependent loops skip them (their trips would set the batch's)

@@ -263,7 +263,7 @@ class ReplicaModel(sim.Model):
                           locked=pending > 0, match_tokens=match.astype(jnp.float32), cached=seen.cached,
                           cached_match=cached_match.astype(jnp.float32), waiting=seen.waiting, running=seen.running,
                           kv_usage=seen.kv_usage, kv_capacity=params.kv_capacity, cost=params.cost, table=s.req,
-                          active=active)
+                          active=active, routing=is_route)
         return view, snap
 
     def step(self, state: ReplicaState, workload, params: ReplicaParams) -> ReplicaState:
