@@ -66,13 +66,14 @@ def test_bench_quick_every_model_and_scaling(tmp_path, capsys):
     # 32 and 64, shared with the wrapper scripts and gpu_check's quick stages through the compile cache), plus
     # 1 seed and 2x requests for the scaling fields and the separate preble_e2 grid.
     out = tmp_path / "bench.json"
-    assert cli(["bench", "--quick", "--seeds", "1,4", "--request-scaling", "--out", str(out)]) == 0
+    assert cli(["bench", "--quick", "--seeds", "1,4", "--request-scaling", "--cost-profile", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     res = json.loads(out.read_text())
     _check(res, {"dispatch", "cluster/toolbench", "cluster/toolbench/preble_e2", "decode"})
     assert res["config"]["preset"] == "quick" and res["config"]["dispatch_seeds"] == [1, 4]
     assert res["config"]["compile_effort"] == "auto" and "compile effort auto" in printed  # a smoke run
     assert BenchConfig().compile_effort == "optimized"  # measurements: one effort at every size
+    assert BenchConfig().cost_profile and not BenchConfig.quick().cost_profile  # counted unless a smoke run
     assert res["trace"]["sizes"][0]["reused_from"] == "blis"
     for line in ("model", "dispatch", "cluster/toolbench", "decode", "BLIS scenario", "trace-length scaling",
                  "BR decision latency", "ratio"):

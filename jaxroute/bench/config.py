@@ -65,7 +65,8 @@ class BenchConfig:
     decision_calls: int = 2000
     max_repeat_s: float = 120.0  # a first run longer than this is not repeated (steady = first - compile)
     progress: bool = False  # tqdm bars inside the long cluster / trace runs
-    cost_profile: bool = True  # count steps, launches and loop trips per request (one profiled run per model)
+    cost_profile: bool = True  # count steps, launches and loop trips per request (one profiled run per model;
+    #                            the quick preset: off, a smoke run)
     # every size compiles at one effort (jaxroute.compile_effort), so per-request costs compare across sizes
     compile_effort: str = "optimized"  # the quick preset: "auto" (a smoke run, not a measurement)
 
@@ -102,7 +103,7 @@ class BenchConfig:
     def quick(cls, **overrides) -> BenchConfig:
         """Every part at tiny sizes: a check that all of it runs (compilation dominates its time, so each
         program's effort follows its job, as in the other commands)."""
-        sizes = dict(preset="quick", compile_effort="auto", dispatch_seeds=(4,), cluster_seeds=(4,), decode_seeds=(4,), request_scaling=False,
+        sizes = dict(preset="quick", compile_effort="auto", cost_profile=False, dispatch_seeds=(4,), cluster_seeds=(4,), decode_seeds=(4,), request_scaling=False,
                      dispatch_requests=2000, cluster_requests=24, cluster_workloads=("toolbench",),
                      decode_requests=32, decode_output_cap=48, blis_requests=(32,), trace_sizes=(32, 64),
                      ref_seeds=1, ref_requests=24, ref_decode_requests=8, ref_decode_steps=20, decision_calls=50)

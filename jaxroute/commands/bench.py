@@ -95,9 +95,9 @@ First-run times include compilation only when the persistent compile cache misse
                    help="a first run longer than this is not repeated: its steady time is the first run minus "
                    "the compile time (default 120)")
     p.add_argument("--progress", action="store_true", help="show progress bars inside the long simulations (default: one line per measurement)")
-    p.add_argument("--no-cost-profile", action="store_true",
-                   help="skip the profiled run per model that counts scan steps, kernel launches and loop trips "
-                   "per simulated request (default: count them)")
+    p.add_argument("--cost-profile", action=argparse.BooleanOptionalAction, default=None,
+                   help="one more (profiled) run per model that counts scan steps, kernel launches and loop trips "
+                   "per simulated request (default: on; quick: off)")
     p.add_argument("--out", default="results/bench.json", metavar="PATH.json",
                    help="where to write the JSON (default results/bench.json)")
     p.set_defaults(func=run)
@@ -139,8 +139,8 @@ def config_from_args(args) -> C.BenchConfig:
         kw["references"] = False
     if args.progress:
         kw["progress"] = True
-    if args.no_cost_profile:
-        kw["cost_profile"] = False
+    if args.cost_profile is not None:
+        kw["cost_profile"] = args.cost_profile
     preset = "quick" if args.quick else "gpu" if args.gpu_sizes else "full"
     return C.BenchConfig.preset_named(preset, **kw)
 
