@@ -65,7 +65,7 @@ def parse_hlo(text: str) -> dict[str, list[Instr]]:
     for line in text.splitlines():
         if current is None:
             m = _COMP_HEAD.match(line)
-            if m and "->" in line or (m and line.startswith("ENTRY")):
+            if m and ("->" in line or line.startswith("ENTRY")):
                 current = m.group(2)
                 comps[current] = []
             continue
@@ -124,9 +124,10 @@ def step_body(comps: dict[str, list[Instr]]) -> str | None:
     return None
 
 
-def _loop_bodies(comps: dict[str, list[Instr]], root: str) -> dict[str, Instr]:
-    """while instruction name -> the instruction, for every loop run (at any depth) from `root`."""
-    out, todo, seen = {}, [root], set()
+def _reachable(comps: dict[str, list[Instr]], root: str) -> tuple[set[str], dict[str, Instr]]:
+    """(every computation run from `root`: loop bodies and conditions, branches, calls; while instruction
+    name -> the instruction, for every loop among them)."""
+    loops, todo, seen = {}, [root], set()
     while todo:
         c = todo.pop()
         if c in seen or c not in comps:
@@ -134,10 +135,10 @@ def _loop_bodies(comps: dict[str, list[Instr]], root: str) -> dict[str, Instr]:
         seen.add(c)
         for i in comps[c]:
             if i.opcode == "while" and i.calls:
-                out[i.name] = i
+                loops[i.name] = i
             if i.opcode in ("while", "conditional", "call"):
                 todo += list(i.calls)
-    return out
+    return seen, loops
 
 
 def _executions(counts: collections.Counter, instrs: list[Instr]) -> int:
@@ -153,22 +154,13 @@ def program_figures(hlo_text: str, counts: collections.Counter) -> dict | None:
     if body is None:
         return None
     where = frames(hlo_text)
-    loops = _loop_bodies(comps, body)
-    under_step = {body} | {loop.calls[-1] for loop in loops.values()}  # (condition, body): the body is last
-    # every computation run from the step (branches and loops' conditions too)
-    todo = [body]
-    while todo:
-        for i in comps.get(todo.pop(), []):
-            if i.opcode in ("while", "conditional", "call"):
-                new = [c for c in i.calls if c not in under_step]
-                under_step.update(new)
-                todo += new
+    under_step, loops = _reachable(comps, body)
     steps = _executions(counts, comps[body])
     # each computation's runtime operations, times its executions (robust to a kernel traced as several tasks)
     launches = sum(_executions(counts, comps.get(c, [])) * len(_runtime(comps.get(c, []))) for c in under_step)
     nested = []
     for name, loop in loops.items():
-        loop_body = comps.get(loop.calls[-1], [])
+        loop_body = comps.get(loop.calls[-1], [])  # (condition, body): the body is named last
         trips = _executions(counts, loop_body)
         nested.append({"loop": name, "where": where.get(loop.frame, "?"), "source": loop.source.split("/", 1)[-1],
                        "known_trip_count": loop.trip_count,
