@@ -36,6 +36,7 @@ Conservation: every request is in exactly one of the stages' books (`PrefillStag
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -97,6 +98,8 @@ def prefill_table(table: RequestTable, disagg: jax.Array) -> tuple[RequestTable,
 @dataclasses.dataclass(frozen=True)
 class PrefillStage(sim.Model):
     """The prefill tier of a disaggregated cluster (static: the replica engine's shapes)."""
+
+    cpu_rows_together: ClassVar[int | None] = sim.CPU_ROWS_TOGETHER  # branches and loops: rows in groups
 
     tier: replicas.ReplicaModel
 
@@ -201,6 +204,8 @@ class DecodeStageParams:
 class DecodeStage(sim.Model):
     """The decode tier: one row's handed-off requests (in its params) on the decode DP model."""
 
+    cpu_rows_together: ClassVar[int | None] = sim.CPU_ROWS_TOGETHER  # branches and loops: rows in groups
+
     tier: dd.DecodeModel
 
     def check_params(self, params: DecodeStageParams, workload=None) -> None:
@@ -266,6 +271,8 @@ class DecodeReplicasParams:
 @dataclasses.dataclass(frozen=True)
 class DecodeReplicasStage(sim.Model):
     """The decode tier as independent replicas: one row's landed requests (in its params) on the replica engine."""
+
+    cpu_rows_together: ClassVar[int | None] = sim.CPU_ROWS_TOGETHER  # branches and loops: rows in groups
 
     tier: replicas.ReplicaModel
     bound: int  # events one run can need (the workload's step bound)

@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -251,6 +252,8 @@ class DecodeState:
 @dataclasses.dataclass(frozen=True)
 class DecodeModel(sim.Model):
     """Static configuration (shapes) of the decode DP barrier simulator."""
+
+    cpu_rows_together: ClassVar[int | None] = sim.CPU_ROWS_TOGETHER  # branches and loops: rows in groups
 
     n_workers: int
     n_requests: int

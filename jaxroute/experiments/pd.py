@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -153,6 +154,8 @@ def _tier_params(dep: Deployment, router: str, rate: float, n_active: int) -> re
 @dataclasses.dataclass(frozen=True)
 class ColocatedStage(sim.Model):
     """The same GPUs without disaggregation: one replica cluster; metrics are its per-request records."""
+
+    cpu_rows_together: ClassVar[int | None] = sim.CPU_ROWS_TOGETHER  # branches and loops: rows in groups
 
     tier: replicas.ReplicaModel
 

@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -127,6 +128,8 @@ def default_max_queue(n_requests: int, n_replicas: int) -> int:
 @dataclasses.dataclass(frozen=True)
 class ReplicaModel(sim.Model):
     """Static configuration (shapes); see the module docstring for the model."""
+
+    cpu_rows_together: ClassVar[int | None] = sim.CPU_ROWS_TOGETHER  # branches and loops: rows in groups
 
     n_replicas: int = 4
     chunk: int = 512  # prefill tokens per iteration
