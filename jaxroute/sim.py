@@ -30,6 +30,7 @@ import abc
 import contextlib
 import dataclasses
 import math
+import os
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
@@ -228,6 +229,7 @@ CPU_ROWS_TOGETHER = 16
 # A device holding at most this many rows runs them one at a time, unbatched: conds, switches and loops then
 # branch for real (a grid of routers at one seed runs one router per row, not all of them).
 UNBATCHED_MAX_ROWS = 2
+ROWS_TOGETHER_ENV = "JAXROUTE_CPU_ROWS_TOGETHER"  # set: every CPU grid in groups of this many rows (0: all, 1: one at a time)
 
 
 def rows_together(local_rows: int, platform: str, limit: int | None) -> int:
@@ -236,6 +238,9 @@ def rows_together(local_rows: int, platform: str, limit: int | None) -> int:
     as equal as possible."""
     if _RECORDING:  # a profile counts the launches of rows that advance together
         return local_rows
+    if platform == "cpu" and os.environ.get(ROWS_TOGETHER_ENV, "").strip():  # a measurement's override
+        k = int(os.environ[ROWS_TOGETHER_ENV])
+        return local_rows if k <= 0 else min(k, local_rows)
     if local_rows <= UNBATCHED_MAX_ROWS:
         return 1
     if platform != "cpu" or limit is None:
@@ -281,7 +286,7 @@ def _jitted(model: Model, kind: str, mesh: Mesh, together: int, chunk: int = 0, 
         (state,) = rows
         return lift(model.is_done)(state)
 
-    def per_device(*args):
+    def grid_rows(*args):
         _count_trace(cache_key)
         rows, workload = (args, None) if kind == "done" else ((args[0], args[2]), args[1])
         if together > 1 and together == jax.tree.leaves(rows)[0].shape[0]:
@@ -300,7 +305,7 @@ def _jitted(model: Model, kind: str, mesh: Mesh, together: int, chunk: int = 0, 
     if kind not in KINDS:  # pragma: no cover - internal
         raise ValueError(kind)
     specs = (P("batch"),) if kind == "done" else (P("batch"), P(), P("batch"))
-    sharded = jax.shard_map(per_device, mesh=mesh, in_specs=specs, out_specs=P("batch"), check_vma=False)
+    sharded = jax.shard_map(grid_rows, mesh=mesh, in_specs=specs, out_specs=P("batch"), check_vma=False)
     fn = jax.jit(sharded, donate_argnums=(0,) if kind == "chunk" else (),
                  compiler_options=compile_effort.options(fast))
     _JIT_CACHE[cache_key] = fn

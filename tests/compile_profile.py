@@ -45,7 +45,7 @@ class CompileProfile:
         compile_log.watch(self._on_program)
 
     def _on_program(self, rec: dict) -> None:
-        label = sim.last_traced_program() if "batched" in rec["program"] else rec["program"]
+        label = sim.last_traced_program() if "grid_rows" in rec["program"] else rec["program"]
         for row in (self.per_test[self.test], self.per_program[label]):
             _count(row, rec)
         self.records.append({**rec, "label": label, "test": self.test, "pid": os.getpid()})

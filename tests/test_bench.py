@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from jaxroute.bench import BenchConfig, references
-from jaxroute.bench.config import PROFILE_ROWS
+from jaxroute.bench import BenchConfig, jobs, references
+from jaxroute.bench.config import JOBS, PROFILE_ROWS
 from jaxroute.errors import JaxrouteError
 from tests.cli_helpers import cli
 
@@ -90,6 +90,15 @@ def test_bench_quick_every_model_and_scaling(tmp_path, capsys):
         assert _positive(cost["projection"]["requests_per_s"])
     assert "cost per simulated request (counted, not timed)" in printed
     assert _positive(res["trace"]["max_over_min"]) and isinstance(res["trace"]["flat"], bool)
+    runs = {r["job"]: r for r in res["jobs"]["runs"]}
+    assert set(runs) == set(JOBS) and "user jobs" in printed
+    for name, r in runs.items():
+        if not r["ran"]:  # only a job that reads a file may be left out, and it says which
+            assert name == "mooncake" and "no file at" in r["why"], r
+            continue
+        assert r["requests"] == 16 and r["simulated_requests"] == 16 * len(r["routers"]) and not r["overflow"]
+        assert _positive(r["wall_s"]) and r["wall_s"] >= r["compile_s"] >= 0 and _positive(r["requests_per_s"])
+        assert set(r["mean_latency_s"]) == set(r["routers"]) and all(map(_positive, r["mean_latency_s"].values()))
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -106,7 +115,29 @@ def test_bad_flags_exit_2_with_a_clear_message(argv, message, tmp_path, capsys):
     assert not (tmp_path / "x.json").exists()
 
 
+def test_each_job_is_the_cluster_command_it_prints():
+    # the JSON's command is what a user reruns: parsed by the CLI, it names the job's grid and settings
+    from jaxroute.cli import build_parser
+    from jaxroute.commands._common import shared_prefix_settings
+
+    for job in jobs.jobs().values():
+        argv = job.command.split()
+        assert argv[:2] == ["jaxroute", "cluster"]
+        args = build_parser().parse_args(argv[1:])
+        assert tuple(args.policies.split(",")) == job.routers and args.replicas == job.replicas
+        assert args.admission == job.admission and args.seeds == 1
+        assert (args.gpu, args.model, args.tp) == (jobs.DEPLOYMENT["gpu"], jobs.DEPLOYMENT["model_name"],
+                                                   jobs.DEPLOYMENT["tp"])
+        if job.name == "long-prompt":
+            assert shared_prefix_settings(args) == jobs.LONG_PROMPT
+            assert tuple(args.rate_stages) == jobs.LONG_PROMPT_STAGES
+        else:
+            assert args.workload == "mooncake" and args.requests == 3993
+
+
 def test_config_refuses_bad_sizes():
+    with pytest.raises(JaxrouteError, match="unknown bench job"):
+        BenchConfig(jobs=("nope",))
     with pytest.raises(JaxrouteError, match="dispatch seeds must be positive integers"):
         BenchConfig(dispatch_seeds=(0,))
     with pytest.raises(JaxrouteError, match="give a cluster rate"):

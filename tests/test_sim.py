@@ -150,6 +150,60 @@ def test_chunked_run_stops_early_and_equals_the_full_run():
     assert sim.compile_count(model, "done") == 1
 
 
+@dataclasses.dataclass(frozen=True)
+class RaggedModel(ToyModel):
+    """Each row stops after its own number of steps (drawn at init), and each step runs a loop of its own length:
+    batched rows then differ in both."""
+
+    cpu_rows_together = 4  # groups of at most 4 rows on a CPU
+
+    def init(self, key, workload, params):
+        return dict(super().init(key, workload, params), stop=3 + jax.random.randint(key, (), 0, 20))
+
+    def step(self, state, workload, params):
+        new = super().step(state, workload, params)
+        extra = jax.lax.while_loop(lambda c: c[0] < state["t"] % 5, lambda c: (c[0] + 1, c[1] + 0.5 * c[0]),
+                                   (jnp.int32(0), jnp.float32(0.0)))[1]
+        new = dict(new, x=new["x"] + extra, stop=state["stop"])
+        return jax.tree.map(lambda a, b: jnp.where(self.is_done(state), a, b), state, new)
+
+    def metrics(self, state, workload, params):
+        return {"x": state["x"], "t": state["t"]}
+
+    def is_done(self, state):
+        return state["t"] >= state["stop"]
+
+
+def test_rows_together_sizes(monkeypatch):
+    monkeypatch.delenv(sim.ROWS_TOGETHER_ENV, raising=False)
+    together = sim.rows_together
+    assert together(1, "cpu", 16) == together(2, "cpu", 16) == together(2, "gpu", None) == 1  # unbatched
+    assert together(3, "cpu", 16) == 3 and together(160, "cpu", 16) == 16
+    assert together(33, "cpu", 16) == 11  # 3 equal groups, not 16 + 16 + 1
+    assert together(40, "gpu", 16) == together(40, "cpu", None) == 40  # accelerators and uniform models: all
+    monkeypatch.setenv(sim.ROWS_TOGETHER_ENV, "0")
+    assert together(2, "cpu", 16) == 2 and together(40, "cpu", 16) == 40
+    monkeypatch.setenv(sim.ROWS_TOGETHER_ENV, "1")
+    assert together(40, "cpu", None) == 1 and together(40, "gpu", 16) == 40  # the override is for CPUs
+
+
+def test_every_way_of_running_rows_gives_the_same_result(monkeypatch):
+    # 21 rows on 4 devices: 6 a device, run in groups of 3 (the model's limit is 4), or all 6 together, or one
+    # at a time unbatched; whole or in chunks. Rows stop at different steps and loop for different lengths.
+    model, key = RaggedModel(n=40), jax.random.PRNGKey(5)
+    runs = {}
+    for env in ("", "0", "1"):
+        monkeypatch.setenv(sim.ROWS_TOGETHER_ENV, env)
+        for chunk in (None, 8):
+            runs[env, chunk] = sim.run_grid(model, key, jnp.float32(1.0), _params([0, 1, 0]), 7, chunk=chunk).metrics
+    base = runs["1", None]
+    assert len(set(np.asarray(base["t"]).ravel().tolist())) > 3  # the rows do stop at different steps
+    for got in runs.values():
+        np.testing.assert_array_equal(got["t"], base["t"])
+        np.testing.assert_allclose(got["x"], base["x"], rtol=1e-6)
+    assert {k[4] for k in sim._TRACES if k[0] == model} == {1, 3, 6}  # the three ways were compiled
+
+
 @pytest.mark.parametrize("length", [sim.DONE_CHECK_EVERY, 3 * sim.DONE_CHECK_EVERY + 5])
 def test_advance_holds_one_copy_of_the_step(length):
     """A length that is not whole blocks still traces the step once (a second copy doubled the compile time of

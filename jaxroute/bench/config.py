@@ -12,7 +12,8 @@ import dataclasses
 
 from jaxroute.errors import JaxrouteError
 
-PARTS = ("dispatch", "cluster", "blis", "trace", "decode", "decision")
+PARTS = ("dispatch", "cluster", "blis", "trace", "decode", "decision", "jobs")
+JOBS = ("long-prompt", "mooncake")  # whole user jobs, timed with their compilation (bench/jobs.py)
 DEFAULT_POLICIES = ("rr", "least_load", "threshold", "cache_guard", "sglang_cache_aware")
 # Arrival rate (requests/s) of each synthetic cluster workload: longdoc at bench_cluster.py's old default,
 # toolbench at the README's cluster example.
@@ -63,6 +64,8 @@ class BenchConfig:
     ref_decode_requests: int = 32  # decode: requests of the reference run ...
     ref_decode_steps: int = 300  # ... stopped after this many barrier steps (it runs ~10 ms per step)
     decision_calls: int = 2000
+    jobs: tuple[str, ...] = JOBS
+    job_requests: int | None = None  # requests of each job (None: its full size; quick: a few)
     max_repeat_s: float = 120.0  # a first run longer than this is not repeated (steady = first - compile)
     progress: bool = False  # tqdm bars inside the long cluster / trace runs
     cost_profile: bool = True  # count steps, launches and loop trips per request (one profiled run per model;
@@ -93,6 +96,11 @@ class BenchConfig:
             raise JaxrouteError(f"cluster rate must be > 0, got {self.cluster_rate}")
         if self.cluster_rate is None and any(w not in CLUSTER_RATES for w in self.cluster_workloads):
             raise JaxrouteError(f"give a cluster rate for workloads other than {', '.join(CLUSTER_RATES)}")
+        unknown = [j for j in self.jobs if j not in JOBS]
+        if unknown:
+            raise JaxrouteError(f"unknown bench job(s) {', '.join(unknown)}; choose from: {', '.join(JOBS)}")
+        if self.job_requests is not None and (int(self.job_requests) != self.job_requests or self.job_requests < 1):
+            raise JaxrouteError(f"job requests must be a positive integer, got {self.job_requests}")
         if self.decode_output_cap is not None and self.decode_output_cap < 1:
             raise JaxrouteError(f"decode output cap must be >= 1, got {self.decode_output_cap}")
 
@@ -106,7 +114,8 @@ class BenchConfig:
         sizes = dict(preset="quick", compile_effort="auto", cost_profile=False, dispatch_seeds=(4,), cluster_seeds=(4,), decode_seeds=(4,), request_scaling=False,
                      dispatch_requests=2000, cluster_requests=24, cluster_workloads=("toolbench",),
                      decode_requests=32, decode_output_cap=48, blis_requests=(32,), trace_sizes=(32, 64),
-                     ref_seeds=1, ref_requests=24, ref_decode_requests=8, ref_decode_steps=20, decision_calls=50)
+                     ref_seeds=1, ref_requests=24, ref_decode_requests=8, ref_decode_steps=20, decision_calls=50,
+                     job_requests=16)
         return cls(**{**sizes, **overrides})
 
     @classmethod

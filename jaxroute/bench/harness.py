@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable
 
 from jaxroute import compile_effort
-from jaxroute.bench import blis, decision, models, program_cost
+from jaxroute.bench import blis, decision, jobs, models, program_cost
 from jaxroute.bench.config import PARTS, PROFILE_ROWS, BenchConfig
 from jaxroute.bench.measure import error_record, load_average, machine_info, say, sweep
 
@@ -103,6 +103,9 @@ def run_bench(cfg: BenchConfig, checkpoint: Callable[[dict], object] | None = No
             elif part == "trace":
                 say("trace-length scaling (unique prompts, rr, 1 seed):")
                 out["trace"] = guarded(part, lambda: blis.run_trace(cfg, memo))
+            elif part == "jobs":
+                say("user jobs (one grid each, timed with compilation):")
+                out["jobs"] = guarded(part, lambda: jobs.run_jobs(cfg))
             elif part == "decision":
                 say(f"BR decision latency ({cfg.decision_calls} calls each):")
                 out["decision"] = guarded(part, lambda: decision.run_decision(cfg.decision_calls))
@@ -177,6 +180,7 @@ def format_report(res: dict) -> str:
             lines.append(f"  {m['model']}: " + "; ".join(bits))
     lines += _cost_lines(res["models"])
     lines += _blis_lines(res.get("blis")) + _trace_lines(res.get("trace")) + _decision_lines(res.get("decision"))
+    lines += _job_lines(res.get("jobs"))
     for e in res["errors"]:
         lines.append(f"ERROR in {e['part']}: {e['error']} {e['detail']}")
     lines.append(f"({res['elapsed_s']:.0f} s in all)")
@@ -252,6 +256,18 @@ def _trace_lines(t: dict | None) -> list[str]:
     verdict = "-" if ratio is None else f"max/min {ratio:.2f} ({'flat' if t['flat'] else 'NOT flat'}; target <= " \
                                         f"{t['target_max_over_min']:g})"
     return ["", "trace-length scaling (unique prompts, rr, 1 seed): " + "; ".join(cells) + f" -> {verdict}"]
+
+
+def _job_lines(j: dict | None) -> list[str]:
+    if not j:
+        return []
+    lines = ["", "user jobs (one grid, one seed; wall time includes compilation):"]
+    rows = [[r["job"], f"{r['requests']:,} x {len(r['routers'])}", _num(r["wall_s"], ".1f"), _num(r["compile_s"], ".1f"),
+             _num(r["requests_per_s"]), f"{r['target_wall_s']:.0f} s: {'met' if r['within_target'] else 'MISSED'}"
+             + ("  OVERFLOW" if r["overflow"] else "")] if r.get("ran") else
+            [r["job"], "not run", r.get("why") or f"{r.get('error')} {r.get('detail')}", "", "", ""]
+            for r in j["runs"]]
+    return lines + _table(["job", "requests x routers", "wall s", "compile s", "requests/s", "target"], rows)
 
 
 def _decision_lines(d: dict | None) -> list[str]:

@@ -90,6 +90,10 @@ First-run times include compilation only when the persistent compile cache misse
                    help="requests of the decode reference run (default 32)")
     p.add_argument("--ref-decode-steps", type=positive_int, metavar="K",
                    help="barrier steps the decode reference runs (default 300; it takes ~10 ms per step)")
+    p.add_argument("--jobs", metavar="LIST",
+                   help=f"user jobs of the jobs part: {', '.join(C.JOBS)} (default: all; see jaxroute/bench/jobs.py)")
+    p.add_argument("--job-requests", type=positive_int, metavar="N",
+                   help="requests of each job (default: its full size, 17,040 and the whole Mooncake trace; quick 16)")
     p.add_argument("--calls", type=positive_int, metavar="N", help="timed calls per decision benchmark (default 2000)")
     p.add_argument("--max-repeat-s", type=positive_float, metavar="S",
                    help="a first run longer than this is not repeated: its steady time is the first run minus "
@@ -124,6 +128,10 @@ def config_from_args(args) -> C.BenchConfig:
     kw.update({field: getattr(args, flag) for flag, field in simple.items() if getattr(args, flag) is not None})
     if args.blis_requests:
         kw["blis_requests"] = tuple(args.blis_requests)
+    if args.jobs:
+        kw["jobs"] = tuple(choose(csv_list(args.jobs), C.JOBS, "bench job"))
+    if args.job_requests is not None:
+        kw["job_requests"] = args.job_requests
     if args.trace_sizes:
         kw["trace_sizes"] = tuple(args.trace_sizes)
     if args.workloads:
