@@ -17,7 +17,8 @@ and the `XState` pytree that `step` advances.
 
 `params` is a traced pytree (rates, thresholds, the policy id). The grid runner
 vmaps one single-instance run over a flat batch axis (configs x seeds), shards
-that axis over `jax.devices()`, and runs the scan in chunks so the host can
+that axis over `jax.devices()` (each device runs its own rows; on a CPU in groups,
+`rows_together`), and runs the scan in chunks so the host can
 update a progress bar between chunks. Metrics named `overflow` (bool) and
 `conservation_error` (int) are conventional: the runner reports them per row.
 `compile_count(model, kind)` says how many programs the runner compiled for a model

@@ -135,6 +135,18 @@ def test_each_job_is_the_cluster_command_it_prints():
             assert args.workload == "mooncake" and args.requests == 3993
 
 
+def test_a_failed_job_is_an_error_of_the_run(monkeypatch):
+    from jaxroute.bench import run_bench
+
+    def broken(job, requests):
+        raise ValueError(f"{job.name} broke")
+
+    monkeypatch.setattr(jobs, "run_job", broken)
+    res = run_bench(BenchConfig.quick(parts=("jobs",), jobs=("long-prompt",)))
+    assert res["jobs"]["runs"][0]["ran"] is False
+    assert [(e["part"], e["detail"]) for e in res["errors"]] == [("jobs/long-prompt", "long-prompt broke")]
+
+
 def test_config_refuses_bad_sizes():
     with pytest.raises(JaxrouteError, match="unknown bench job"):
         BenchConfig(jobs=("nope",))

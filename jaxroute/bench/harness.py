@@ -106,6 +106,8 @@ def run_bench(cfg: BenchConfig, checkpoint: Callable[[dict], object] | None = No
             elif part == "jobs":
                 say("user jobs (one grid each, timed with compilation):")
                 out["jobs"] = guarded(part, lambda: jobs.run_jobs(cfg))
+                out["errors"] += [{"part": f"jobs/{r['job']}", "error": r["error"], "detail": r["detail"]}
+                                  for r in (out["jobs"] or {"runs": []})["runs"] if "error" in r]
             elif part == "decision":
                 say(f"BR decision latency ({cfg.decision_calls} calls each):")
                 out["decision"] = guarded(part, lambda: decision.run_decision(cfg.decision_calls))

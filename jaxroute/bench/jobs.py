@@ -85,7 +85,6 @@ def jobs() -> dict[str, Job]:
     }
 
 
-
 def run_job(job: Job, requests: int | None) -> dict:
     """One run of the job's grid, timed whole (wall and CPU, compilation included)."""
     from jaxroute.experiments.cluster import policy_rows, run_cluster
