@@ -223,9 +223,8 @@ class GridResult:
 
 # Rows a CPU device advances together (vmapped): under `vmap` a step runs every branch of its conds and switches
 # (the routers of a grid) and each loop as often as the busiest row needs, so a device runs its rows as a
-# sequence of groups of this size. Measured on 2 cores (64 seeds): cluster/toolbench, 5 routers, 20,741
-# requests/s in groups of 32, 19,592 of 16, 15,961 with all 160 rows of a device together; decode DP (BR-0,
-# BR-H) 2,419 in groups of 16 against 2,124. An accelerator advances all its rows together (wide steps).
+# sequence of groups of this size (the README's benchmark table: before and after; measure another size with
+# ROWS_TOGETHER_ENV). An accelerator advances all its rows together (wide steps).
 CPU_ROWS_TOGETHER = 16
 # A device holding at most this many rows runs them one at a time, unbatched: conds, switches and loops then
 # branch for real (a grid of routers at one seed runs one router per row, not all of them).
