@@ -38,15 +38,22 @@ TARGET_WALL_S = 60.0  # the issue's target for each job, compilation included (2
 
 @dataclasses.dataclass(frozen=True)
 class Job:
-    """One user job: its grid, and the `jaxroute cluster` command that runs the same."""
+    """One user job: its grid; `command` is the `jaxroute cluster` command that runs the same."""
 
     name: str
     routers: tuple[str, ...]
     replicas: int
     workload: Callable[[int | None], object]  # requests (None: the job's full size) -> the workload
     admission: str
-    command: str
+    workload_flags: str  # the command's flags that choose the workload
     needs: str | None = None  # a file the job reads (None: synthetic)
+
+    @property
+    def command(self) -> str:
+        d = DEPLOYMENT
+        return (f"jaxroute cluster {self.workload_flags} --replicas {self.replicas} --gpu {d['gpu']} "
+                f"--model {d['model_name']} --tp {d['tp']} --seeds 1 --admission {self.admission} "
+                f"--policies {','.join(self.routers)}")
 
 
 def _long_prompt(requests: int | None):
@@ -74,14 +81,11 @@ def jobs() -> dict[str, Job]:
     from jaxroute.workloads.prefix import DEFAULT_TRACE_PATHS
 
     stages = ",".join(f"{r:g}:{d:g}" for r, d in LONG_PROMPT_STAGES)
-    deploy = "--gpu h100 --model qwen3-32b --tp 2 --seeds 1"
     return {
         "long-prompt": Job("long-prompt", LONG_PROMPT_ROUTERS, 8, _long_prompt, "on-demand",
-                           f"jaxroute cluster --workload shared-prefix {_sp_flags()} --rate-stages {stages} "
-                           f"--replicas 8 {deploy} --admission on-demand --policies {','.join(LONG_PROMPT_ROUTERS)}"),
-        "mooncake": Job("mooncake", MOONCAKE_ROUTERS, 16, _mooncake, "reserve",
-                        f"jaxroute cluster --workload mooncake --requests 3993 --replicas 16 {deploy} "
-                        f"--policies {','.join(MOONCAKE_ROUTERS)}", needs=DEFAULT_TRACE_PATHS["mooncake"]),
+                           f"--workload shared-prefix {_sp_flags()} --rate-stages {stages}"),
+        "mooncake": Job("mooncake", MOONCAKE_ROUTERS, 16, _mooncake, "reserve", "--workload mooncake --requests 3993",
+                        needs=DEFAULT_TRACE_PATHS["mooncake"]),
     }
 
 
