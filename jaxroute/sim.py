@@ -18,8 +18,8 @@ and the `XState` pytree that `step` advances.
 `params` is a traced pytree (rates, thresholds, the policy id). The grid runner
 vmaps one single-instance run over a flat batch axis (configs x seeds), shards
 that axis over `jax.devices()` (each device runs its own rows; on a CPU in groups,
-`rows_together`), and runs the scan in chunks so the host can
-update a progress bar between chunks. Metrics named `overflow` (bool) and
+`rows_together`), and runs the scan in chunks when the host shows a progress bar
+between them (else as one program). Metrics named `overflow` (bool) and
 `conservation_error` (int) are conventional: the runner reports them per row.
 `compile_count(model, kind)` says how many programs the runner compiled for a model
 (tests assert one per multi-policy grid); the chunk step donates its state buffers.
@@ -352,16 +352,18 @@ def compile_count(model: Model | type | Callable, kind: str = "run") -> int:
 
     `model` is a Model, a Model class (all its instances, e.g. when a command builds the
     model), or a plain function given to `run_batch_fn`. kind is one of
-    run / init / chunk / metrics / done ("chunk" sums over chunk sizes). Each distinct
+    run / init / chunk / metrics / done ("chunk" sums over chunk sizes), or "advance": the programs that
+    advance rows, run and chunk (a grid has one of them, chunked or not as its progress bar asks). Each distinct
     set of argument shapes compiles once; policies and other traced params never add one.
     Each trace of a cached jitted function is one compilation (a jit cache miss). Counts
     belong to the cached functions, so they do not depend on what other tests ran before
     when a test starts from `clear_compiled(model)`.
     """
-    if kind not in KINDS:
-        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    if kind not in (*KINDS, "advance"):
+        raise ValueError(f"kind must be one of {KINDS} or advance, got {kind!r}")
+    kinds = ("run", "chunk") if kind == "advance" else (kind,)
     match = _matches(model)
-    return sum(n for (m, k, *_), n in _TRACES.items() if k == kind and match(m))
+    return sum(n for (m, k, *_), n in _TRACES.items() if k in kinds and match(m))
 
 
 def clear_compiled(model: Model | type | Callable | None = None) -> None:
@@ -390,7 +392,9 @@ def run_grid(
     """Run `model` for every (config, seed) pair in one compiled, sharded batch.
 
     params_batch: params pytree with a leading config axis C (policies, sweeps).
-    chunk: events per compiled scan chunk; None runs the whole scan at once.
+    chunk: events per compiled scan chunk, for a progress bar between chunks; None, or no `progress`, runs the
+    whole scan as one program (init, every event, metrics: one compilation instead of four; either way a row
+    stops once done). A cost profile (`recording_programs`) keeps the chunks: it counts a chunk's launches.
     progress: show a tqdm bar between chunks (a string sets its description).
     Before anything is traced, `model.check_params(params_batch, workload)` refuses params
     the static configuration cannot honour (a JaxrouteError).
@@ -416,7 +420,7 @@ def run_grid(
 
     total = int(model.num_steps(workload))
     fast = compile_effort.is_fast(padded * total)
-    if chunk is None or chunk >= total:
+    if chunk is None or chunk >= total or not (progress or _RECORDING):
         run_fn = _jitted(model, "run", mesh, together, fast=fast)
         _record(run_fn, keys, workload, flat_params)
         out = run_fn(keys, workload, flat_params)

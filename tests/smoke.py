@@ -31,7 +31,7 @@ def check_model(model: sim.Model, workload, params_rows: Sequence, n_seeds: int 
     assert isinstance(model, sim.Model), f"{type(model).__name__} must subclass jaxroute.sim.Model"
     assert len(params_rows) >= 2, "give several rows (policies) so the one-compilation check means something"
     key = jax.random.key(0) if key is None else key
-    kind = "run" if chunk is None else "chunk"
+    kind = "advance"  # one program: chunked when a progress bar asks, else the whole run
     sim.clear_compiled(model)
 
     grid = sim.run_grid(model, key, workload, sim.stack_params(list(params_rows)), n_seeds, chunk=chunk)

@@ -29,7 +29,7 @@ def test_cluster_capacity_grows_with_replicas_in_one_compilation():
                      tol=0.05, points=4, max_rounds=6)
     c = np.nanmean(res.capacity, axis=1)
     assert c[1] > c[0]  # more replicas take more load
-    assert sim.compile_count(replicas.ReplicaModel, "run") + sim.compile_count(replicas.ReplicaModel, "chunk") == 1
+    assert sim.compile_count(replicas.ReplicaModel, "advance") == 1
     assert cap.min_replicas(res, rows, float(c[0]) * 0.5)["rr"] == 2
 
 

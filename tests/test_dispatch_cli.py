@@ -17,7 +17,7 @@ def test_dispatch_table_json_plot_and_one_compilation(tmp_path, capsys):
     out, png = tmp_path / "r.json", tmp_path / "r.png"
     sim.clear_compiled(DispatchModel)
     assert main(["dispatch", *SMALL, "--out", str(out), "--plot", str(png)]) == 0
-    assert sim.compile_count(DispatchModel, "chunk") == 1  # five policies, one compilation
+    assert sim.compile_count(DispatchModel, "advance") == 1  # five policies, one compilation
     text = capsys.readouterr().out
     for name in ("random", "rr", "jsq", "p2c", "lwl", "mean_response", "p99_response", "1/(1-rho) = 5"):
         assert name in text
@@ -39,7 +39,7 @@ def test_dispatch_stale_board_runs_from_the_same_compilation(capsys):
     assert main(["dispatch", *SMALL, "--stale", "1"]) == 0  # five policies, still one compilation
     text = capsys.readouterr().out
     assert "stale board T=1.0" in text
-    assert sim.compile_count(DispatchModel, "chunk") == 1
+    assert sim.compile_count(DispatchModel, "advance") == 1
 
 
 def test_policy_labels():

@@ -245,7 +245,8 @@ def test_done_run_stops_early_in_chunks_and_equals_the_full_run(grid):
     wl = dd.make_workload(req, COST)
     model = _model(max_steps=400)
     assert np.all(whole.metrics["completed"] == N) and int(whole.metrics["steps"].max()) < 200
-    chunked = sim.run_grid(model, jax.random.PRNGKey(7), wl, sim.stack_params(_case_rows()), 2, chunk=40)
+    chunked = sim.run_grid(model, jax.random.PRNGKey(7), wl, sim.stack_params(_case_rows()), 2, chunk=40,
+                           progress="chunks")
     for name, v in whole.metrics.items():  # stopped well before 400 steps, the same numbers
         np.testing.assert_array_equal(v, chunked.metrics[name], err_msg=name)
     # a finished state is a fixed point of step

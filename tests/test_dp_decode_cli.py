@@ -17,7 +17,7 @@ def test_decode_table_json_plot_one_compilation(tmp_path, capsys):
     out, png = tmp_path / "r.json", tmp_path / "r.png"
     sim.clear_compiled(DecodeModel)
     assert main(["decode", *SMALL, "--predictor", "oracle,none", "--out", str(out), "--plot", str(png)]) == 0
-    assert sim.compile_count(DecodeModel, "chunk") == 1  # 8 rows x 2 seeds, one compilation
+    assert sim.compile_count(DecodeModel, "advance") == 1  # 8 rows x 2 seeds, one compilation
     text = capsys.readouterr().out
     for name in ("random", "least_kv", "br0", "brh[oracle]", "brh[none]", "tput vs best", "imbalance_tokens"):
         assert name in text

@@ -28,7 +28,7 @@ def test_every_router_runs_in_one_grid_and_conserves_requests():
     m = res.grid.metrics
     assert not res.grid.overflow.any()
     assert (m["conservation_error"] == 0).all() and (m["completed"] == 120).all()
-    assert sim.compile_count(R.ReplicaModel, "chunk") == 1
+    assert sim.compile_count(R.ReplicaModel, "advance") == 1
     share = dict(zip(res.labels, m["max_replica_share"].mean(1), strict=True))
     # the routers differ: prefix-pinned routing herds, load-only routing spreads
     assert share["vllm_prefixaware"] > share["least_load"]

@@ -113,7 +113,7 @@ def test_all_policies_compile_once_and_chunking_is_exact():
     sim.run_grid(model, jax.random.key(1), None, sim.stack_params([make_params(p, 0.7) for p in POLICY_NAMES[::-1]]),
                  n_seeds=6)
     assert sim.compile_count(model, "run") == 1  # five policies, two grids: one program
-    chunked = sim.run_grid(model, jax.random.key(0), None, params, n_seeds=6, chunk=50)
+    chunked = sim.run_grid(model, jax.random.key(0), None, params, n_seeds=6, chunk=50, progress="chunks")
     assert sim.compile_count(model, "chunk") == 1
     # Padded steps after the end are no-ops; the two programs may differ by float rounding only.
     for name in ("mean_response", "p99_response"):

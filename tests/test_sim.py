@@ -79,7 +79,8 @@ def test_chunked_equals_single_scan():
     model = ToyModel(n=10)
     key = jax.random.PRNGKey(1)
     whole = sim.run_grid(model, key, jnp.float32(1.0), _params([0, 1]), 3)
-    chunked = sim.run_grid(model, key, jnp.float32(1.0), _params([0, 1]), 3, chunk=4)  # 3 chunks, 2 padded steps
+    chunked = sim.run_grid(model, key, jnp.float32(1.0), _params([0, 1]), 3, chunk=4,
+                           progress="chunks")  # 3 chunks, 2 padded steps
     np.testing.assert_allclose(whole.metrics["x"], chunked.metrics["x"], rtol=1e-6)
 
 
@@ -93,9 +94,13 @@ def test_policy_comparison_compiles_once():
     assert sim.compile_count(model, "run") == 1
     sim.run_grid(model, key, jnp.float32(1.0), _params([1, 0, 1]), 4)  # a new batch shape compiles again
     assert sim.compile_count(model, "run") == 2
-    sim.run_grid(model, key, jnp.float32(1.0), _params([0, 1]), 4, chunk=3)
-    sim.run_grid(model, key, jnp.float32(1.0), _params([1, 1]), 4, chunk=3)
+    sim.run_grid(model, key, jnp.float32(1.0), _params([0, 1]), 4, chunk=3, progress="chunks")
+    sim.run_grid(model, key, jnp.float32(1.0), _params([1, 1]), 4, chunk=3, progress="chunks")
     assert sim.compile_count(model, "chunk") == 1 and sim.compile_count(model, "init") == 1
+    # without a progress bar to show between chunks, the same grid is the one whole-run program compiled above
+    sim.run_grid(model, key, jnp.float32(1.0), _params([1, 0]), 4, chunk=3)
+    assert sim.compile_count(model, "chunk") == 1 and sim.compile_count(model, "run") == 2
+    assert sim.compile_count(model, "advance") == 3
 
 
 def test_models_must_implement_the_whole_contract():
@@ -145,7 +150,7 @@ def test_chunked_run_stops_early_and_equals_the_full_run():
     key = jax.random.PRNGKey(4)
     whole = sim.run_grid(model, key, jnp.float32(1.0), _params([0, 1]), 3)
     sim.clear_compiled(model)
-    chunked = sim.run_grid(model, key, jnp.float32(1.0), _params([0, 1]), 3, chunk=2)
+    chunked = sim.run_grid(model, key, jnp.float32(1.0), _params([0, 1]), 3, chunk=2, progress="chunks")
     np.testing.assert_allclose(whole.metrics["x"], chunked.metrics["x"], rtol=1e-6)
     assert sim.compile_count(model, "done") == 1
 
@@ -195,7 +200,8 @@ def test_every_way_of_running_rows_gives_the_same_result(monkeypatch):
     for env in ("", "0", "1"):
         monkeypatch.setenv(sim.ROWS_TOGETHER_ENV, env)
         for chunk in (None, 8):
-            runs[env, chunk] = sim.run_grid(model, key, jnp.float32(1.0), _params([0, 1, 0]), 7, chunk=chunk).metrics
+            runs[env, chunk] = sim.run_grid(model, key, jnp.float32(1.0), _params([0, 1, 0]), 7, chunk=chunk,
+                                          progress=chunk is not None and "chunks").metrics
     base = runs["1", None]
     assert len(set(np.asarray(base["t"]).ravel().tolist())) > 3  # the rows do stop at different steps
     for got in runs.values():

@@ -70,7 +70,7 @@ def test_cma_es_improves_a_bad_start_in_one_compilation(workload):
     counts = []
     res = T.tune(T.Space.of("llmd_precise"), T.objective("ttft_p90_s"), T.Setup(workload, replicas=2, rate=8.0),
                  population=6, generations=3, seeds=2, final_seeds=3, start=[10.0, 0.0, 0.0],
-                 on_generation=lambda g: counts.append(sim.compile_count(T.TuneStage, "chunk")))
+                 on_generation=lambda g: counts.append(sim.compile_count(T.TuneStage, "advance")))
     assert counts == [1, 1, 1]  # the final re-evaluation (another batch shape) may compile once more
     curve = [g.best_ever for g in res.generations]
     assert curve == sorted(curve, reverse=True) and curve[-1] < 0.8 * res.start_score
@@ -96,4 +96,4 @@ def test_capacity_objective_runs_the_capacity_search(workload):
                  final_seeds=2)
     assert 2.0 <= res.start_score <= 80.0 and res.generations[-1].best_ever >= res.start_score
     assert all(2.0 <= c.final.mean <= 80.0 for c in res.candidates)
-    assert sim.compile_count(replicas.ReplicaModel, "chunk") <= 2  # the generations' batches, then the final one
+    assert sim.compile_count(replicas.ReplicaModel, "advance") <= 2  # the generations' batches, then the final one

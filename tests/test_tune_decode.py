@@ -61,7 +61,7 @@ def tuned():
         mp.setattr(dx, "run_comparison", recording)
         res = TD.tune(TD.DecodeSpace.of(WORKERS), TD.objective("throughput_tok_s"), setup, population=3,
                       generations=2, seeds=2, final_seeds=3,
-                      on_generation=lambda g: counts.append(sim.compile_count(dd.DecodeModel, "chunk")))
+                      on_generation=lambda g: counts.append(sim.compile_count(dd.DecodeModel, "advance")))
     return res, calls, counts
 
 
