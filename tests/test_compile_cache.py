@@ -38,3 +38,24 @@ def test_the_session_guard_names_a_program_compiled_twice(tmp_path):
                                                         "pid": -1, "tag": "t3", "argv": ["cluster"]}) + "\n")
     twice = prof.compiled_twice()
     assert len(twice) == 1 and twice[0].startswith("prog-a (5.0 s, first in t1) compiled 2 more time(s)")
+
+
+def test_suite_profile_sums_the_workers_files_side_by_side(tmp_path, capsys):
+    """scripts/suite_profile.py reads FILE.gw0, FILE.gw1 (one per xdist worker) and sets two runs side by side."""
+
+    def worker(compile_s, wall_s, label):
+        return {"tests": {"tests/test_a.py::t": {"compile_s": compile_s, "compiles": 2.0, "wall_s": wall_s}},
+                "programs": {label: {"compile_s": compile_s, "compiles": 2.0}, "jit(run)": {"compile_s": 1.0}},
+                "subprocesses": {"x (subprocess reproduce all)": {"compile_s": 5.0, "compiles": 3.0}},
+                "guard_fired": 0, "module_releases": 1, "compiled_twice": []}
+
+    for run, scale in (("before", 2.0), ("after", 1.0)):
+        for w in ("gw0", "gw1"):
+            (tmp_path / f"{run}.json.{w}").write_text(json.dumps(worker(10.0 * scale, 30.0, "ReplicaModel#1a2b.run x4 fast")))
+    assert load_script("suite_profile").main([str(tmp_path / "before.json"), str(tmp_path / "after.json")]) == 0
+    out = capsys.readouterr().out
+    assert "| seconds compiling in the test processes | 40 | 20 |" in out  # both workers' files summed
+    assert "| programs compiled in subprocesses (quick report included) | 6 | 6 |" in out
+    assert "| tests' wall - compile - load (mostly running, and waiting for the quick report) | 20 | 40 |" in out
+    assert "| ReplicaModel.run | 4, 40.0 | 4, 20.0 |" in out and "| jit(run) (run_single) |" in out
+    assert "| tests/test_a.py | 4, 40.0, 60.0 | 4, 20.0, 60.0 |" in out
