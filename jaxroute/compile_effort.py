@@ -4,8 +4,8 @@ On CPU most of a small simulation's time is XLA compiling it. XLA's older CPU em
 (`xla_cpu_use_fusion_emitters=False`) compile a model's program in 20-40 % less time, and may run it up
 to ~30 % slower. So a program whose whole job is small (rows x events, `work`) is compiled with them,
 and a long job keeps the default. Either way the per-request results are the same (the suite's exact-match
-tests run on both; a float mean may differ in its last bits). `scripts/calibrate_compile_effort.py` measures the break-even per model; `FAST_MAX_WORK`
-sits below the smallest. Other backends (GPU) always get the default.
+tests run on both; a float mean may differ in its last bits). `scripts/calibrate_compile_effort.py` measures
+the break-even per model; `FAST_MAX_WORK` sits below the smallest. Other backends (GPU) always get the default.
 """
 
 from __future__ import annotations

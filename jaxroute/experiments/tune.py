@@ -319,7 +319,7 @@ def grid_evaluator(space: Space, obj: Objective, setup: Setup, *, seeds: int, se
 
     def evaluate(settings: list[dict]) -> Batch:
         params = sim.stack_params([setup.params(space.router, s) for s in settings])
-        m = sim.run_grid(model, key, setup.workload, params, seeds, chunk=2000).metrics
+        m = sim.run_grid(model, key, setup.workload, params, seeds).metrics  # no bar: one whole-run program
         return Batch(scores_of(m, obj, setup.replicas), len(settings) * seeds)
 
     return evaluate
