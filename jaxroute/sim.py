@@ -75,9 +75,8 @@ class Model(abc.ABC):
     # or branches, where a vmapped step pays for every branch and for the busiest row, sets
     # `CPU_ROWS_TOGETHER`; a model whose step is the same work in every row keeps None (wider is faster).
     cpu_rows_together: ClassVar[int | None] = None
-    # Row-events up to which a CPU grid compiles at the minimal level (`compile_effort`; 0: never): well below the
-    # model's break-even by `scripts/calibrate_compile_effort.py`, as a step's cost varies with the sizes and the
-    # trace (a 16-replica Mooncake grid's costs ~100x a toolbench one's) and a program may run more than once.
+    # Row-events up to which a CPU grid compiles at the minimal level (`compile_effort`; 0: never): the break-even
+    # of `scripts/calibrate_compile_effort.py` for the model, halved (its step's cost sets it).
     minimal_max_work: ClassVar[int] = 0
 
     @abc.abstractmethod

@@ -254,7 +254,7 @@ class DecodeModel(sim.Model):
     """Static configuration (shapes) of the decode DP barrier simulator."""
 
     cpu_rows_together: ClassVar[int | None] = sim.CPU_ROWS_TOGETHER  # branches and loops: rows in groups
-    minimal_max_work: ClassVar[int] = 2_000  # ~1/10 of the calibrated break-even (README)
+    minimal_max_work: ClassVar[int] = 10_000  # about half the calibrated break-even (decode; README)
 
     n_workers: int
     n_requests: int

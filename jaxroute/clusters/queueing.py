@@ -122,7 +122,7 @@ class DispatchModel(sim.Model):
     work touches the ring read-only except for one slot).
     """
 
-    minimal_max_work: ClassVar[int] = 20_000  # ~1/10 of the calibrated break-even (README)
+    minimal_max_work: ClassVar[int] = 100_000  # about half the calibrated break-even (dispatch; README)
 
     n_servers: int = 16
     n_requests: int = 50_000

@@ -130,7 +130,7 @@ class ReplicaModel(sim.Model):
     """Static configuration (shapes); see the module docstring for the model."""
 
     cpu_rows_together: ClassVar[int | None] = sim.CPU_ROWS_TOGETHER  # branches and loops: rows in groups
-    minimal_max_work: ClassVar[int] = 20_000  # ~1/50 of the calibrated break-even: a step costs ~100x more on some traces (README)
+    minimal_max_work: ClassVar[int] = 500_000  # about half the calibrated break-even (cluster/toolbench; README)
 
     n_replicas: int = 4
     chunk: int = 512  # prefill tokens per iteration
