@@ -1,16 +1,11 @@
 """How hard XLA works on a program: a small job compiles fast, a long one compiles for speed.
 
-On CPU most of a small simulation's time is XLA compiling it. Three levels, by the job's work (rows x events):
-- `minimal`: LLVM at -O0 (`xla_backend_optimization_level=0`) and the older emitters: about half the backend
-  compile time of `fast`, a run ~10x slower than `optimized`. Only a tiny job, below its model's
-  `minimal_max_work` (calibrated per model: a step's cost differs); a model without one never gets it.
-- `fast`: XLA's older CPU emitters (`xla_cpu_use_fusion_emitters=False`): 20-40 % less compile time, a run up to
-  ~30 % slower. A job of at most `FAST_MAX_WORK`.
-- `optimized`: XLA's default. Longer jobs, and every GPU program.
-Either way the per-request results are the same (the suite's exact-match tests run on the lower levels,
-`tests/test_compile_effort.py` holds the optimized program to them; at minimal a float statistic, a mean or an
-interpolated quantile, may differ in its last bits).
-`scripts/calibrate_compile_effort.py` measures the break-even per model and level.
+On CPU most of a small simulation's time is XLA compiling it. XLA's older CPU emitters
+(`xla_cpu_use_fusion_emitters=False`) compile a model's program in 20-40 % less time, and may run it up
+to ~30 % slower. So a program whose whole job is small (rows x events, `work`) is compiled with them,
+and a long job keeps the default. Either way the per-request results are the same (the suite's exact-match
+tests run on both; a float mean may differ in its last bits). `scripts/calibrate_compile_effort.py` measures
+the break-even per model; `FAST_MAX_WORK` sits below the smallest. Other backends (GPU) always get the default.
 """
 
 from __future__ import annotations
@@ -23,8 +18,7 @@ import jax
 
 from jaxroute.errors import JaxrouteError
 
-EFFORTS = ("auto", "minimal", "fast", "optimized")
-LEVELS = EFFORTS[1:]  # what a program is compiled at, least effort first
+EFFORTS = ("auto", "fast", "optimized")
 # Row-events a program may have to run and still compile fast. The calibration script measured the break-even of
 # one cold run at 6.9 M (dispatch), 7.0 M (the replica cluster) and never (decode: both ran as fast), on one noisy
 # 2-core machine; at 2 M the slower run costs ~30 % of the compile seconds saved. A program loaded from the
@@ -32,15 +26,13 @@ LEVELS = EFFORTS[1:]  # what a program is compiled at, least effort first
 # (`reproduce.REPRODUCE_EFFORT`), as does `jaxroute bench` (one effort at every size).
 FAST_MAX_WORK = 2_000_000
 FAST_OPTIONS = {"xla_cpu_use_fusion_emitters": False}
-MINIMAL_OPTIONS = {**FAST_OPTIONS, "xla_backend_optimization_level": 0}
-_OPTIONS = {"minimal": MINIMAL_OPTIONS, "fast": FAST_OPTIONS, "optimized": None}
 ENV = "JAXROUTE_COMPILE_EFFORT"  # a process-wide effort (default auto): e.g. optimized for a timing run
 _EFFORT: list[str | None] = [None]  # forced within a `forced` block
 
 
 @contextlib.contextmanager
 def forced(effort: str) -> Iterator[None]:
-    """Within the block, every program compiles at `effort` (one of `LEVELS`, or "auto": by work)."""
+    """Within the block, every program compiles at `effort` ("fast", "optimized", or "auto" by work)."""
     if effort not in EFFORTS:
         raise JaxrouteError(f"unknown compile effort '{effort}'; choose from: {', '.join(EFFORTS)}")
     before, _EFFORT[0] = _EFFORT[0], effort
@@ -58,17 +50,14 @@ def effort() -> str:
     return chosen
 
 
-def level(work: int, minimal_max_work: int = 0) -> str:
-    """The level a program whose job is `work` row-events compiles at, on this backend: under auto, minimal up to
-    its model's `minimal_max_work`, fast up to `FAST_MAX_WORK`, else optimized; a forced effort applies as is
-    (minimal and fast only on a CPU)."""
+def is_fast(work: int) -> bool:
+    """Whether a program whose job is `work` row-events compiles fast (on CPU)."""
     chosen = effort()
     if chosen == "auto":
-        chosen = "minimal" if work <= minimal_max_work else "fast" if work <= FAST_MAX_WORK else "optimized"
-    return chosen if jax.default_backend() == "cpu" else "optimized"
+        chosen = "fast" if work <= FAST_MAX_WORK else "optimized"
+    return chosen == "fast" and jax.default_backend() == "cpu"
 
 
-def options(level_: str) -> dict | None:
-    """`jax.jit(compiler_options=...)` of a program compiled at `level_` (one of `LEVELS`)."""
-    opts = _OPTIONS[level_]
-    return None if opts is None else dict(opts)
+def options(fast: bool) -> dict | None:
+    """`jax.jit(compiler_options=...)` of a program compiled fast or not."""
+    return dict(FAST_OPTIONS) if fast else None

@@ -62,10 +62,9 @@ def last_traced_program() -> str:
     key = _LAST_TRACED[0]
     if key is None:
         return "?"
-    model, kind, chunk, _, together, level = key
+    model, kind, chunk, _, together, fast = key
     name = model.fn.__qualname__ if isinstance(model, _FnModel) else type(model).__name__
-    return (f"{name}#{hash(model) & 0xFFFF:04x}.{kind}" + (f"[{chunk}]" if chunk else "") + f" x{together}"
-            + ("" if level == "optimized" else f" {level}"))
+    return f"{name}#{hash(model) & 0xFFFF:04x}.{kind}" + (f"[{chunk}]" if chunk else "") + f" x{together}" + (" fast" if fast else "")
 
 
 class Model(abc.ABC):
@@ -75,9 +74,6 @@ class Model(abc.ABC):
     # or branches, where a vmapped step pays for every branch and for the busiest row, sets
     # `CPU_ROWS_TOGETHER`; a model whose step is the same work in every row keeps None (wider is faster).
     cpu_rows_together: ClassVar[int | None] = None
-    # Row-events up to which a CPU grid compiles at the minimal level (`compile_effort`; 0: never): the break-even
-    # of `scripts/calibrate_compile_effort.py` for the model, halved (its step's cost sets it).
-    minimal_max_work: ClassVar[int] = 0
 
     @abc.abstractmethod
     def init(self, key: jax.Array, workload: PyTree, params: PyTree) -> PyTree:
@@ -253,14 +249,14 @@ def rows_together(local_rows: int, platform: str, limit: int | None) -> int:
     return -(-local_rows // groups)
 
 
-def _jitted(model: Model, kind: str, mesh: Mesh, together: int, chunk: int = 0, level: str = "optimized") -> Callable:
-    """Jitted grid functions, cached per (model, kind, chunk, mesh, rows together, level) so a grid compiles once.
+def _jitted(model: Model, kind: str, mesh: Mesh, together: int, chunk: int = 0, fast: bool = False) -> Callable:
+    """Jitted grid functions, cached per (model, kind, chunk, mesh, rows together, fast) so a grid compiles once.
 
     Each device runs its own rows (`shard_map`: no communication), in groups of `together` rows vmapped
     (1: unbatched, one row at a time) one group after another. The chunk step donates its state buffers: the
-    loop only keeps the newest state. `level`: how hard XLA works on it (`compile_effort.LEVELS`).
+    loop only keeps the newest state. `fast`: compiled with `compile_effort.FAST_OPTIONS` (a small job).
     """
-    cache_key = (model, kind, chunk, mesh, together, level)
+    cache_key = (model, kind, chunk, mesh, together, fast)
     fn = _JIT_CACHE.get(cache_key)
     if fn is not None:
         return fn
@@ -311,7 +307,7 @@ def _jitted(model: Model, kind: str, mesh: Mesh, together: int, chunk: int = 0, 
     specs = (P("batch"),) if kind == "done" else (P("batch"), P(), P("batch"))
     sharded = jax.shard_map(grid_rows, mesh=mesh, in_specs=specs, out_specs=P("batch"), check_vma=False)
     fn = jax.jit(sharded, donate_argnums=(0,) if kind == "chunk" else (),
-                 compiler_options=compile_effort.options(level))
+                 compiler_options=compile_effort.options(fast))
     _JIT_CACHE[cache_key] = fn
     return fn
 
@@ -423,9 +419,9 @@ def run_grid(
     workload = jax.device_put(workload, NamedSharding(mesh, P()))
 
     total = int(model.num_steps(workload))
-    level = compile_effort.level(padded * total, model.minimal_max_work)
+    fast = compile_effort.is_fast(padded * total)
     if chunk is None or chunk >= total or not (progress or _RECORDING):
-        run_fn = _jitted(model, "run", mesh, together, level=level)
+        run_fn = _jitted(model, "run", mesh, together, fast=fast)
         _record(run_fn, keys, workload, flat_params)
         out = run_fn(keys, workload, flat_params)
         compile_log.mark("first_step")
@@ -433,13 +429,13 @@ def run_grid(
             _bar(total, progress).update(total)
     else:
         n_chunks = math.ceil(total / chunk)
-        state = _jitted(model, "init", mesh, together, level=level)(keys, workload, flat_params)
-        step_chunk = _jitted(model, "chunk", mesh, together, chunk, level=level)
+        state = _jitted(model, "init", mesh, together, fast=fast)(keys, workload, flat_params)
+        step_chunk = _jitted(model, "chunk", mesh, together, chunk, fast=fast)
         _record(step_chunk, state, workload, flat_params)
         bar = _bar(n_chunks * chunk, progress) if progress else None
         # Early exit once every row is done (num_steps can be a loose upper bound: the
         # remaining steps would be no-ops, so the result equals the full run).
-        done_fn = _jitted(model, "done", mesh, together, level=level)
+        done_fn = _jitted(model, "done", mesh, together, fast=fast)
         for i in range(n_chunks):
             with warnings.catch_warnings():
                 # Backends without buffer donation (older CPU runtimes) warn and copy instead.
@@ -454,7 +450,7 @@ def run_grid(
                 break
         if bar is not None:
             bar.close()
-        out = _jitted(model, "metrics", mesh, together, level=level)(state, workload, flat_params)
+        out = _jitted(model, "metrics", mesh, together, fast=fast)(state, workload, flat_params)
 
     host = jax.tree.map(lambda x: np.asarray(x)[:n_rows], out)
     shaped = {k: v.reshape((n_configs, n_seeds) + v.shape[1:]) for k, v in host.items()}

@@ -1,10 +1,9 @@
-"""Where a lower compile effort stops paying: compile seconds saved vs run seconds lost, per model and level.
+"""Where a fast compile stops paying: compile seconds saved vs run seconds lost, per model.
 
 For each bench model (dispatch, the replica cluster on toolbench, decode DP) this compiles the same grid
-at each level (`jaxroute.compile_effort.LEVELS`, persistent cache off) and times a second, compiled run of it.
-The break-even work is the job (rows x events, as `compile_effort.level` counts it) at which the slower
-run eats the faster compilation: `compile_effort.FAST_MAX_WORK` should sit below the smallest of the fast
-level, and each model's `minimal_max_work` below its own of the minimal level.
+at both efforts (`jaxroute.compile_effort`, persistent cache off) and times a second, compiled run of it.
+The break-even work is the job (rows x events, as `compile_effort.is_fast` counts it) at which the slower
+run eats the faster compilation; `compile_effort.FAST_MAX_WORK` should sit below the smallest.
 
     python scripts/calibrate_compile_effort.py [--out calibration.json]
 """
@@ -34,13 +33,13 @@ def _scenarios(cfg: BenchConfig):
 
 def measure(scn, seeds: int, requests: int, effort: str) -> dict:
     works: list[int] = []
-    level = compile_effort.level
+    is_fast = compile_effort.is_fast
 
-    def recording(work: int, minimal_max_work: int = 0) -> str:
+    def recording(work: int) -> bool:
         works.append(int(work))
-        return level(work, minimal_max_work)
+        return is_fast(work)
 
-    compile_effort.level = recording
+    compile_effort.is_fast = recording
     try:
         with compile_effort.forced(effort):
             sim.clear_compiled()
@@ -52,7 +51,7 @@ def measure(scn, seeds: int, requests: int, effort: str) -> dict:
             scn.run(seeds, requests, 1)
             second = time.perf_counter() - t0
     finally:
-        compile_effort.level = level
+        compile_effort.is_fast = is_fast
     return {"compile_s": timer.seconds, "first_s": first, "run_s": second, "work": sum(works)}
 
 
@@ -66,22 +65,18 @@ def main() -> None:
     rows = []
     for scn in _scenarios(cfg):
         seeds, requests = SIZES[scn.name]
-        runs = {e: measure(scn, seeds, requests, e) for e in reversed(compile_effort.LEVELS)}
-        opt = runs["optimized"]
-        for lower in ("fast", "minimal"):
-            low = runs[lower]
-            saved = opt["compile_s"] - low["compile_s"]
-            lost_per_work = (low["run_s"] - opt["run_s"]) / opt["work"]
-            breakeven = saved / lost_per_work if lost_per_work > 0 else float("inf")
-            rows.append({"model": scn.name, "level": lower, "seeds": seeds, "requests": requests, "work": opt["work"],
-                         "compile_s": [round(opt["compile_s"], 2), round(low["compile_s"], 2)],
-                         "run_s": [round(opt["run_s"], 3), round(low["run_s"], 3)], "breakeven_work": breakeven})
-            print(f"{scn.name:18s} {lower:8s} work {opt['work']:>11,}  compile {opt['compile_s']:6.2f} s -> "
-                  f"{low['compile_s']:6.2f} s  run {opt['run_s']:7.3f} s -> {low['run_s']:7.3f} s  "
-                  f"break-even work {breakeven:>13,.0f}", flush=True)
-    fast = [r["breakeven_work"] for r in rows if r["level"] == "fast"]
-    print(f"smallest break-even of fast: {min(fast):,.0f} row-events (compile_effort.FAST_MAX_WORK = "
-          f"{compile_effort.FAST_MAX_WORK:,}); minimal: each model's minimal_max_work sits below its own")
+        opt, fast = (measure(scn, seeds, requests, e) for e in ("optimized", "fast"))
+        saved = opt["compile_s"] - fast["compile_s"]
+        lost_per_work = (fast["run_s"] - opt["run_s"]) / opt["work"]
+        breakeven = saved / lost_per_work if lost_per_work > 0 else float("inf")
+        row = {"model": scn.name, "seeds": seeds, "requests": requests, "work": opt["work"],
+               "compile_s": [round(opt["compile_s"], 2), round(fast["compile_s"], 2)],
+               "run_s": [round(opt["run_s"], 3), round(fast["run_s"], 3)], "breakeven_work": breakeven}
+        rows.append(row)
+        print(f"{scn.name:18s} work {opt['work']:>11,}  compile {opt['compile_s']:6.2f} s -> {fast['compile_s']:6.2f} s"
+              f"  run {opt['run_s']:7.3f} s -> {fast['run_s']:7.3f} s  break-even work {breakeven:>13,.0f}", flush=True)
+    print(f"smallest break-even: {min(r['breakeven_work'] for r in rows):,.0f} row-events "
+          f"(compile_effort.FAST_MAX_WORK = {compile_effort.FAST_MAX_WORK:,})")
     if args.out:
         with open(args.out, "w") as f:
             json.dump(rows, f, indent=1)

@@ -254,7 +254,6 @@ class DecodeModel(sim.Model):
     """Static configuration (shapes) of the decode DP barrier simulator."""
 
     cpu_rows_together: ClassVar[int | None] = sim.CPU_ROWS_TOGETHER  # branches and loops: rows in groups
-    minimal_max_work: ClassVar[int] = 10_000  # about half the calibrated break-even (decode; README)
 
     n_workers: int
     n_requests: int

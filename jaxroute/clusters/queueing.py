@@ -34,7 +34,6 @@ Balls into bins, the zero-departure special case, is `jaxroute.clusters.bins`.
 from __future__ import annotations
 
 import dataclasses
-from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -121,8 +120,6 @@ class DispatchModel(sim.Model):
     come from one vectorised call, and times are rebased once per block (so per-arrival
     work touches the ring read-only except for one slot).
     """
-
-    minimal_max_work: ClassVar[int] = 100_000  # about half the calibrated break-even (dispatch; README)
 
     n_servers: int = 16
     n_requests: int = 50_000

@@ -130,7 +130,6 @@ class ReplicaModel(sim.Model):
     """Static configuration (shapes); see the module docstring for the model."""
 
     cpu_rows_together: ClassVar[int | None] = sim.CPU_ROWS_TOGETHER  # branches and loops: rows in groups
-    minimal_max_work: ClassVar[int] = 500_000  # about half the calibrated break-even (cluster/toolbench; README)
 
     n_replicas: int = 4
     chunk: int = 512  # prefill tokens per iteration
@@ -449,19 +448,19 @@ class ReplicaModel(sim.Model):
 def run_single(model: ReplicaModel, key, workload, params: ReplicaParams) -> ReplicaState:
     """One run to completion with a while loop (for tests and per-request records); compiled once per model."""
     model.check_params(params, workload)
-    level = compile_effort.level(model.num_steps(workload), model.minimal_max_work)
-    go = _SINGLE.get((model, level))
+    fast = compile_effort.is_fast(model.num_steps(workload))
+    go = _SINGLE.get((model, fast))
     if go is None:
 
         def run(key, workload, params):
             state = model.init(key, workload, params)
             return jax.lax.while_loop(lambda s: ~model.is_done(s), lambda s: model.step(s, workload, params), state)
 
-        go = _SINGLE[model, level] = jax.jit(run, compiler_options=compile_effort.options(level))
+        go = _SINGLE[model, fast] = jax.jit(run, compiler_options=compile_effort.options(fast))
     return go(key, workload, params)
 
 
-_SINGLE: dict[tuple[ReplicaModel, str], object] = {}
+_SINGLE: dict[tuple[ReplicaModel, bool], object] = {}
 
 
 def records(state: ReplicaState) -> dict[str, np.ndarray]:
