@@ -26,11 +26,9 @@ EFFORTS = ("auto", "fast", "optimized")
 # (`reproduce.REPRODUCE_EFFORT`), as does `jaxroute bench` (one effort at every size).
 FAST_MAX_WORK = 2_000_000
 FAST_OPTIONS = {"xla_cpu_use_fusion_emitters": False}
-# Tried and dropped (2026-12-06): LLVM -O0 (`xla_backend_optimization_level=0`) on top of these halves a small
-# program's backend compile, but its runs are 9-19x slower (a 215 k row-event Mooncake grid of the quick report ran
-# 449 s, 14 s of it compiling) and its float rounding differs from -O2 (a multiply-add is not fused) enough to
-# flip a Preble decision against the reference (tests/test_replicas.py::test_preble_e2_window_expiry_matches_reference);
-# in the clean-clone `.ci/run` 3 tests failed, and its gain in time was within the machine's drift from run to run.
+# Not used: LLVM -O0 (`xla_backend_optimization_level=0`) halves a small program's backend compile, but its runs are
+# 9-19x slower and it rounds differently from -O2 (an unfused multiply-add), which flips a Preble decision against
+# its reference (tests/test_replicas.py::test_preble_e2_window_expiry_matches_reference).
 ENV = "JAXROUTE_COMPILE_EFFORT"  # a process-wide effort (default auto): e.g. optimized for a timing run
 _EFFORT: list[str | None] = [None]  # forced within a `forced` block
 

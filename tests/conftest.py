@@ -29,7 +29,7 @@ jax.config.update("jax_enable_x64", False)
 
 import pytest  # noqa: E402
 
-from jaxroute import cli  # noqa: E402
+from jaxroute import cli, compile_effort  # noqa: E402
 from tests.compile_profile import CompileProfile  # noqa: E402
 
 # Memory mappings this process may hold: past MODULE_BUDGET, a finished test module's compiled programs are dropped
@@ -118,8 +118,6 @@ def pytest_collection_modifyitems(session, config, items):
     # shared with the test workers they only add threads (a replica grid's run took 2-3x as long on four as on one)
     # and at the compile effort of its job (`jaxroute.compile_effort`; reproduce's default is optimized, for reports
     # that are rerun): the suite runs it cold, where compiling fast saved 41 s of 489 (same results, every claim equal)
-    from jaxroute import compile_effort
-
     env = {k: v for k, v in os.environ.items() if not k.startswith("XLA_") and k != "JAXROUTE_CPU_DEVICES"}
     env |= {"JAX_PLATFORMS": "cpu", compile_effort.ENV: "auto"}
     cmd = [sys.executable, "-m", "jaxroute", "reproduce", "all", "--quick", "--out", str(folder / "all"), "--no-progress"]
