@@ -43,8 +43,15 @@ class PolicyRegistry:
         return self.names.index(name)
 
     def name(self, policy_id: Any) -> str:
-        """The name of a host-side id (an int or a 0-d array)."""
-        return self.names[self.check_id(policy_id)]
+        """The name of a host-side id (an int or a one-element array); a traced id or several ids have no one
+        name and are refused."""
+        if isinstance(policy_id, jax.core.Tracer):
+            raise JaxrouteError(f"a traced {self.what} id has no name on the host: name it before tracing")
+        i = self.check_id(policy_id)
+        if i < 0:
+            raise JaxrouteError(f"{np.size(policy_id)} {self.what} ids {np.asarray(policy_id).tolist()} have no one "
+                                "name: name each id")
+        return self.names[i]
 
     def check_id(self, policy_id: Any) -> int:
         """A host-side id (or array of ids) as an int (-1 for several), or a JaxrouteError when one names no policy.

@@ -71,16 +71,19 @@ def write_json(path: str | Path, obj: Any) -> Path:
     return path
 
 
-def results_json(command: str, config: dict, records: Sequence[Record]) -> dict:
-    return {"command": command, "config": jsonable(config), "results": [r.as_json() for r in records]}
+def results_json(command: str, config: dict, records: Sequence[Record], extra: Mapping[str, Any] | None = None) -> dict:
+    """The convention's object; `extra`: a command's further keys after the results (curves, ...)."""
+    return {"command": command, "config": jsonable(config), "results": [r.as_json() for r in records],
+            **jsonable(dict(extra or {}))}
 
 
-def write_results(path: str | Path, command: str, config: dict, records: Sequence[Record]) -> Path:
+def write_results(path: str | Path, command: str, config: dict, records: Sequence[Record],
+                  extra: Mapping[str, Any] | None = None) -> Path:
     """Write the results JSON and a long-format CSV (one row per result x metric) beside it."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w") as f:
-        json.dump(results_json(command, config, records), f, indent=1)
+        json.dump(results_json(command, config, records, extra), f, indent=1)
     with path.with_suffix(".csv").open("w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["policy", "params", "overflow", "metric", "mean", "ci95_lo", "ci95_hi", "n_seeds"])

@@ -19,8 +19,9 @@ and the `XState` pytree that `step` advances.
 vmaps one single-instance run over a flat batch axis (configs x seeds), shards
 that axis over `jax.devices()` (each device runs its own rows; on a CPU in groups,
 `rows_together`), and runs the scan in chunks when the host shows a progress bar
-between them (else as one program). Metrics named `overflow` (bool) and
-`conservation_error` (int) are conventional: the runner reports them per row.
+between them (else as one program). Metrics named `overflow` (bool: a fixed capacity filled) and
+`conservation_error` (int: requests neither completed, in flight nor dropped by a full capacity) are
+conventional: a grid whose conservation error is not 0 is refused (`errors.LostRequests`), always.
 `compile_count(model, kind)` says how many programs the runner compiled for a model
 (tests assert one per multi-policy grid); the chunk step donates its state buffers.
 """
@@ -48,6 +49,7 @@ from jaxroute import (
     fast_prng,  # noqa: F401  (unrolled Threefry on CPU for every program built here)
 )
 from jaxroute import metrics as metrics_lib
+from jaxroute.errors import LostRequests
 
 PyTree = Any
 
@@ -212,6 +214,20 @@ class GridResult:
         ov = np.asarray(self.metrics["overflow"]).reshape(self.n_configs, self.n_seeds, -1)
         return ov.any(axis=(1, 2))
 
+    def lost_rows(self) -> list[int]:
+        """Configs where some seed broke conservation (its `conservation_error` is not 0)."""
+        if "conservation_error" not in self.metrics:
+            return []
+        err = np.asarray(self.metrics["conservation_error"]).reshape(self.n_configs, self.n_seeds, -1)
+        return [c for c in range(self.n_configs) if np.any(err[c] != 0)]
+
+    def check_conserved(self, what: str) -> None:
+        """Raise `LostRequests` when some config lost or invented a request."""
+        bad = self.lost_rows()
+        if bad:
+            err = np.asarray(self.metrics["conservation_error"])
+            raise LostRequests(what, bad, int(np.max(np.abs(err))))
+
     def summary(self, name: str) -> list[metrics_lib.Summary]:
         """Mean and 95 % CI over seeds for each configuration."""
         values = np.asarray(self.metrics[name], dtype=np.float64)
@@ -312,6 +328,26 @@ def _jitted(model: Model, kind: str, mesh: Mesh, together: int, chunk: int = 0, 
     return fn
 
 
+@contextlib.contextmanager
+def collecting_grids():
+    """Within the block, every grid `run_grid` returns is appended to the yielded list (a reproduction's claim
+    records take their overflow flags from it), except those `discard_grid` drops."""
+    grids: list[GridResult] = []
+    _COLLECTING.append(grids)
+    try:
+        yield grids
+    finally:
+        _COLLECTING.remove(grids)
+
+
+def discard_grid(metrics: dict) -> None:
+    """The grid whose metrics these are was superseded (rerun with a larger capacity): the open
+    `collecting_grids` blocks forget it."""
+    for grids in _COLLECTING:
+        grids[:] = [g for g in grids if g.metrics is not metrics]
+
+
+_COLLECTING: list[list[GridResult]] = []
 _JIT_CACHE: dict[tuple, Callable] = {}
 _TRACES: dict[tuple, int] = {}  # traces (= compilations) of each cached jitted function
 _LAST_TRACED: list[tuple | None] = [None]  # cache key of the newest trace (compile profiles)
@@ -454,7 +490,11 @@ def run_grid(
 
     host = jax.tree.map(lambda x: np.asarray(x)[:n_rows], out)
     shaped = {k: v.reshape((n_configs, n_seeds) + v.shape[1:]) for k, v in host.items()}
-    return GridResult(metrics=shaped, n_configs=n_configs, n_seeds=n_seeds)
+    result = GridResult(metrics=shaped, n_configs=n_configs, n_seeds=n_seeds)
+    result.check_conserved(type(model).__name__)
+    for grids in _COLLECTING:
+        grids.append(result)
+    return result
 
 
 def _bar(total: int, progress: bool | str):

@@ -14,9 +14,13 @@ def test_capacity_dispatch_writes_json_and_plot(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "random" in text and "seeds known" in text and "round 1:" in text
     res = json.loads(out.read_text())
-    rows = {r["row"]: r for r in res["rows"]}
-    assert rows["jsq"]["known"] == 2 and min(rows["jsq"]["per_seed"]) > max(rows["random"]["per_seed"]) - 0.05
-    assert rows["jsq"]["ci95"][0] <= rows["jsq"]["mean"] <= rows["jsq"]["ci95"][1]
+    assert res["command"] == "capacity" and res["config"]["seeds"] == 2  # the results convention of every command
+    rows = {r["policy"]: r for r in res["results"]}
+    jsq, rnd = rows["jsq"]["metrics"]["capacity"], rows["random"]["metrics"]["capacity"]
+    assert rows["jsq"]["params"]["seeds_known"] == 2 and min(jsq["per_seed"]) > max(rnd["per_seed"]) - 0.05
+    assert jsq["ci95"][0] <= jsq["mean"] <= jsq["ci95"][1] and not rows["jsq"]["overflow"]
+    assert jsq["per_seed"] == rows["jsq"]["params"]["capacity_per_seed"]
+    assert "capacity" in out.with_suffix(".csv").read_text()
     assert png.stat().st_size > 3000
 
 
@@ -26,7 +30,7 @@ def test_capacity_pd_more_groups_take_more_load(tmp_path, capsys):
                "--requests", "80", "--seeds", "2", "--points", "4", "--max-rounds", "3", "--tol", "0.1",
                "--rate-range", "0.5:60", "--out", str(out), "--no-progress"])
     assert rc == 0
-    rows = {r["row"]: r for r in json.loads(out.read_text())["rows"]}
+    rows = {r["policy"]: r["metrics"]["capacity"] for r in json.loads(out.read_text())["results"]}
     assert rows["2:2 llmd_precise > br0"]["mean"] > rows["1:1 llmd_precise > br0"]["mean"]
 
 
@@ -37,8 +41,9 @@ def test_capacity_decode_more_ranks_take_more_load(tmp_path):
                "--requests", "120", "--rate-range", "4:256", "--seeds", "2", "--points", "4", "--max-rounds", "2", "--tol", "0.1",
                "--out", str(out), "--no-progress"])
     assert rc == 0
-    rows = {r["row"]: r for r in json.loads(out.read_text())["rows"]}
-    assert rows["br0@4"]["known"] == 2 and rows["br0@4"]["mean"] > rows["br0@2"]["mean"]
+    rows = {r["policy"]: r for r in json.loads(out.read_text())["results"]}
+    assert rows["br0@4"]["params"]["seeds_known"] == 2
+    assert rows["br0@4"]["metrics"]["capacity"]["mean"] > rows["br0@2"]["metrics"]["capacity"]["mean"]
 
 
 def test_capacity_bad_input(capsys):

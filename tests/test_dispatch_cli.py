@@ -67,9 +67,19 @@ def test_dispatch_bad_input_is_a_clear_error(flags, message, capsys):
     assert "jaxroute dispatch: error:" in err and message in err and "Traceback" not in err
 
 
-def test_unstable_load_warns(capsys):
-    assert main(["dispatch", *SMALL, "--load", "1.2"]) == 0
-    assert "unstable" in capsys.readouterr().err
+def test_unstable_load_is_refused_at_once_or_run_once_as_unstable(tmp_path, capsys):
+    sim.clear_compiled(DispatchModel)
+    assert cli(["dispatch", *SMALL, "--load", "1.2"]) == 2  # known before any run: no ring suffices
+    err = capsys.readouterr().err
+    assert "load 1.2 >= 1 is unstable" in err and "--allow-unstable" in err
+    assert sim.compile_count(DispatchModel, "advance") == 0
+    out = tmp_path / "u.json"  # allowed: one run (no ring doubling), reported as unstable, not refused as overflow
+    assert main(["dispatch", *SMALL, "--load", "1.2", "--policies", "jsq", "--ring", "2", "--allow-unstable",
+                 "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "UNSTABLE: load 1.2 >= 1" in text and "outgrew the ring of 2 in jsq" in text
+    data = json.loads(out.read_text())
+    assert data["config"]["unstable"] is True and data["results"][0]["overflow"] is True
 
 
 def test_overflowed_ring_is_refused_unless_allowed(capsys):

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from jaxroute import sim
-from jaxroute.errors import JaxrouteError
+from jaxroute.errors import JaxrouteError, LostRequests
 from jaxroute.experiments import (
     Comparison,
     Row,
@@ -90,13 +90,16 @@ def test_paired_difference_errors():
         paired_difference(res.grid, "x", "a", "b")
 
 
-def test_conservation_failures_name_the_rows():
-    res = _compare([("ok", _params()), ("leaky", _params(lost=2))], seeds=2)
-    assert conservation_failures(res) == ["leaky"]
-    assert conservation_failures(res.grid) == ["1"]
-    # an overflowed seed dropped requests: that is reported as overflow, not as a conservation failure
-    flagged = _compare([("ok", _params()), ("leaky", _params(lost=2))], seeds=2, cap=0.0)
-    assert flagged.grid.metrics["overflow"].all() and conservation_failures(flagged) == []
+def test_a_lost_request_is_refused_even_where_a_capacity_overflowed():
+    with pytest.raises(LostRequests, match="NoiseModel lost or invented requests .* in rows leaky:") as e:
+        _compare([("ok", _params()), ("leaky", _params(lost=2))], seeds=2)
+    assert e.value.rows == ["leaky"] and e.value.worst == 2
+    # an overflowed seed is checked like any other (a full capacity's drops are counted by the model, not excused)
+    with pytest.raises(LostRequests, match="in rows leaky:"):
+        _compare([("ok", _params()), ("leaky", _params(lost=2))], seeds=2, cap=0.0)
+    grid = sim.GridResult({"conservation_error": np.array([[0, 0], [0, 3]])}, 2, 2)
+    assert grid.lost_rows() == [1] and conservation_failures(grid) == ["1"]
+    assert _compare([("ok", _params())], seeds=2, cap=0.0).grid.overflow.all()  # overflow alone: no error
 
 
 def test_run_with_retry_doubles_only_the_capacity_that_overflowed(capsys):

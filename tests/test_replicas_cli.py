@@ -60,10 +60,17 @@ def test_cluster_preble_complete_and_its_ablation_grid(tmp_path, capsys):
 
 
 def test_cluster_on_traces(tmp_path, capsys):
-    rc = main(["cluster", "--workload", "mooncake", "--trace", str(require(MOONCAKE)),
-               "--requests", "40", "--seeds", "1", "--policies", "rr,affinity", "--rate", "2",
+    short = tmp_path / "mooncake40.jsonl"  # the trace's first 40 requests, asked for 60: the 40 run, said so
+    short.write_text("".join(require(MOONCAKE).read_text().splitlines(keepends=True)[:40]))
+    rc = main(["cluster", "--workload", "mooncake", "--trace", str(short),
+               "--requests", "60", "--seeds", "1", "--policies", "rr,affinity", "--rate", "2",
                "--out", str(tmp_path / "m.json")])
     assert rc == 0
+    out, err = capsys.readouterr()
+    assert "the trace holds 40 requests, fewer than --requests 60: all 40 run" in err
+    assert "1 seeds x 40 requests" in out and "simulated 80 requests" in out
+    config = json.loads((tmp_path / "m.json").read_text())["config"]
+    assert config["requests"] == 40 and config["requests_asked"] == 60
     rc = main(["cluster", "--workload", "azure-conv", "--trace", str(require(AZURE_CONV)),
                "--requests", "40", "--seeds", "1", "--policies", "rr", "--out", str(tmp_path / "a.json")])
     assert rc == 0

@@ -3,10 +3,12 @@
 import json
 import re
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxroute import cli
+from jaxroute import cli, sim
 from jaxroute import reproduce as rp
 from jaxroute.errors import JaxrouteError
 from jaxroute.metrics import summarize
@@ -47,10 +49,20 @@ def test_a_claim_that_is_not_reproduced_needs_a_reason():
     assert holds_verdict(False, "no")[0] == "differs"
 
 
+def _grid_of(overflow: bool, superseded: bool = False):
+    """A tiny grid whose runs overflowed or not (a superseded one is dropped, as a rerun with a larger capacity
+    drops it)."""
+    grid = sim.run_batch_fn(lambda k, w, p: {"overflow": p > 0}, jax.random.key(0), None, jnp.array([overflow]), 1)
+    if superseded:
+        sim.discard_grid(grid.metrics)
+
+
 def _fake_experiments(calls, figure=True):
     def make(name, verdict):
         def run(ctx):
             calls.append(name)
+            _grid_of(overflow=True, superseded=True)
+            _grid_of(overflow=name == "second")
             ctx.advance("one")
             ctx.log(f"{name} ran")
             figs = []
@@ -84,11 +96,13 @@ def test_report_results_json_and_resume(tmp_path, monkeypatch):
     res = json.loads((tmp_path / "results.json").read_text())
     assert res["command"] == "reproduce" and len(res["results"]) == 2
     assert res["results"][1]["verdict"] == "differs" and res["results"][1]["metrics"]["ours"]["mean"] == 2.0
+    # a claim's overflow flag comes from the grids its experiment kept (not the superseded one)
+    assert [r["overflow"] for r in res["results"]] == [False, True]
     assert res["experiments"]["fake.first"] == {"x": [1, 2]}
     # resume: both parts exist, nothing runs again; --fresh reruns; a full-size run does not reuse quick parts
     calls.clear()
     _, again = rp.run(["fake"], tmp_path, quick=True, todo=exps, progress=False, echo=False)
-    assert calls == [] and all(s.resumed for s in again)
+    assert calls == [] and all(s.resumed for s in again) and [s.overflow for s in again] == [False, True]
     assert "resumed from an earlier run" in (tmp_path / "report.md").read_text()
     rp.run(["fake"], tmp_path, quick=True, todo=exps, progress=False, echo=False, fresh=True, only=["second"])
     assert calls == ["second"]

@@ -240,6 +240,17 @@ def test_switch_shared_traces_each_rule_once_and_picks_each_policys():
         reg.switch_shared(jnp.int32(0), rules[:3], branch, 1.0)
 
 
+def test_registry_names_one_host_id_and_refuses_what_it_cannot_name():
+    reg = PolicyRegistry("toy", ["a", "b", "c"])
+    assert reg.name(1) == "b" and reg.name(np.int32(2)) == "c" and reg.name(jnp.array([0])) == "a"
+    with pytest.raises(JaxrouteError, match=r"2 toy policy ids \[0, 2\] have no one name"):
+        reg.name(np.array([0, 2]))  # used to answer the last name
+    with pytest.raises(JaxrouteError, match="a traced toy policy id has no name"):
+        jax.jit(lambda i: jnp.float32(len(reg.name(i))))(jnp.int32(1))
+    with pytest.raises(JaxrouteError, match="out of range 0..2"):
+        reg.name(3)
+
+
 def test_run_batch_fn_and_summary():
     def run(key, workload, params):
         return {"v": jax.random.normal(key) * params.scale + workload}

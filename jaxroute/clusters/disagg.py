@@ -132,8 +132,9 @@ class PrefillStage(sim.Model):
         done = jnp.isfinite(s.rec_finish)
         counts = self.tier.metrics(s, _Realized(s.req), params.tier)
         flags = {k: counts[k] for k in counts if k in ("queue_overflow", "cache_full") or k.endswith("_overflow")}
+        flags["unfinished"] = ~self.is_done(state)
         completed = jnp.sum(done)
-        overflow = completed < state.n_disagg
+        overflow = jnp.bool_(False)
         for v in flags.values():
             overflow = overflow | v
         in_tier = jnp.sum(s.rep.q_count) + jnp.sum(s.rep.run_req >= 0)
@@ -147,7 +148,8 @@ class PrefillStage(sim.Model):
             "prefill_cached": back(s.rec_cached, 0),
             "prefill_busy_s": s.busy_s,
             **flags, "overflow": overflow,
-            "conservation_error": jnp.abs(s.next_req - (completed + in_tier)).astype(jnp.int32),
+            "dropped": s.dropped,
+            "conservation_error": jnp.abs(s.next_req - (completed + in_tier + s.dropped)).astype(jnp.int32),
         }
 
 

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from jaxroute.experiments import pd
 
 __all__ = [
-    "add_grid_args", "add_output_args", "add_shared_prefix_args", "shared_prefix_settings", "at_least", "check_conservation", "check_overflow", "choose", "csv_list",
+    "add_grid_args", "add_output_args", "add_shared_prefix_args", "shared_prefix_settings", "at_least", "check_conservation", "check_overflow", "requests_held", "choose", "csv_list",
     "finite_float", "fraction", "key_values", "list_of", "non_negative_float", "non_negative_int", "off_or", "positive_float",
     "positive_fraction", "positive_int", "probability", "rate_stages", "save_outputs", "show_progress", "warn",
 ]
@@ -202,6 +202,15 @@ def show_progress(args) -> bool:
 
 
 # --------------------------------------------------------------------------- refusals and output
+
+
+def requests_held(workload, args) -> int:
+    """The requests that will run: a trace shorter than --requests runs whole (said once, on stderr); the
+    header, the JSON config and the requests/s line report this count, not the one asked."""
+    n = int(workload.n_requests)
+    if n < args.requests:
+        warn(f"the trace holds {n:,} requests, fewer than --requests {args.requests:,}: all {n:,} run")
+    return n
 
 
 def check_overflow(records, args, hint: str) -> None:

@@ -182,26 +182,31 @@ def run(args) -> int:
         s = summarize(c[known]) if known.any() else None
         why = "" if known.all() else (" (overflowed a fixed buffer)" if over.any() else " (outside --rate-range)")
         print(f"  {label:<32} {report.fmt_ci(s) if s else 'unknown':>22}  ({int(known.sum())}/{len(c)} seeds known{why})")
-        records.append({"row": label, "policy": policy, "size": size, "per_seed": [None if not np.isfinite(x) else float(x) for x in c],
-                        "known": int(known.sum()), "mean": None if s is None else s.mean,
-                        "ci95": None if s is None else [s.lo, s.hi], "overflowed": int(over.sum())})
-    out = {"command": "capacity", "model": args.capacity_model, "slo": slo_txt, "unit": unit, "rate_range": [lo, hi],
-           "tol": args.tol, "seeds": args.seeds, "rounds": res.rounds, "runs": res.evaluations, "batches": res.batches,
-           "elapsed_s": elapsed, "rows": records, "curves": [[{"rate": x, **m} for x, m in cv] for cv in res.curve]}
+        # the results convention (report.Record): the row's label as its policy, the capacity as its metric
+        # (over the seeds whose capacity is known; every seed's, None where unknown, in the params)
+        records.append(report.Record(label, {"router": policy, "size": size, "seeds_known": int(known.sum()),
+                                             "seeds_overflowed": int(over.sum()),
+                                             "capacity_per_seed": [float(x) if np.isfinite(x) else None for x in c]},
+                                     bool(over.any()), {"capacity": s} if s is not None else {}))
+    config = {"model": args.capacity_model, "slo": slo_txt, "unit": unit, "rate_range": [lo, hi], "tol": args.tol,
+              "seeds": args.seeds, "rounds": res.rounds, "runs": res.evaluations, "batches": res.batches,
+              "elapsed_s": elapsed}
+    extra = {"curves": [[{"rate": x, **m} for x, m in cv] for cv in res.curve]}
     if args.capacity_model == "cluster" and args.min_replicas:
         need = cap.min_replicas(res, [(p, g) for _, p, g in rows], args.min_replicas)
         for policy, k in need.items():
             print(f"  min replicas for {args.min_replicas:g} req/s, {policy}: {k if k else 'more than ' + str(max(args.replicas))}")
-        out["min_replicas"] = need
+        extra["min_replicas"] = need
     if args.out:
-        print(f"wrote {report.write_json(args.out, out)}")
+        path = report.write_results(args.out, "capacity", config, records, extra)
+        print(f"wrote {path} and {path.with_suffix('.csv')}")
     if getattr(args, "plot", None):
         metric = args.slo[0].metric
         panels = {f"{metric} against the rate": [
-            dict(x=[x for x, _ in sorted(cv)], y=[m[metric] for _, m in sorted(cv)], marker=".", label=r["row"])
+            dict(x=[x for x, _ in sorted(cv)], y=[m[metric] for _, m in sorted(cv)], marker=".", label=r.policy)
             for cv, r in zip(res.curve, records, strict=True)]}
         report.line_plot(panels, args.plot, xlabel=unit, ylabel=metric, title=f"capacity search under {slo_txt}")
         print(f"wrote {args.plot}")
-    if not any(r["known"] for r in records):
+    if not any(r.params["seeds_known"] for r in records):
         raise JaxrouteError("no capacity is known: widen --rate-range (every row met or missed the SLO everywhere)")
     return 0

@@ -25,6 +25,7 @@ from jaxroute.commands._common import (
     positive_int,
     probability,
     rate_stages,
+    requests_held,
     save_outputs,
     shared_prefix_settings,
     show_progress,
@@ -208,6 +209,7 @@ def run(args) -> int:
         warn("one seed gives no confidence interval")
     workload = build_workload(name, requests, args.trace, args.hot_tool, shared_prefix=shared_prefix_settings(args),
                               rate_stages=stages)
+    requests = requests_held(workload, args)
     if stages:
         rate = workload.stage_mean_rate  # realize() runs the stages as given at their mean rate
     if is_trace and seeds > 1:
@@ -248,7 +250,7 @@ def run(args) -> int:
     print(f"simulated {len(records) * seeds * requests:,} requests in {elapsed:.1f} s "
           f"({len(records) * seeds * requests / elapsed:,.0f} requests/s, compilation included)")
     config = {"workload": name, "trace": args.trace, "replicas": G, "rate": rate, "seeds": seeds,
-              "requests": requests, "local": local, "admission": admission, "stale_s": stale, "cost_model": cost_model, "gpu": args.gpu,
+              "requests": requests, "requests_asked": args.requests, "local": local, "admission": admission, "stale_s": stale, "cost_model": cost_model, "gpu": args.gpu,
               "model": args.model, "tp": args.tp, "kv_capacity": cap, "chunk": args.chunk,
               "max_running": args.max_running,
               "max_queue": results.model.max_queue, "e2_ring": results.model.router_window,

@@ -11,6 +11,7 @@ from jaxroute.commands._common import (
     check_conservation,
     pd_setup,
     positive_float,
+    requests_held,
     save_outputs,
     shared_prefix_settings,
     show_progress,
@@ -51,6 +52,7 @@ def register(subparsers) -> None:
 
 def run(args) -> int:
     name, rows, workload, dep = pd_setup(args)
+    requests = requests_held(workload, args)
     from jaxroute import report
     from jaxroute.experiments import pd
 
@@ -70,14 +72,15 @@ def run(args) -> int:
     rate_txt = "recorded times" if rate <= 0 else f"{rate:g} req/s"
     title = (f"pd: {name}, {rate_txt}, decode tier {tier}, {model} on {args.tp}x{gpu} per group, KV link {args.kv_link_gbps:g} Gb/s + "
              f"{args.kv_link_latency_ms:g} ms; SLOs TTFT {args.slo_ttft:g} s, TPOT {args.slo_tpot:g} s; "
-             f"{args.seeds} seeds x {args.requests} requests")
+             f"{args.seeds} seeds x {requests} requests")
     print(title)
     print(report.format_table(results.records, TABLE))
     print("TTFT split (means, s): prefill queueing + prefill + link queueing + transfer + decode wait = TTFT")
     print(report.format_table(results.records, SPLIT))
-    n_sim = len(rows) * args.seeds * args.requests
+    n_sim = len(rows) * args.seeds * requests
     print(f"simulated {n_sim:,} requests in {elapsed:.1f} s ({n_sim / elapsed:,.0f} requests/s, compilation included)")
-    config = {"workload": name, "trace": args.trace, "rate": rate, "seeds": args.seeds, "requests": args.requests,
+    config = {"workload": name, "trace": args.trace, "rate": rate, "seeds": args.seeds, "requests": requests,
+              "requests_asked": args.requests,
               "ratios": list(dict.fromkeys(f"{r.n_prefill}:{r.n_decode}" for r in rows if not r.colocated)),
               "prefill_routers": list(dict.fromkeys(r.prefill_router for r in rows)),
               "decode_routers": list(dict.fromkeys(r.decode_router for r in rows if not r.colocated)), "decode_tier": tier, "predictor": args.predictor, "pd_thresholds": args.pd_threshold, "colocated": args.colocated,

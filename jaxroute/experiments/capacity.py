@@ -195,6 +195,7 @@ class ClusterEvaluator(Evaluator):
         for p, _, _ in self.rows:
             routers.REGISTRY.id(p)
         self.workload, self.seeds, self.seed, self.progress, self.grows_left = workload, seeds, seed, progress, max_grow
+        self.overflowed_grids: list[dict] = []  # grids of this round that filled a capacity
         self.kw = dict(gpu=gpu, model=model_name, tp=tp, cost_model=cost_model, kv_capacity=kv_capacity, stale_s=stale_s)
         self.static = dict(chunk=chunk, max_running=max_running, local_order=local, admission=admission,
                            stale_view=stale_s > 0)
@@ -231,6 +232,8 @@ class ClusterEvaluator(Evaluator):
                                 progress="capacity batch" if self.progress else False)
             m = _per_run(grid.metrics, len(sel))
             info["full"] = {name for name, flag in CAPACITY_FLAGS.items() if caps[name] > 0 and np.any(m.get(flag, False))}
+            if info["full"]:
+                self.overflowed_grids.append(grid.metrics)  # superseded if `grow` reruns them
             parts.append((sel, m))
             keys = set(m) if keys is None else keys & set(m)
         out = {k: np.zeros((len(idx), self.seeds), bool if k == "overflow" else np.float64) for k in keys}
@@ -246,6 +249,9 @@ class ClusterEvaluator(Evaluator):
         self.grows_left -= 1
         for info, name in full:
             info["caps"][name] *= 2
+        for metrics in self.overflowed_grids:
+            sim.discard_grid(metrics)
+        self.overflowed_grids.clear()
         return True
 
 
@@ -313,7 +319,7 @@ class DecodeEvaluator(Evaluator):
         dep = self.dep
         params = sim.stack_params([dd.make_params(self.rows[r][0], n_workers=self.g_max, n_active=self.rows[r][1],
                                                   arrival="poisson", rate=float(x)) for r, x in zip(idx, rates, strict=True)])
-        for _ in range(self.max_grow + 1):
+        for attempt in range(self.max_grow + 1):
             model = dd.DecodeModel(n_workers=self.g_max, n_requests=self.n, max_steps=self.budget, slots=dep.slots,
                                    pool=dep.pool, window=dep.window, horizon=dep.horizon, r_max=dep.r_max,
                                    kv_capacity=self.kv_cap, block_size=dep.block_size, preempt=dep.preempt,
@@ -323,6 +329,8 @@ class DecodeEvaluator(Evaluator):
             m = _per_run(grid.metrics, len(idx))
             if not np.any(m["overflow_steps"]):
                 break
+            if attempt < self.max_grow:
+                sim.discard_grid(grid.metrics)  # superseded by the rerun with a larger step budget
             self.budget *= 2
         return m
 

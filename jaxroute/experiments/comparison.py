@@ -16,7 +16,7 @@ import jax
 import numpy as np
 
 from jaxroute import report, sim
-from jaxroute.errors import JaxrouteError
+from jaxroute.errors import JaxrouteError, LostRequests
 from jaxroute.metrics import Summary, summarize
 
 PyTree = Any
@@ -89,8 +89,11 @@ class Comparison:
         if not rows:
             raise JaxrouteError("a comparison needs at least one row")
         params = sim.stack_params([r.params for r in rows])
-        grid = sim.run_grid(self.model, jax.random.key(self.seed), self.workload, params, self.seeds,
-                            chunk=self.chunk, progress=self.progress)
+        try:
+            grid = sim.run_grid(self.model, jax.random.key(self.seed), self.workload, params, self.seeds,
+                                chunk=self.chunk, progress=self.progress)
+        except LostRequests as e:  # name the rows by their labels
+            raise LostRequests(e.what, [rows[c].label for c in e.rows], e.worst) from None
         records = report.records_from_grid(grid, [(r.label, dict(r.info)) for r in rows], self.metrics)
         return Results(rows, grid, records, self.model)
 
@@ -146,6 +149,7 @@ def run_with_retry(run: Callable[[dict[str, int]], Any], capacities: Mapping[str
             return result, caps
         if attempt == max_tries:
             break
+        sim.discard_grid(result.metrics)  # superseded by the rerun
         for name in full:
             grown = max(caps[name] + 1, int(caps[name] * growth))
             report.warn(f"capacity {name} = {caps[name]} overflowed ({flags[name]}); rerunning with {grown}")
@@ -160,17 +164,13 @@ def run_with_retry(run: Callable[[dict[str, int]], Any], capacities: Mapping[str
 
 
 def conservation_failures(results: Results | sim.GridResult, labels: Sequence[str] | None = None) -> list[str]:
-    """Labels (or indices) of rows where some seed broke conservation (arrived != completed + in flight).
-
-    Seeds flagged `overflow` are left out: a full fixed capacity drops requests, and that is reported
-    (and refused by the CLI) as an overflow, not as a simulator bug."""
+    """Labels (or indices) of rows where some seed lost or invented requests: arrived != completed + in flight
+    + dropped by a full capacity (each model counts the requests a full capacity refused, so an overflowed seed
+    is checked like any other: a lost request is never excused as an overflow)."""
     grid = results.grid if isinstance(results, Results) else results
     if labels is None:
         labels = results.labels if isinstance(results, Results) else [str(c) for c in range(grid.n_configs)]
     if "conservation_error" not in grid.metrics:
         return []
     err = np.asarray(grid.metrics["conservation_error"]).reshape(grid.n_configs, grid.n_seeds, -1)
-    if "overflow" in grid.metrics:
-        overflowed = np.asarray(grid.metrics["overflow"]).reshape(grid.n_configs, grid.n_seeds, -1).any(axis=2)
-        err = np.where(overflowed[:, :, None], 0, err)
     return [labels[c] for c in range(grid.n_configs) if np.any(err[c] != 0)]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from jaxroute.clusters.queueing import DispatchModel, default_ring, make_params
 from jaxroute.errors import JaxrouteError
 from jaxroute.experiments.comparison import Comparison, Results, Row, run_with_retry
-from jaxroute.experiments.names import DISPATCH_POLICIES
+from jaxroute.experiments.names import DISPATCH_POLICIES, check_load
 
 # CLI policy names -> model policy ids; p2c is power-of-d with d = --d (2 unless changed) (experiments/names.py)
 CLI_POLICIES = DISPATCH_POLICIES
@@ -30,16 +30,16 @@ def initial_ring(policies, servers: int, load: float, service: str, stale: float
 
 
 def run_dispatch(policies, *, servers=16, load=0.9, service="exp", seeds=64, requests=20_000, warmup=0.1,
-                 stale=0.0, d=2, ring=None, seed=0, progress=False) -> Results:
+                 stale=0.0, d=2, ring=None, seed=0, progress=False, allow_unstable=False) -> Results:
     """Run every policy on the same seeds in one compiled grid.
 
     Without `ring`, the ring starts at `initial_ring` and is doubled (and the grid rerun) while a
-    policy that reads queue lengths overflowed it; a given `ring` is used as is.
+    policy that reads queue lengths overflowed it; a given `ring` is used as is. A load >= 1 is refused
+    (no ring suffices: the queues grow without bound) unless `allow_unstable`, which runs it once.
     """
     if not 0.0 <= warmup < 1.0:
         raise JaxrouteError(f"--warmup must be in [0, 1), got {warmup}")
-    if not load > 0:
-        raise JaxrouteError(f"--load must be > 0, got {load}")
+    check_load(load, allow_unstable)
     rows = [Row(policy_label(p, d), make_params(CLI_POLICIES[p], load, service, stale, d),
                 {"load": load, "service": service, "stale": stale, "d": d if CLI_POLICIES[p] == "pod" else None})
             for p in policies]
@@ -51,5 +51,6 @@ def run_dispatch(policies, *, servers=16, load=0.9, service="exp", seeds=64, req
                           progress="dispatch" if progress else False).run()
 
     start = ring or initial_ring(policies, servers, load, service, stale)
-    results, _ = run_with_retry(run, {"ring": start}, {"ring": "overflow"}, max_tries=1 if ring else 4)
+    once = ring is not None or load >= 1.0  # a growing queue overflows any ring: growing it cannot help
+    results, _ = run_with_retry(run, {"ring": start}, {"ring": "overflow"}, max_tries=1 if once else 4)
     return results

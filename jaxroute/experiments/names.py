@@ -24,6 +24,21 @@ if TYPE_CHECKING:
 # CLI policy names -> model policy ids; p2c is power-of-d with d = --d (2 unless changed).
 DISPATCH_POLICIES = {"random": "random", "rr": "rr", "jsq": "jsq", "p2c": "pod", "pod": "pod", "lwl": "lwl"}
 
+
+def unstable_reason(load: float) -> str:
+    """Why a dispatch load >= 1 has no steady state (the refusal, and the report of a run allowed anyway)."""
+    return (f"load {load:g} >= 1 is unstable: the queues grow without bound, so there is no steady state and the "
+            "response times grow with --requests")
+
+
+def check_load(load: float, allow_unstable: bool) -> None:
+    """Refuse a load that is not > 0, and a load >= 1 unless `allow_unstable` (known before any run: no ring
+    size can hold queues that grow without bound)."""
+    if not load > 0:
+        raise JaxrouteError(f"--load must be > 0, got {load}")
+    if load >= 1.0 and not allow_unstable:
+        raise JaxrouteError(unstable_reason(load) + "; pass --allow-unstable to run it once anyway")
+
 # ----------------------------------------------------------------- replica cluster (cluster.py)
 CLUSTER_WORKLOADS: tuple[str, ...] = PREFIX_WORKLOADS + TRACE_WORKLOADS
 

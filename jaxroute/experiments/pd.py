@@ -220,7 +220,7 @@ def _decode_dp(rows, a, delivered, dep: Deployment, key, progress, max_tries):
     dec_flat = jax.tree.map(lambda x: jnp.repeat(x, S, axis=0), sim.stack_params(dec_rows))
     params = disagg.DecodeStageParams(decode=dec_flat, seed=jnp.tile(jnp.arange(S, dtype=jnp.int32), C), wl=wl,
                                       order=order)
-    for _ in range(max_tries):
+    for attempt in range(max_tries):
         model = disagg.DecodeStage(dd.DecodeModel(
             n_workers=d_max, n_requests=N, max_steps=bound, slots=dep.decode_slots, pool=dep.decode_pool,
             window=dep.decode_window, horizon=dep.decode_horizon, r_max=dep.decode_r_max, kv_capacity=dep.kv_capacity(),
@@ -229,6 +229,8 @@ def _decode_dp(rows, a, delivered, dep: Deployment, key, progress, max_tries):
                          progress="decode tier" if progress else False).metrics
         if not np.any(b["overflow_steps"]):
             return b
+        if attempt + 1 < max_tries:
+            sim.discard_grid(b)  # superseded by the rerun with a larger step budget
         bound *= 2
     return b
 
@@ -367,13 +369,16 @@ def _request_metrics(rec, c, s, slo_ttft, slo_tpot, colocated) -> dict[str, floa
     span = (np.max(finish[done]) - np.min(arrival)) if np.any(done) else 0.0
     per_s = (lambda x: x / span) if span > 0 else (lambda x: 0.0)
     multi = done & (out > 1)
+    # a capacity overflowed in this run (a row's flag; one grid's own per-seed flag where no row flag is kept)
+    overflowed = bool(rec["row_overflow"][c]) if "row_overflow" in rec else bool(np.any(rec["overflow"][c, s]))
     m = {"goodput_rps": per_s(float(np.sum(ok))), "slo_attainment": float(np.mean(ok)),
          "ttft_mean_s": _mean(ttft, done), "ttft_p90_s": _pct(ttft, done, 0.9), "ttft_p99_s": _pct(ttft, done, 0.99),
          "tpot_mean_s": _mean(tpot, multi), "tpot_p90_s": _pct(tpot, multi, 0.9),
          "e2e_mean_s": _mean(e2e, done), "e2e_p99_s": _pct(e2e, done, 0.99),
          "output_tokens_per_s": per_s(float(np.sum(out[done]))), "completed": float(np.sum(done)),
-         # every stage's books: arrived = completed + in flight (prefill tier, decode tier), all requests done
-         "conservation_error": float(rec["conservation_error"][c, s] + np.sum(~done)
+         # every stage's books: arrived = completed + in flight + dropped by a full capacity (prefill tier, decode
+         # tier), and every request done unless a capacity overflowed (then the stages' books say where it is)
+         "conservation_error": float(rec["conservation_error"][c, s] + (0 if overflowed else np.sum(~done))
                                      + (rec["prefill_conservation_error"][c, s] if "prefill_conservation_error" in rec else 0))}
     if colocated:
         admit = g("admit_s")

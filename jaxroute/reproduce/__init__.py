@@ -235,12 +235,13 @@ def _run_one(exp: Experiment, out_dir: Path, *, quick: bool, seeds: int | None, 
 
     ctx = Context(out_dir=out_dir, quick=quick, seeds=seeds, echo=echo, advance=advance)
     ctx.log(f"[{exp.source}.{exp.name}] {exp.title}")
-    from jaxroute import compile_effort, compile_log
+    from jaxroute import compile_effort, compile_log, sim
 
     compile_log.tag_programs(f"{exp.source}.{exp.name}")  # the compile log names the experiment of each program
     start = time.perf_counter()
     try:
-        with compile_effort.forced(os.environ.get(compile_effort.ENV) or REPRODUCE_EFFORT):
+        with compile_effort.forced(os.environ.get(compile_effort.ENV) or REPRODUCE_EFFORT), \
+                sim.collecting_grids() as grids:
             section = exp.run(ctx)
     finally:
         if bar is not None:
@@ -249,6 +250,7 @@ def _run_one(exp: Experiment, out_dir: Path, *, quick: bool, seeds: int | None, 
 
         jax.clear_caches()  # one process runs every experiment: free their compiled programs between them
     section.source, section.name, section.quick = exp.source, exp.name, quick
+    section.overflow = any(bool(g.overflow.any()) for g in grids)
     section.wall_s = time.perf_counter() - start
     section.commit = git_commit()
     section.log = ctx.lines
@@ -311,7 +313,7 @@ def results_json(sections: Sequence[Section], header: dict) -> dict:
     for s in sections:
         for c in s.claims:
             metrics = {"ours": c.value} if c.value else {}
-            results.append({"policy": s.key, "params": {"claim": c.claim, "where": c.where}, "overflow": False,
+            results.append({"policy": s.key, "params": {"claim": c.claim, "where": c.where}, "overflow": s.overflow,
                             "metrics": metrics, "source": c.source, "ours": c.ours, "verdict": c.verdict,
                             "reason": c.reason})
     return {"command": "reproduce", "config": header, "results": results,

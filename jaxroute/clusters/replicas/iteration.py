@@ -112,7 +112,7 @@ def _allocate_running(model, row: Replica, ring: Ring, cache: SlotTable, index: 
     In closed form: requests 1..k of the admission order keep running, k the largest with
     a_1 + ... + a_k <= avail + freed(k+1..n). The loop below preempts from the tail while the
     survivors' tokens exceed the available tokens (one loop step per preemption, usually none).
-    Returns (row, ring, cache, number preempted, a preempted request found the local queue full). An inactive
+    Returns (row, ring, cache, number preempted, preempted requests the full local queue refused). An inactive
     row (its result is discarded) preempts and evicts nothing, so a batched loop runs only for rows that
     need it."""
     seg_len = r.seg_len
@@ -136,7 +136,7 @@ def _allocate_running(model, row: Replica, ring: Ring, cache: SlotTable, index: 
         return active & jnp.any(alive) & (jnp.sum(jnp.where(alive, a, 0)) > avail)
 
     def body(c):
-        rw, rg, ch, alive, avail, unlocked, q_full = c
+        rw, rg, ch, alive, avail, unlocked, refused = c
         v = jnp.argmax(jnp.where(alive, rw.run_seq, -1))  # admitted last
         sv = segs[v]
         lock = (spos < rw.run_nseg[v]) & (tok[v] > 0)
@@ -150,15 +150,15 @@ def _allocate_running(model, row: Replica, ring: Ring, cache: SlotTable, index: 
             rw, n_preempt=stamp, run_req=rw.run_req.at[v].set(-1), run_pos=clear(rw.run_pos),
             run_gen=clear(rw.run_gen), run_nseg=clear(rw.run_nseg), run_res=clear(rw.run_res),
             run_tgt=clear(rw.run_tgt))
-        return rw, rg, ch, alive.at[v].set(False), avail + res_v + freed, unlocked + freed, q_full | ~ok
+        return rw, rg, ch, alive.at[v].set(False), avail + res_v + freed, unlocked + freed, refused + ~ok
 
-    init = (row, ring, cache, running, avail, unlocked_tok, jnp.bool_(False))
-    rw, ring, cache, alive, _, unlocked_tok, q_full = jax.lax.while_loop(cond, body, init)
+    init = (row, ring, cache, running, avail, unlocked_tok, jnp.int32(0))
+    rw, ring, cache, alive, _, unlocked_tok, refused = jax.lax.while_loop(cond, body, init)
     run_res = rw.run_res + jnp.where(alive, a, 0)
     deficit = jnp.where(active, cache.tokens + jnp.sum(run_res) - cap, 0)  # an inactive row keeps its cache
     cache, _ = cache.evict(deficit, unlocked_tok, seg_len, r.seg_depth)
     rw = dataclasses.replace(rw, run_res=run_res)
-    return rw, ring, cache, rw.n_preempt - row.n_preempt, q_full
+    return rw, ring, cache, rw.n_preempt - row.n_preempt, refused
 
 
 def iterate_row(model, row: Replica, ring: Ring, entries: Entries, cache: SlotTable, index: jax.Array,
@@ -196,9 +196,9 @@ def iterate_row(model, row: Replica, ring: Ring, entries: Entries, cache: SlotTa
     if model.local_order in ("lpm", "priority"):  # before a preempted request is put in front of the head
         ring = ring.skip_holes(entries)
     if on_demand:
-        row, ring, cache, n_pre, q_full = _allocate_running(model, row, ring, cache, index, g, r, t, cap, active)
+        row, ring, cache, n_pre, q_refused = _allocate_running(model, row, ring, cache, index, g, r, t, cap, active)
     else:
-        n_pre, q_full = jnp.int32(0), jnp.bool_(False)
+        n_pre, q_refused = jnp.int32(0), jnp.int32(0)
     unlocked_tok = cache.tokens - cache.locked_tokens(seg_len)
     quota = jnp.int32(A)
     if priority:  # this iteration's group: the first non-empty one at or below the cursor, cyclically
@@ -405,7 +405,7 @@ def iterate_row(model, row: Replica, ring: Ring, entries: Entries, cache: SlotTa
         run_res=jnp.where(finished, 0, run_res))
     side = dict(clock=jnp.where(busy, t_end, INF), t_end=t_end, n_admitted=c["n_admitted"],
                 full=c["full"], adm_go=c["adm_go"], adm_id=c["adm_id"], adm_tok=c["adm_tok"],
-                adm_new=c["adm_new"], n_pre=n_pre, q_full=q_full, kv_area=kv_area,
+                adm_new=c["adm_new"], n_pre=n_pre, q_refused=q_refused, kv_area=kv_area,
                 rid=rid, first=first, finished=finished, done_segs=done_segs, n_fin=jnp.sum(finished).astype(jnp.float32),
                 tok_fin=jnp.sum(jnp.where(finished, prompt + out, 0)).astype(jnp.float32))
     return new_row, ring, cache, index, acct, full, side

@@ -232,7 +232,7 @@ class ReplicaModel(sim.Model):
             copies=i((m1,), 0), cache_tok=i((G,), 0), unique_tok=jnp.int32(0),
             rec_replica=i((n,), -1), rec_admit=f((n,), INF), rec_first=f((n,), INF), rec_finish=f((n,), INF),
             rec_cached=i((n,), 0), rec_group=i((n if self.local_order == "priority" else 1,), 0), rep_area=jnp.float32(0), rep_time=jnp.float32(0), running_full=jnp.bool_(False),
-            queue_overflow=jnp.bool_(False))
+            queue_overflow=jnp.bool_(False), dropped=jnp.int32(0))
 
     @property
     def _log_len(self) -> int:  # local-queue writes one event can make: preemptions, admissions or one dispatch
@@ -375,7 +375,8 @@ class ReplicaModel(sim.Model):
             queue_log=ring.log, rep_area=rep_area, rep_time=rep_time,
             next_req=s.next_req + is_route, n_admitted=jnp.where(is_iter, side["n_admitted"], s.n_admitted),
             inflight=s.inflight.at[g].add(d_inf), inflight_tok=s.inflight_tok.at[g].add(d_tok),
-            queue_overflow=s.queue_overflow | (is_route & ~q_ok) | (is_iter & side["q_full"]),
+            queue_overflow=s.queue_overflow | (is_route & ~q_ok) | (is_iter & (side["q_refused"] > 0)),
+            dropped=s.dropped + (is_route & ~q_ok) + jnp.where(is_iter, side["q_refused"], 0),
             kv_used=kv_used, queue_area=queue_area, kv_area=kv_area, busy_s=busy_s,
             running_full=s.running_full | (is_iter & side["full"]),
             rec_replica=s.rec_replica.at[jnp.where(is_route, i, nowhere)].set(g, mode="drop"),
@@ -391,7 +392,6 @@ class ReplicaModel(sim.Model):
 
     def metrics(self, state: ReplicaState, workload, params: ReplicaParams) -> dict[str, jax.Array]:
         r = state.req
-        n = r.arrival_s.shape[0]
         done = jnp.isfinite(state.rec_finish)
         prompt = r.prompt_tok
         lat = state.rec_finish - r.arrival_s
@@ -405,9 +405,11 @@ class ReplicaModel(sim.Model):
         routed = jnp.maximum(jnp.sum(state.rec_replica >= 0), 1)
         share = jnp.max(jnp.sum(state.rec_replica[None, :] == jnp.arange(self.n_replicas)[:, None], axis=1)) / routed
         fin = lambda x: jnp.where(jnp.isfinite(x), x, 0.0)
+        # capacities that filled (each a flag; `unfinished`: the run's event budget ran out); a request lost
+        # otherwise shows in conservation_error, never as an overflow
         flags = {"queue_overflow": state.queue_overflow, "cache_full": state.cache_full,
-                 **routers.flags(state.router, params.policy)}
-        overflow = completed < n
+                 "unfinished": ~self.is_done(state), **routers.flags(state.router, params.policy)}
+        overflow = jnp.bool_(False)
         # throughput and time averages over [first arrival, last finish]
         span = jnp.max(jnp.where(done, state.rec_finish, -INF)) - jnp.min(r.arrival_s)
         span = jnp.where(completed > 0, span, 0.0)
@@ -439,7 +441,8 @@ class ReplicaModel(sim.Model):
             **flags,
             **routers.stats(state.router, params.policy),
             "overflow": overflow,
-            "conservation_error": jnp.abs(arrived - (completed + in_queue + running)),
+            "dropped": state.dropped,
+            "conservation_error": jnp.abs(arrived - (completed + in_queue + running + state.dropped)),
         }
 
 

@@ -111,3 +111,4 @@ class ReplicaState:
     busy_s: jax.Array  # [G] float32 time each replica spent in iterations (leaped ones included)
     running_full: jax.Array  # [] bool admission ever waited only for a running slot (max_running)
     queue_overflow: jax.Array  # [] bool a request found its replica's local queue full (max_queue)
+    dropped: jax.Array  # [] int32 requests a full local queue refused (on dispatch or preemption): lost to that capacity
