@@ -137,7 +137,7 @@ def _dense_model(name: str, *, layers: int, hidden: int, heads: int, kv_heads: i
 
 # Sources (Hugging Face config.json / model cards):
 # - Mistral-7B-v0.1 (mistralai/Mistral-7B-v0.1): 7,241,732,096 params, 32 layers, hidden 4096,
-#   32 heads, 8 KV heads of dim 128, vocab 32000 -> KV 131,072 B/token (DESIGN.md).
+#   32 heads, 8 KV heads of dim 128, vocab 32000 -> KV 131,072 B/token (docs/architecture.md).
 # - Llama-3-8B (meta-llama/Meta-Llama-3-8B): 8,030,261,248 params, 32 layers, hidden 4096, 32 heads,
 #   8 KV heads, head dim 128, vocab 128256.
 # - Llama-3-70B (meta-llama/Meta-Llama-3-70B): 70,553,706,496 params, 80 layers, hidden 8192, 64 heads,

@@ -70,7 +70,7 @@ KINDS = {"roofline": ROOFLINE, "preble": PREBLE}
 
 # --------------------------------------------------------------------------- calibration
 #
-# Three constants, derived once from the lecture's three Mistral-7B / A6000 anchors (DESIGN.md) and then
+# Three constants, derived once from the lecture's three Mistral-7B / A6000 anchors (docs/architecture.md, reference facts) and then
 # used for every GPU and model (an assumption: real efficiencies differ somewhat per chip):
 #
 #   Prefill FLOPs of n tokens (no cache) = 2 * (P - 2*V*d) * n      linear layers (embedding lookup and

@@ -1,4 +1,4 @@
-"""Results convention (DESIGN.md): one JSON object per command, a CSV beside it, a printed table, PNG plots."""
+"""Results convention (docs/architecture.md): one JSON object per command, a CSV beside it, a printed table, PNG plots."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Shared by the bench_*.py wrappers: run the harness (`jaxroute.experiments.bench`) on a config, print, write JSON."""
+"""Shared by the bench_*.py wrappers: run the harness (`jaxroute.bench`) on a config, print, write JSON."""
 
 from __future__ import annotations
 
@@ -12,12 +12,12 @@ def run(config_kw: dict, out: str, devices: int | None = None, quick: bool = Fal
     quick: the same parts at `BenchConfig.quick()`'s tiny sizes (a smoke run; the flags' sizes are ignored)."""
     if devices:
         os.environ["JAXROUTE_CPU_DEVICES"] = str(devices)
-    from jaxroute.cli import use_all_cpu_cores
+    from jaxroute.runtime import use_all_cpu_cores
 
     use_all_cpu_cores()  # one JAX CPU device per core (before JAX starts), as the CLI does
     from jaxroute import report
+    from jaxroute.bench import BenchConfig, format_report, run_bench
     from jaxroute.errors import JaxrouteError
-    from jaxroute.experiments.bench import BenchConfig, format_report, run_bench
 
     try:
         cfg = BenchConfig.quick(parts=config_kw["parts"]) if quick else BenchConfig(**config_kw)

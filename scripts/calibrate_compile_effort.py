@@ -16,7 +16,7 @@ import time
 
 import jax
 
-from jaxroute import cli, compile_effort, sim
+from jaxroute import compile_effort, runtime, sim
 from jaxroute.bench import models
 from jaxroute.bench.config import BenchConfig
 from jaxroute.bench.measure import CompileTimer
@@ -59,7 +59,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", help="write the table as JSON")
     args = ap.parse_args()
-    cli.use_all_cpu_cores()  # as the CLI runs (one device per core); no persistent cache: every compile is timed
+    runtime.use_all_cpu_cores()  # as the CLI runs (one device per core); no persistent cache: every compile is timed
     jax.config.update("jax_enable_compilation_cache", False)
     cfg = BenchConfig()
     rows = []

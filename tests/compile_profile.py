@@ -5,7 +5,7 @@ suite gets, in this process and in the subprocesses it starts (they append to th
 `JAXROUTE_COMPILE_LOG`), and attributes each to the running test and to the program: the engine's grid
 programs by model and kind (`sim.last_traced_program`), the rest by JAX's name.
 
-- The guard: every program is written to the persistent cache (`cli.CACHE_MIN_COMPILE_S` is 0), so
+- The guard: every program is written to the persistent cache (`runtime.CACHE_MIN_COMPILE_S` is 0), so
   compiling one key a second time anywhere in the session means some process did not share the cache
   (or a program JAX does not cache, e.g. one with host callbacks, was built twice). Programs that took
   under `GUARD_MIN_S` are not worth failing for. The session then fails, naming the programs.

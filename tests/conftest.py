@@ -29,7 +29,7 @@ jax.config.update("jax_enable_x64", False)
 
 import pytest  # noqa: E402
 
-from jaxroute import cli, compile_effort  # noqa: E402
+from jaxroute import compile_effort, runtime  # noqa: E402
 from tests.compile_profile import CompileProfile  # noqa: E402
 
 # Memory mappings this process may hold: past MODULE_BUDGET, a finished test module's compiled programs are dropped
@@ -41,7 +41,7 @@ MAP_BUDGET = 40_000
 
 def pytest_configure(config):
     TEST_COMPILE_CACHE.mkdir(parents=True, exist_ok=True)
-    cli.use_compile_cache()
+    runtime.use_compile_cache()
     config.pluginmanager.register(CompileProfile(SESSION_LOG), "jaxroute_compile_profile")
 
 

@@ -136,3 +136,44 @@ def test_usage_error_exits_2_with_one_line_before_any_jax_import():
         "jaxroute dispatch: error: argument --servers: expected a positive integer, got '0'")
     module = _python("-m", "jaxroute", "dispatch", "--servers", "0")
     assert module.returncode == 2 and module.stderr == out.stderr
+
+
+def _default(command: str, dest: str):
+    _, subs = _subparsers()
+    sub = subs[command]
+    if command in ("capacity", "tune"):  # their models are subcommands of their own: the cluster one
+        sub = next(a for a in sub._actions if isinstance(a, argparse._SubParsersAction)).choices["cluster"]
+    return next(a.default for a in sub._actions if a.dest == dest)
+
+
+def test_each_default_is_defined_once_and_every_layer_reads_it():
+    """theta, Preble's window and threshold, the replicas' GPU and model: the CLI, the experiment API and the
+    params all take their default from one definition (routers/names.py, clusters/names.py)."""
+    import dataclasses
+    import inspect
+
+    from jaxroute.clusters import names as cluster_names
+    from jaxroute.clusters.replicas import model as replica_model
+    from jaxroute.experiments import capacity, cluster, tune
+    from jaxroute.routers import names as router_names
+    from jaxroute.routers import preble, prefix
+
+    arg = lambda f, name: inspect.signature(f).parameters[name].default
+    field = {f.name: f.default for f in dataclasses.fields(tune.Setup)}
+    facts = {
+        router_names.DEFAULT_THETA: [_default("cluster", "theta"), arg(cluster.policy_rows, "theta"),
+                                     arg(prefix.router_params, "theta")],
+        router_names.DEFAULT_E2_WINDOW_S: [_default("cluster", "e2_window"), arg(cluster.policy_rows, "e2_window_s"),
+                                           arg(preble.make_params, "e2_window_s")],
+        router_names.DEFAULT_E2_TH_BAL: [_default("cluster", "e2_th_bal"), arg(cluster.policy_rows, "e2_th_bal"),
+                                         arg(preble.make_params, "e2_th_bal")],
+        cluster_names.REPLICA_GPU: [_default(c, "gpu") for c in ("cluster", "capacity", "tune", "cost")]
+        + [arg(cluster.policy_rows, "gpu"), arg(replica_model.make_params, "gpu"),
+           arg(capacity.ClusterEvaluator.__init__, "gpu"), field["gpu"]],
+        cluster_names.REPLICA_MODEL: [_default("cluster", "model"), _default("capacity", "model_name"),
+                                      _default("tune", "model"), _default("cost", "model")]
+        + [arg(cluster.policy_rows, "model_name"), arg(replica_model.make_params, "model"),
+           arg(capacity.ClusterEvaluator.__init__, "model_name"), field["model_name"]],
+    }
+    for value, layers in facts.items():
+        assert all(v == value for v in layers), (value, layers)

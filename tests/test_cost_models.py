@@ -34,7 +34,7 @@ def preble_quadratic(n):
 
 
 def preble_reference_ms(prefills, decodes):
-    """Preble's A6000 / Mistral-7B equations transcribed literally (DESIGN.md), in ms.
+    """Preble's A6000 / Mistral-7B equations transcribed literally (docs/architecture.md), in ms.
 
     prefills: list of (extend tokens, cached tokens); decodes: list of contexts.
     """

@@ -159,3 +159,22 @@ def test_commands_do_not_import_each_other():
         bad = [n for n in _imports(path) if n.startswith("jaxroute.commands.")
                and not n.startswith("jaxroute.commands._common")]
         assert not bad, f"commands/{path.name} imports {bad}: shared code belongs in a library module"
+
+
+def test_only_the_entry_point_imports_the_cli():
+    """The CLI sits on top: the library (reproductions, experiments, bench) sets JAX up through `runtime`."""
+    for path in sorted((ROOT / "jaxroute").rglob("*.py")):
+        if path.name in ("cli.py", "__main__.py"):
+            continue
+        bad = [n for n in _imports(path) if n == "jaxroute.cli" or n.startswith("jaxroute.cli.")]
+        assert not bad, f"{path.relative_to(ROOT)} imports {bad}: JAX's set-up is jaxroute.runtime's"
+
+
+def test_the_code_cites_the_repositorys_own_architecture_doc():
+    """DESIGN.md lives outside the repository: the code cites docs/architecture.md, which a clone has."""
+    doc = (ROOT / "docs" / "architecture.md").read_text()
+    for section in ("## The model contract", "## Three kinds of configuration", "## The event loop",
+                    "## Capacities, overflow and conservation", "## Routers", "## Results convention"):
+        assert section in doc, section
+    cites = [p for p in (ROOT / "jaxroute").rglob("*.py") if "DESIGN.md" in p.read_text()]
+    assert not cites, [str(p.relative_to(ROOT)) for p in cites]

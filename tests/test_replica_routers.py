@@ -89,3 +89,27 @@ def test_stateful_settings_are_traced_and_readable_by_name():
     stacked = sim.stack_params([p, R.make_params("preble_e2", e2_window_s=60.0)])
     assert stacked.router.e2_window_s.shape == (2,)
     assert {"sglang_cache_aware", "preble_e2"} <= set(routers.STATEFUL)
+
+
+def test_router_modules_are_checked_at_import():
+    """A misspelled hook would never run and a setting two modules claim would answer the first one's value:
+    both are refused when the registry is built."""
+    import types
+
+    from jaxroute.routers import prefix, sglang
+
+    prefix.check_modules(prefix.MODULES)  # the registered modules pass
+    bad_hook = types.ModuleType("bad_hook")
+    bad_hook.init, bad_hook.make_params = (lambda static: None), (lambda recent_s=1.0: None)
+    bad_hook.on_finsh = lambda *a: None
+    with pytest.raises(ImportError, match=r"defines on_finsh\(\), which is no hook"):
+        prefix.check_modules({"bad_hook": bad_hook})
+    clash = types.ModuleType("clash")
+    clash.init = lambda static: None
+    clash.make_params = lambda sgl_cache_threshold=0.5: None  # sglang's setting
+    with pytest.raises(ImportError, match="'sgl_cache_threshold' is claimed by module 'clash' and by 'sglang'"):
+        prefix.check_modules({"sglang": sglang, "clash": clash})
+    shadow = types.ModuleType("shadow")
+    shadow.init, shadow.make_params = (lambda static: None), (lambda theta=0.5: None)
+    with pytest.raises(ImportError, match="'theta' is claimed by module 'shadow' and by RouterParams"):
+        prefix.check_modules({"shadow": shadow})

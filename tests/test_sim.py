@@ -279,17 +279,17 @@ def test_masked_quantile_matches_numpy():
 
 
 def test_cli_compile_cache_location_and_switches(tmp_path):
-    from jaxroute import cli
+    from jaxroute import cli, runtime
 
-    assert cli.compile_cache_dir({"XDG_CACHE_HOME": str(tmp_path)}) == tmp_path / "jaxroute" / "jax"
-    assert cli.compile_cache_dir({"HOME": "/nowhere"}) == cli.Path.home() / ".cache" / "jaxroute" / "jax"
-    assert cli.compile_cache_dir({"XDG_CACHE_HOME": str(tmp_path), "JAXROUTE_NO_COMPILE_CACHE": "1"}) is None
-    assert cli.compile_cache_dir({"JAX_COMPILATION_CACHE_DIR": str(tmp_path)}) == tmp_path
+    assert runtime.compile_cache_dir({"XDG_CACHE_HOME": str(tmp_path)}) == tmp_path / "jaxroute" / "jax"
+    assert runtime.compile_cache_dir({"HOME": "/nowhere"}) == runtime.Path.home() / ".cache" / "jaxroute" / "jax"
+    assert runtime.compile_cache_dir({"XDG_CACHE_HOME": str(tmp_path), "JAXROUTE_NO_COMPILE_CACHE": "1"}) is None
+    assert runtime.compile_cache_dir({"JAX_COMPILATION_CACHE_DIR": str(tmp_path)}) == tmp_path
     # conftest: the suite's cache is the checkout's .jax_cache/tests (git ignores it), never the user's
     from tests.conftest import TEST_COMPILE_CACHE
 
-    assert cli.compile_cache_dir() == TEST_COMPILE_CACHE and cli.use_compile_cache(True) == TEST_COMPILE_CACHE
-    assert cli.use_compile_cache(False) is None
+    assert runtime.compile_cache_dir() == TEST_COMPILE_CACHE and runtime.use_compile_cache(True) == TEST_COMPILE_CACHE
+    assert runtime.use_compile_cache(False) is None
     assert jax.config.jax_compilation_cache_dir == str(TEST_COMPILE_CACHE)
     args = cli.build_parser().parse_args(["--no-compile-cache", "bins", "--n", "10"])
     assert args.no_compile_cache

@@ -19,6 +19,7 @@ from jaxroute import cost_models
 from jaxroute.bench import references
 from jaxroute.bench.config import DECODE_WORKERS, DECODE_WORKLOAD, BenchConfig
 from jaxroute.bench.measure import RunOut, Scenario
+from jaxroute.clusters.names import REPLICA_GPU, REPLICA_MODEL
 from jaxroute.experiments import conservation_failures
 
 
@@ -72,7 +73,7 @@ def cluster_scenario(cfg: BenchConfig, workload: str, policies: tuple[str, ...])
 
     name = f"cluster/{workload}" + ("" if tuple(policies) == tuple(cfg.policies) else f"/{'+'.join(policies)}")
     info = {"workload": workload, "policies": list(policies), "rate": rate, "replicas": cfg.replicas,
-            "requests_per_seed": cfg.cluster_requests, "gpu": "a6000", "model": "mistral-7b"}
+            "requests_per_seed": cfg.cluster_requests, "gpu": REPLICA_GPU, "model": REPLICA_MODEL}
     return Scenario(name, "cluster", len(rows), cfg.cluster_requests, run, info)
 
 

@@ -12,6 +12,9 @@ REPLICA_METRICS: tuple[str, ...] = (
     "hit_rate", "replication_factor", "max_replica_share", "queue_mean", "kv_usage_mean", "preemptions")
 ADMISSIONS: tuple[str, ...] = ("reserve", "on-demand")
 LOCAL_ORDERS: tuple[str, ...] = ("fcfs", "lpm", "priority")
+# The lecture's replica deployment: Mistral-7B on one RTX A6000 (the roofline's calibration anchors)
+REPLICA_GPU = "a6000"
+REPLICA_MODEL = "mistral-7b"
 
 # ----------------------------------------------------------------- decode data parallelism (dp_decode.py)
 # Documented default deployment: Llama-3-8B (dense, GQA, 128 KiB KV/token) on one H200 per DP

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 
+from jaxroute.clusters.names import REPLICA_GPU, REPLICA_MODEL
 from jaxroute.commands._common import (
     PD_DEFAULT_REQUESTS,
     add_pd_args,
@@ -89,8 +90,8 @@ def register(subparsers) -> None:
     p.add_argument("--workload", default="toolbench", metavar="NAME", help=f"one of: {', '.join(CLUSTER_WORKLOADS)} (default toolbench)")
     p.add_argument("--trace", default=None, metavar="PATH", help="trace file for mooncake / azure-conv")
     p.add_argument("--requests", type=positive_int, default=300, metavar="N", help="requests per run (default 300)")
-    p.add_argument("--gpu", default="a6000", metavar="NAME", help="GPU (default a6000)")
-    p.add_argument("--model-name", default="mistral-7b", metavar="NAME", help="model served (default mistral-7b)")
+    p.add_argument("--gpu", default=REPLICA_GPU, metavar="NAME", help=f"GPU (default {REPLICA_GPU})")
+    p.add_argument("--model-name", default=REPLICA_MODEL, metavar="NAME", help=f"model served (default {REPLICA_MODEL})")
     p.add_argument("--tp", type=positive_int, default=1, metavar="T", help="GPUs per replica (default 1)")
     _search_args(p, "cluster")
     p = sub.add_parser("pd", help="prefill/decode disaggregation: P:D ratios x routers, requests/s",

@@ -6,7 +6,7 @@ import math
 import time
 
 from jaxroute import catalog
-from jaxroute.clusters.names import ADMISSIONS, LOCAL_ORDERS
+from jaxroute.clusters.names import ADMISSIONS, LOCAL_ORDERS, REPLICA_GPU, REPLICA_MODEL
 from jaxroute.commands._common import (
     add_grid_args,
     add_shared_prefix_args,
@@ -33,7 +33,13 @@ from jaxroute.commands._common import (
 )
 from jaxroute.errors import JaxrouteError
 from jaxroute.experiments.names import CLUSTER_WORKLOADS
-from jaxroute.routers.names import PREFIX_POLICIES, SCORERS
+from jaxroute.routers.names import (
+    DEFAULT_E2_TH_BAL,
+    DEFAULT_E2_WINDOW_S,
+    DEFAULT_THETA,
+    PREFIX_POLICIES,
+    SCORERS,
+)
 from jaxroute.workloads.names import SP_DEFAULTS, TRACE_WORKLOADS
 
 DEFAULT_POLICIES = "rr,least_load,affinity,threshold,cache_guard,sglang_cache_aware"
@@ -71,13 +77,15 @@ def register(subparsers) -> None:
                    "lowest load cost L+M+P in GPU seconds; post-hoc rebalancing); preble adds prefill/decode pairing "
                    "and autoscaling of hot prefixes (use it with --local priority for Preble complete): see "
                    "jaxroute/routers/preble.py and jaxroute/clusters/replicas/")
-    p.add_argument("--theta", type=probability, default=0.5, metavar="F",
-                   help="match ratio needed by threshold and cache_guard (default 0.5)")
-    p.add_argument("--e2-window", type=positive_float, default=180.0, metavar="SECONDS",
-                   help="Preble presets: load window H in seconds (Preble's default 3 minutes) (default 180)")
-    p.add_argument("--e2-th-bal", type=off_or(at_least(1.0)), default=1.5, metavar="F",
+    p.add_argument("--theta", type=probability, default=DEFAULT_THETA, metavar="F",
+                   help=f"match ratio needed by threshold and cache_guard (default {DEFAULT_THETA:g})")
+    p.add_argument("--e2-window", type=positive_float, default=DEFAULT_E2_WINDOW_S, metavar="SECONDS",
+                   help="Preble presets: load window H in seconds (Preble's default 3 minutes) "
+                   f"(default {DEFAULT_E2_WINDOW_S:g})")
+    p.add_argument("--e2-th-bal", type=off_or(at_least(1.0)), default=DEFAULT_E2_TH_BAL, metavar="F",
                    help="Preble presets: rebalancing threshold Th_bal >= 1: when the chosen replica's window load "
-                   "exceeds F x the lightest replica's, send to the lightest; 'off' disables (default 1.5)")
+                   "exceeds F x the lightest replica's, send to the lightest; 'off' disables "
+                   f"(default {DEFAULT_E2_TH_BAL:g})")
     p.add_argument("--e2-pairing", type=list_of(on_off), default=None, metavar="on|off[,...]",
                    help="Preble presets: prefill/decode pairing (an exploring request goes to the replica whose "
                    "hit ratio over its last 30 s of admissions is the highest and >= 0.7). Both values (on,off) "
@@ -121,10 +129,10 @@ def register(subparsers) -> None:
                    "its own dispatches are always known (default 0: fresh)")
     p.add_argument("--cost-model", default="roofline", metavar="KIND",
                    help="iteration time: roofline or preble (Preble's fitted A6000 equations) (default roofline)")
-    p.add_argument("--gpu", default="a6000", metavar="NAME",
-                   help=f"GPU of every replica: {', '.join(catalog.GPUS)} (or h100, a100; any case) (default a6000)")
-    p.add_argument("--model", default="mistral-7b", metavar="NAME",
-                   help=f"model served: {', '.join(catalog.MODELS)} (any case) (default mistral-7b)")
+    p.add_argument("--gpu", default=REPLICA_GPU, metavar="NAME",
+                   help=f"GPU of every replica: {', '.join(catalog.GPUS)} (or h100, a100; any case) (default {REPLICA_GPU})")
+    p.add_argument("--model", default=REPLICA_MODEL, metavar="NAME",
+                   help=f"model served: {', '.join(catalog.MODELS)} (any case) (default {REPLICA_MODEL})")
     p.add_argument("--tp", type=positive_int, default=1, metavar="T",
                    help="tensor-parallel GPUs per replica: they split the weights and the KV heads; refused when "
                    "the weights do not fit or T does not split the heads (default 1)")

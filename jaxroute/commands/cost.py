@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from jaxroute import catalog
+from jaxroute.clusters.names import REPLICA_GPU, REPLICA_MODEL
 from jaxroute.commands._common import (
     non_negative_int,
     positive_fraction,
@@ -21,8 +22,8 @@ def register(subparsers) -> None:
         description="Print the prefill time, the decode step time and the KV-cache capacity of a model "
         "on a GPU, from jaxroute's cost models. Names are case-insensitive.",
     )
-    p.add_argument("--gpu", default="A6000", metavar="NAME", help=f"GPU: {', '.join(catalog.GPUS)} (default A6000)")
-    p.add_argument("--model", default="Mistral-7B", metavar="NAME", help=f"model: {', '.join(catalog.MODELS)} (default Mistral-7B)")
+    p.add_argument("--gpu", default=REPLICA_GPU, metavar="NAME", help=f"GPU: {', '.join(catalog.GPUS)} (default {REPLICA_GPU})")
+    p.add_argument("--model", default=REPLICA_MODEL, metavar="NAME", help=f"model: {', '.join(catalog.MODELS)} (default {REPLICA_MODEL})")
     p.add_argument("--tp", type=positive_int, default=1, metavar="T", help="tensor-parallel degree: GPUs that split the weights and KV (default 1)")
     p.add_argument("--cost-model", default="roofline", metavar="KIND",
                    help="roofline (calibrated on the lecture's A6000 anchors; any GPU/model) or preble "

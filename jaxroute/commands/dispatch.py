@@ -54,7 +54,7 @@ def register(subparsers) -> None:
                    "servers and --stale, and doubled automatically while a run overflows)")
     p.add_argument("--allow-unstable", action="store_true",
                    help="run a load >= 1 once (queues grow without bound) and report it as unstable: a ring the "
-                   "queues outgrew is part of that report, not an error")
+                   "queues outgrew is part of that report, not an error (default: refuse a load >= 1)")
     add_grid_args(p, seeds=64, requests=20000, seeds_help="independent runs per policy")
     p.set_defaults(func=run)
 

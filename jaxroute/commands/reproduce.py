@@ -27,7 +27,7 @@ def register(subparsers) -> None:
         help="reproduce a source's claims: DIR/report.md (claims, our numbers with CIs, verdicts), results.json, PNGs",
         description="Run the reproductions of a source and write DIR/report.md: for each claim of the source, our "
         "number with its 95 % CI beside the source's, a verdict (reproduced / direction only / differs) and a reason "
-        "where it differs; Markdown tables; PNG figures beside the report. Also DIR/results.json (DESIGN.md's "
+        "where it differs; Markdown tables; PNG figures beside the report. Also DIR/results.json (docs/architecture.md's "
         "results convention: one record per claim). Each experiment's part is saved in DIR/parts/ as soon as it is "
         f"done, so an interrupted run resumes where it stopped (--fresh reruns everything). Sources: {listing}.",
     )

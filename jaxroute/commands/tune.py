@@ -8,7 +8,13 @@ from typing import TYPE_CHECKING
 
 from jaxroute import catalog
 from jaxroute.clusters import names as dd  # dp_decode's defaults, dd.DEFAULT_*
-from jaxroute.clusters.names import ADMISSIONS, LOCAL_ORDERS, REPLICA_METRICS
+from jaxroute.clusters.names import (
+    ADMISSIONS,
+    LOCAL_ORDERS,
+    REPLICA_GPU,
+    REPLICA_METRICS,
+    REPLICA_MODEL,
+)
 from jaxroute.commands._common import (
     add_shared_prefix_args,
     choose,
@@ -101,8 +107,8 @@ def _register_cluster(models) -> None:
     add_shared_prefix_args(p)
     p.add_argument("--requests", type=positive_int, default=300, metavar="N", help="requests per run (default 300)")
     p.add_argument("--replicas", type=positive_int, default=4, metavar="G", help="number of replicas (default 4)")
-    p.add_argument("--gpu", default="a6000", metavar="NAME", help=f"GPU of every replica: {', '.join(catalog.GPUS)} (default a6000)")
-    p.add_argument("--model", default="mistral-7b", metavar="NAME", help=f"model served: {', '.join(catalog.MODELS)} (default mistral-7b)")
+    p.add_argument("--gpu", default=REPLICA_GPU, metavar="NAME", help=f"GPU of every replica: {', '.join(catalog.GPUS)} (default {REPLICA_GPU})")
+    p.add_argument("--model", default=REPLICA_MODEL, metavar="NAME", help=f"model served: {', '.join(catalog.MODELS)} (default {REPLICA_MODEL})")
     p.add_argument("--tp", type=positive_int, default=1, metavar="T", help="tensor-parallel GPUs per replica (default 1)")
     p.add_argument("--kv-capacity", type=positive_int, default=None, metavar="TOKENS",
                    help="KV tokens per replica (default: from GPU memory, as jaxroute cluster)")

@@ -30,6 +30,7 @@ import numpy as np
 from jaxroute import cost_models, sim
 from jaxroute.clusters import dp_decode as dd
 from jaxroute.clusters import replicas
+from jaxroute.clusters.names import REPLICA_GPU, REPLICA_MODEL
 from jaxroute.clusters.queueing import DispatchModel, make_params
 from jaxroute.errors import JaxrouteError
 from jaxroute.experiments import pd
@@ -187,7 +188,7 @@ class ClusterEvaluator(Evaluator):
     with a traced count in use (`n_active`); the others get one model per replica count. The queue, cache
     table and Preble ring start from `initial_capacities` and double when a run overflowed them."""
 
-    def __init__(self, rows, workload, *, seeds: int, gpu: str = "a6000", model_name: str = "mistral-7b", tp: int = 1,
+    def __init__(self, rows, workload, *, seeds: int, gpu: str = REPLICA_GPU, model_name: str = REPLICA_MODEL, tp: int = 1,
                  chunk: int = 512, max_running: int = 64, seed: int = 0, local: str = "fcfs", admission: str = "reserve",
                  cost_model: str = "roofline", kv_capacity: int | None = None, stale_s: float = 0.0, max_grow: int = 3,
                  progress: bool = False):

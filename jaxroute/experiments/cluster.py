@@ -7,10 +7,12 @@ import math
 import numpy as np
 
 from jaxroute.clusters import replicas
+from jaxroute.clusters.names import REPLICA_GPU, REPLICA_MODEL
 from jaxroute.errors import JaxrouteError
 from jaxroute.experiments.comparison import Comparison, Results, Row, run_with_retry
 from jaxroute.experiments.names import CLUSTER_WORKLOADS
 from jaxroute.routers import preble
+from jaxroute.routers.names import DEFAULT_E2_TH_BAL, DEFAULT_E2_WINDOW_S, DEFAULT_THETA
 from jaxroute.routers.parts import SCORERS
 from jaxroute.routers.prefix import PRESETS, REGISTRY
 from jaxroute.workloads import prefix as wl_prefix
@@ -84,8 +86,9 @@ def e2_label(settings: dict) -> str:
     return ",".join(f"{k.removeprefix('e2_')}={'on' if v else 'off'}" for k, v in settings.items())
 
 
-def policy_rows(policies, *, rate=1.0, stale=0.0, kv_capacity=None, gpu="a6000", model_name="mistral-7b",
-                cost_model="roofline", theta=0.5, e2_window_s=180.0, e2_th_bal=1.5, tp=1,
+def policy_rows(policies, *, rate=1.0, stale=0.0, kv_capacity=None, gpu=REPLICA_GPU, model_name=REPLICA_MODEL,
+                cost_model="roofline", theta=DEFAULT_THETA, e2_window_s=DEFAULT_E2_WINDOW_S,
+                e2_th_bal=DEFAULT_E2_TH_BAL, tp=1,
                 weights: list[dict] | None = None, router: dict | None = None,
                 e2_switches: list[dict] | None = None) -> list[tuple]:
     """(label, params) rows, all with the same settings (each replica is tp GPUs). `weights`: scorer

@@ -29,6 +29,7 @@ import numpy as np
 
 from jaxroute import sim
 from jaxroute.clusters import replicas
+from jaxroute.clusters.names import REPLICA_GPU, REPLICA_MODEL
 from jaxroute.errors import JaxrouteError
 from jaxroute.experiments import capacity as cap
 from jaxroute.experiments.cluster import initial_capacities, uses_weights
@@ -245,8 +246,8 @@ class Setup:
     workload: Any
     replicas: int = 4
     rate: float = 1.0  # req/s (0 = a trace's recorded times); unused by objective capacity
-    gpu: str = "a6000"
-    model_name: str = "mistral-7b"
+    gpu: str = REPLICA_GPU
+    model_name: str = REPLICA_MODEL
     tp: int = 1
     cost_model: str = "roofline"
     kv_capacity: int | None = None

@@ -297,7 +297,7 @@ def script_main(module: str, argv: Sequence[str] | None = None, description: str
         ap.error(f"unknown experiment(s) {', '.join(unknown)}; choose from {', '.join(names)}")
     if args.seeds is not None and args.seeds < 1:
         ap.error(f"--seeds must be a positive integer, got {args.seeds}")
-    from jaxroute.cli import use_all_cpu_cores
+    from jaxroute.runtime import use_all_cpu_cores
 
     use_all_cpu_cores()
     script = Path(sys.argv[0]).name if argv is None else f"<{module} wrapper>"
@@ -308,7 +308,7 @@ def script_main(module: str, argv: Sequence[str] | None = None, description: str
 
 
 def results_json(sections: Sequence[Section], header: dict) -> dict:
-    """DESIGN.md's results convention: one record per claim (our value as its metric), experiments' data beside."""
+    """The results convention (docs/architecture.md): one record per claim (our value as its metric), experiments' data beside."""
     results = []
     for s in sections:
         for c in s.claims:

@@ -6,6 +6,11 @@ without importing the routers, so `jaxroute --help` and argument errors need no 
 
 from __future__ import annotations
 
+# Router settings every layer (params, experiment API, command line) reads from here
+DEFAULT_THETA = 0.5  # match ratio threshold and cache_guard need (Preble E2's split at 0.5, lecture 3.2)
+DEFAULT_E2_WINDOW_S = 180.0  # Preble's load window H (its default: 3 minutes)
+DEFAULT_E2_TH_BAL = 1.5  # Preble's rebalancing threshold Th_bal
+
 # Replica-cluster router presets, in traced-id order (append new ones: existing ids stay). Each has its
 # entry in `prefix.PRESETS` (checked when `prefix` is imported).
 PREFIX_POLICIES: tuple[str, ...] = (

@@ -65,6 +65,7 @@ from jaxroute import cost_models
 from jaxroute.clusters.prefix_cache import evict_lru
 from jaxroute.errors import JaxrouteError
 from jaxroute.routers import parts
+from jaxroute.routers.names import DEFAULT_E2_TH_BAL, DEFAULT_E2_WINDOW_S
 from jaxroute.routers.view import Request, RouterStatic, RouterView
 
 INF = jnp.inf
@@ -85,7 +86,7 @@ class Params:
     e2_overload_window_s: jax.Array  # [] float32 the overload detector's window (seconds)
 
 
-def make_params(e2_window_s=180.0, e2_th_bal=1.5, e2_pairing=False, e2_autoscale=False, e2_pair_hit=0.7,
+def make_params(e2_window_s=DEFAULT_E2_WINDOW_S, e2_th_bal=DEFAULT_E2_TH_BAL, e2_pairing=False, e2_autoscale=False, e2_pair_hit=0.7,
                 e2_pair_window_s=30.0, e2_overload_window_s=180.0) -> Params:
     if not e2_window_s > 0:
         raise JaxrouteError(f"the Preble E2 window must be > 0 seconds, got {e2_window_s}")

@@ -62,7 +62,7 @@ from jaxroute.routers import (
     sglang,
     vllm_stack,
 )
-from jaxroute.routers.names import PARTIAL_OK, PREFIX_POLICIES  # noqa: F401  (prefix.PARTIAL_OK)
+from jaxroute.routers.names import DEFAULT_THETA, PARTIAL_OK, PREFIX_POLICIES  # noqa: F401  (prefix.PARTIAL_OK)
 from jaxroute.routers.view import Request, RouterStatic, RouterView
 
 
@@ -131,6 +131,30 @@ LOAD_ONLY = ("rr", "least_load", "least_tokens")
 MODULES: dict[str, ModuleType] = {_module_name(m): m
                                   for m in dict.fromkeys(p.module for p in PRESETS.values() if p.module)}
 STATEFUL = tuple(name for name, p in PRESETS.items() if p.module is not None)
+# what a stateful module may define besides its state and params (`init`, `make_params`, `choose`): the hooks
+# the cluster calls (found by name, so a misspelled one would never run) and its host-side checks
+HOOKS = ("on_refresh", "on_dispatch", "on_admit", "on_first_token", "on_finish")
+HOST_FUNCTIONS = ("check", "flags", "stats")
+
+
+def check_modules(modules: dict[str, ModuleType]) -> None:
+    """Refuse, at import, a module function named like a hook but not one (`on_finsh`), a module without
+    `init` / `make_params`, and a setting two modules (or a module and `RouterParams`) both claim: settings
+    are read by name (`RouterParams.__getattr__`), so a shared name would silently answer the first one."""
+    owner: dict[str, str] = {}
+    for name, m in modules.items():
+        for required in ("init", "make_params"):
+            if not callable(getattr(m, required, None)):
+                raise ImportError(f"router module '{name}' defines no {required}()")
+        for attr in dir(m):
+            if attr.startswith("on_") and callable(getattr(m, attr)) and attr not in HOOKS:
+                raise ImportError(f"router module '{name}' defines {attr}(), which is no hook: the hooks are "
+                                  f"{', '.join(HOOKS)}")
+        for setting in _own_kwargs(m):
+            if setting in RouterParams.__dataclass_fields__ or setting in owner:
+                raise ImportError(f"router setting '{setting}' is claimed by module '{name}' and by "
+                                  f"{'RouterParams' if setting not in owner else repr(owner[setting])}: rename one")
+            owner[setting] = name
 
 
 def policy_id(name: str) -> int:
@@ -164,6 +188,9 @@ def _own_kwargs(module: ModuleType) -> set[str]:
     return set(inspect.signature(module.make_params).parameters)
 
 
+check_modules(MODULES)
+
+
 def weight_vector(weights) -> jax.Array:
     """{scorer name: weight} (missing = 0) or a full sequence in parts.SCORERS order -> [K] float32."""
     if isinstance(weights, dict):
@@ -179,7 +206,7 @@ def weight_vector(weights) -> jax.Array:
     return w
 
 
-def router_params(policy: str = "weighted", *, theta=0.5, guard_abs=8.0, guard_rel=1.5, weights=None,
+def router_params(policy: str = "weighted", *, theta=DEFAULT_THETA, guard_abs=8.0, guard_rel=1.5, weights=None,
                   picker=None, temperature=None, load_threshold=128.0, **own_kw) -> RouterParams:
     """Router settings of one row running `policy`: unset settings come from the preset's defaults,
     then the global ones; keywords of stateful modules (e.g. e2_window_s, sgl_cache_threshold) go to them."""

@@ -1,4 +1,4 @@
-"""Replicas with prefix caches: G replicas of one model behind a router (DESIGN.md).
+"""Replicas with prefix caches: G replicas of one model behind a router (docs/architecture.md).
 
 Event loop (one `step` = one event): if the next arrival is no later than the earliest replica
 clock, route it; otherwise run one iteration (`iteration.py`) on the replica with the earliest clock
@@ -68,7 +68,13 @@ import numpy as np
 
 from jaxroute import compile_effort, cost_models, sim
 from jaxroute import metrics as mlib
-from jaxroute.clusters.names import ADMISSIONS, LOCAL_ORDERS, REPLICA_METRICS
+from jaxroute.clusters.names import (
+    ADMISSIONS,
+    LOCAL_ORDERS,
+    REPLICA_GPU,
+    REPLICA_METRICS,
+    REPLICA_MODEL,
+)
 from jaxroute.clusters.prefix_cache import leading_run
 from jaxroute.clusters.replicas.cache import (
     Replication,
@@ -94,7 +100,7 @@ _ROUTER_KEY = 0x7E57  # fold_in tag: the router's coin flips never reuse the wor
 
 
 def make_params(policy: str = "rr", rate: float = 1.0, stale_s: float = 0.0, kv_capacity: int | None = None,
-                gpu: str = "a6000", model: str = "mistral-7b", cost_model: str = "roofline", tp: int = 1,
+                gpu: str = REPLICA_GPU, model: str = REPLICA_MODEL, cost_model: str = "roofline", tp: int = 1,
                 n_active: int | None = None, **router_kw) -> ReplicaParams:
     """Traced params of one row; router settings (`router_kw`) go to the router.
 

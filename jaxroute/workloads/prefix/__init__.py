@@ -3,7 +3,7 @@
 Layout: `types` (the realised `RequestTable`, the prefix-match rule, `check_fits`), `synthetic`
 (unit-based generators, Poisson arrivals per seed), `adapters` (Mooncake and Azure traces).
 
-Parameters (lecture §2.1-2.5, Preble Table 1 averages; DESIGN.md facts):
+Parameters (lecture §2.1-2.5, Preble Table 1 averages; docs/architecture.md, reference facts):
 
 | name | shared prefix | private suffix | output | popularity |
 |---|---|---|---|---|
