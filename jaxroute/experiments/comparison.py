@@ -170,7 +170,4 @@ def conservation_failures(results: Results | sim.GridResult, labels: Sequence[st
     grid = results.grid if isinstance(results, Results) else results
     if labels is None:
         labels = results.labels if isinstance(results, Results) else [str(c) for c in range(grid.n_configs)]
-    if "conservation_error" not in grid.metrics:
-        return []
-    err = np.asarray(grid.metrics["conservation_error"]).reshape(grid.n_configs, grid.n_seeds, -1)
-    return [labels[c] for c in range(grid.n_configs) if np.any(err[c] != 0)]
+    return [labels[c] for c in grid.lost_rows()]

@@ -52,7 +52,9 @@ class Section:
     wall_s: float = 0.0
     commit: str = ""  # the git commit that ran it (a resumed part keeps its own)
     resumed: bool = False  # loaded from an earlier run's part file, not run now
-    overflow: bool = False  # a grid the experiment kept overflowed a fixed capacity (`sim.collecting_grids`)
+    # a grid the experiment kept overflowed a fixed capacity (`sim.collecting_grids`); None: not recorded (a part
+    # written before the flag was: rerun it to know)
+    overflow: bool | None = None
 
     @property
     def key(self) -> str:
