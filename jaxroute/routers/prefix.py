@@ -131,10 +131,8 @@ LOAD_ONLY = ("rr", "least_load", "least_tokens")
 MODULES: dict[str, ModuleType] = {_module_name(m): m
                                   for m in dict.fromkeys(p.module for p in PRESETS.values() if p.module)}
 STATEFUL = tuple(name for name, p in PRESETS.items() if p.module is not None)
-# what a stateful module may define besides its state and params (`init`, `make_params`, `choose`): the hooks
-# the cluster calls (found by name, so a misspelled one would never run) and its host-side checks
+# the hooks the cluster calls on a stateful module (found by name, so a misspelled one would never run)
 HOOKS = ("on_refresh", "on_dispatch", "on_admit", "on_first_token", "on_finish")
-HOST_FUNCTIONS = ("check", "flags", "stats")
 
 
 def check_modules(modules: dict[str, ModuleType]) -> None:

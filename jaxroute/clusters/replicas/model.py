@@ -238,7 +238,7 @@ class ReplicaModel(sim.Model):
             copies=i((m1,), 0), cache_tok=i((G,), 0), unique_tok=jnp.int32(0),
             rec_replica=i((n,), -1), rec_admit=f((n,), INF), rec_first=f((n,), INF), rec_finish=f((n,), INF),
             rec_cached=i((n,), 0), rec_group=i((n if self.local_order == "priority" else 1,), 0), rep_area=jnp.float32(0), rep_time=jnp.float32(0), running_full=jnp.bool_(False),
-            queue_overflow=jnp.bool_(False), dropped=jnp.int32(0))
+            dropped=jnp.int32(0))
 
     @property
     def _log_len(self) -> int:  # local-queue writes one event can make: preemptions, admissions or one dispatch
@@ -381,7 +381,6 @@ class ReplicaModel(sim.Model):
             queue_log=ring.log, rep_area=rep_area, rep_time=rep_time,
             next_req=s.next_req + is_route, n_admitted=jnp.where(is_iter, side["n_admitted"], s.n_admitted),
             inflight=s.inflight.at[g].add(d_inf), inflight_tok=s.inflight_tok.at[g].add(d_tok),
-            queue_overflow=s.queue_overflow | (is_route & ~q_ok) | (is_iter & (side["q_refused"] > 0)),
             dropped=s.dropped + (is_route & ~q_ok) + jnp.where(is_iter, side["q_refused"], 0),
             kv_used=kv_used, queue_area=queue_area, kv_area=kv_area, busy_s=busy_s,
             running_full=s.running_full | (is_iter & side["full"]),
@@ -413,7 +412,7 @@ class ReplicaModel(sim.Model):
         fin = lambda x: jnp.where(jnp.isfinite(x), x, 0.0)
         # capacities that filled (each a flag; `unfinished`: the run's event budget ran out); a request lost
         # otherwise shows in conservation_error, never as an overflow
-        flags = {"queue_overflow": state.queue_overflow, "cache_full": state.cache_full,
+        flags = {"queue_overflow": state.dropped > 0, "cache_full": state.cache_full,
                  "unfinished": ~self.is_done(state), **routers.flags(state.router, params.policy)}
         overflow = jnp.bool_(False)
         # throughput and time averages over [first arrival, last finish]

@@ -110,5 +110,5 @@ class ReplicaState:
     kv_area: jax.Array  # [] float32 integral over time of KV tokens in use (kv_in_use, all replicas)
     busy_s: jax.Array  # [G] float32 time each replica spent in iterations (leaped ones included)
     running_full: jax.Array  # [] bool admission ever waited only for a running slot (max_running)
-    queue_overflow: jax.Array  # [] bool a request found its replica's local queue full (max_queue)
-    dropped: jax.Array  # [] int32 requests a full local queue refused (on dispatch or preemption): lost to that capacity
+    dropped: jax.Array  # [] int32 requests a full local queue refused (on dispatch or preemption): lost to that
+    #                    capacity; `queue_overflow` (max_queue) is dropped > 0
