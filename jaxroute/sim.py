@@ -46,6 +46,7 @@ from jax.sharding import PartitionSpec as P
 from jaxroute import (
     compile_effort,
     compile_log,
+    executables,
     fast_prng,  # noqa: F401  (unrolled Threefry on CPU for every program built here)
 )
 from jaxroute import metrics as metrics_lib
@@ -368,6 +369,16 @@ def recording_programs():
         _RECORDING.remove(launched)
 
 
+def _launch(fn: Callable, program: tuple, *args):
+    """`fn(*args)` through the executable store (`executables`): a warm run loads the program without tracing
+    it. `program`: (model, kind, mesh, rows together, chunk, fast), what `_jitted` built `fn` from."""
+    if _RECORDING:  # a cost profile counts the launches of traced programs
+        return fn(*args)
+    model, kind, mesh, together, chunk, fast = program
+    devices = [(d.platform, d.device_kind, d.id) for d in mesh.devices.flat]
+    return executables.call(fn, f"{model!r}|{kind}|{chunk}|{together}|{fast}|{devices}", *args)
+
+
 def _record(fn: Callable, *args) -> None:
     if _RECORDING:
         spec = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), args)
@@ -404,6 +415,7 @@ def compile_count(model: Model | type | Callable, kind: str = "run") -> int:
 
 def clear_compiled(model: Model | type | Callable | None = None) -> None:
     """Forget the jitted functions of `model` (as in `compile_count`; all when None): the next grid recompiles."""
+    executables.forget()
     if model is None:
         _JIT_CACHE.clear()
         _TRACES.clear()
@@ -459,13 +471,14 @@ def run_grid(
     if chunk is None or chunk >= total or not (progress or _RECORDING):
         run_fn = _jitted(model, "run", mesh, together, fast=fast)
         _record(run_fn, keys, workload, flat_params)
-        out = run_fn(keys, workload, flat_params)
+        out = _launch(run_fn, (model, "run", mesh, together, 0, fast), keys, workload, flat_params)
         compile_log.mark("first_step")
         if progress:
             _bar(total, progress).update(total)
     else:
         n_chunks = math.ceil(total / chunk)
-        state = _jitted(model, "init", mesh, together, fast=fast)(keys, workload, flat_params)
+        state = _launch(_jitted(model, "init", mesh, together, fast=fast), (model, "init", mesh, together, 0, fast),
+                        keys, workload, flat_params)
         step_chunk = _jitted(model, "chunk", mesh, together, chunk, fast=fast)
         _record(step_chunk, state, workload, flat_params)
         bar = _bar(n_chunks * chunk, progress) if progress else None
@@ -476,17 +489,18 @@ def run_grid(
             with warnings.catch_warnings():
                 # Backends without buffer donation (older CPU runtimes) warn and copy instead.
                 warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
-                state = step_chunk(state, workload, flat_params)
+                state = _launch(step_chunk, (model, "chunk", mesh, together, chunk, fast), state, workload, flat_params)
             if i == 0:
                 compile_log.mark("first_step")  # compiled (or loaded) and launched
             if bar is not None:
                 jax.block_until_ready(state)
                 bar.update(chunk)
-            if bool(np.all(np.asarray(done_fn(state)))):
+            if bool(np.all(np.asarray(_launch(done_fn, (model, "done", mesh, together, 0, fast), state)))):
                 break
         if bar is not None:
             bar.close()
-        out = _jitted(model, "metrics", mesh, together, fast=fast)(state, workload, flat_params)
+        out = _launch(_jitted(model, "metrics", mesh, together, fast=fast), (model, "metrics", mesh, together, 0, fast),
+                      state, workload, flat_params)
 
     host = jax.tree.map(lambda x: np.asarray(x)[:n_rows], out)
     shaped = {k: v.reshape((n_configs, n_seeds) + v.shape[1:]) for k, v in host.items()}
