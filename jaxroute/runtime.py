@@ -58,10 +58,13 @@ def compile_cache_dir(environ=None) -> Path | None:
 
 
 def use_compile_cache(enabled: bool = True) -> Path | None:
-    """Turn JAX's persistent compilation cache on (in `compile_cache_dir()`); returns the folder used."""
+    """Turn JAX's persistent compilation cache on (in `compile_cache_dir()`), or off (a folder set through JAX's own
+    variable included, and with it the executable store); returns the folder used."""
     path = compile_cache_dir() if enabled else None
     if path is None:
+        set_jax_option("jax_enable_compilation_cache", False)
         return None
+    set_jax_option("jax_enable_compilation_cache", True)
     set_jax_option("jax_compilation_cache_dir", str(path))
     # a threshold set by the user (JAX's own variable) is respected, as the folder is
     min_s = float(os.environ.get("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", CACHE_MIN_COMPILE_S))

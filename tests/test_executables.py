@@ -79,6 +79,11 @@ def test_what_is_never_stored(monkeypatch):
     assert executables.store_dir() is None
     monkeypatch.setenv(executables.OFF_ENV, "0")
     assert executables.store_dir() == executables.Path(jax.config.jax_compilation_cache_dir) / executables.STORE_DIR
+    jax.config.update("jax_enable_compilation_cache", False)  # --no-compile-cache: the store goes with the cache
+    try:
+        assert executables.store_dir() is None
+    finally:
+        jax.config.update("jax_enable_compilation_cache", True)
 
 
 def test_a_program_from_jax_cache_runs_and_is_not_stored(store, monkeypatch):
@@ -95,3 +100,29 @@ def test_a_program_from_jax_cache_runs_and_is_not_stored(store, monkeypatch):
     assert executables._count_jax_cache_hits() > hits  # loaded from JAX's cache ...
     assert traced == 1 and not list(folder.glob("*.pkl"))  # ... and not stored
     np.testing.assert_array_equal(got, plain)
+
+
+def test_a_second_cli_run_loads_the_stored_program(tmp_path):
+    """As a user runs it: the first `jaxroute bins` compiles and stores its grid, the second prints the same table
+    and compiles nothing (the grid comes from the store, its helpers from JAX's cache)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != executables.OFF_ENV}
+    env |= {"JAX_COMPILATION_CACHE_DIR": str(tmp_path / "cache")}
+
+    def run(n: int):
+        log = tmp_path / f"log{n}.jsonl"  # its own log: the suite's counts programs compiled twice
+        out = subprocess.run([sys.executable, "-m", "jaxroute", "bins", "--n", "10"], capture_output=True, text=True,
+                             env=env | {"JAXROUTE_COMPILE_LOG": str(log)}, check=True).stdout
+        records = [json.loads(line) for line in log.read_text().splitlines()]
+        return out.splitlines()[:-1], [r for r in records if "program" in r and not r["hit"]]  # the table; compiled
+
+    table, compiled = run(1)
+    assert "nan" not in "\n".join(table) and " - " in table[3]  # n < 16: no asymptotic formula, not a NaN
+    assert any(r["program"] == "jit(grid_rows)" for r in compiled)
+    assert len(list((tmp_path / "cache" / executables.STORE_DIR).glob("*.pkl"))) == 1
+    again, compiled = run(2)
+    assert again == table and compiled == []

@@ -289,7 +289,12 @@ def test_cli_compile_cache_location_and_switches(tmp_path):
     from tests.conftest import TEST_COMPILE_CACHE
 
     assert runtime.compile_cache_dir() == TEST_COMPILE_CACHE and runtime.use_compile_cache(True) == TEST_COMPILE_CACHE
-    assert runtime.use_compile_cache(False) is None
+    try:
+        assert runtime.use_compile_cache(False) is None
+        assert not jax.config.jax_enable_compilation_cache  # off, even with a folder set through JAX's variable
+    finally:
+        assert runtime.use_compile_cache(True) == TEST_COMPILE_CACHE
+    assert jax.config.jax_enable_compilation_cache
     assert jax.config.jax_compilation_cache_dir == str(TEST_COMPILE_CACHE)
     args = cli.build_parser().parse_args(["--no-compile-cache", "bins", "--n", "10"])
     assert args.no_compile_cache

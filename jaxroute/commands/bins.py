@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 
 from jaxroute.commands._common import (
@@ -40,7 +41,7 @@ def run(args) -> int:
     records = results.records
     print(f"bins: {n} balls into {n} bins, {seeds} seeds; max load, mean ± 95% CI")
     print(report.format_table(records, METRICS, extra={
-        "asymptotic": lambda r: f"{asymptotic_max_load(n, r.params['d']):.2f}",
+        "asymptotic": lambda r: _formula(asymptotic_max_load(n, r.params['d'])),
         "range over seeds": lambda r: f"{min(r.metrics['max_load'].per_seed):.0f}-"
                                       f"{max(r.metrics['max_load'].per_seed):.0f}",
     }))
@@ -49,3 +50,8 @@ def run(args) -> int:
                  lambda path: report.bar_plot(records, METRICS, path, f"{n} balls into {n} bins",
                                               ylabel="max load (balls)"))
     return 0
+
+
+def _formula(value: float) -> str:
+    """A leading-order formula's value, or "-" where it means nothing (n < 16: ln ln n is below 1)."""
+    return f"{value:.2f}" if math.isfinite(value) else "-"
