@@ -165,3 +165,15 @@ def test_cache_aware_dp_comparison_runs_every_policy_in_one_grid():
     for m in rec.values():
         assert m["cache_evictions"].mean > 0 and 0 <= m["hit_rate"].mean <= 1
     assert conservation_failures(res) == []
+
+
+def test_an_unfinished_decode_tier_is_rerun_with_a_doubled_step_budget(monkeypatch, capsys):
+    """The DP tier's step budget grows as every capacity does (`run_with_retry`: the tier rerun, each rerun and a
+    budget still short said on stderr), and a budget that stayed short is an overflow, not a silent result."""
+    monkeypatch.setattr(pd.dd, "step_bound", lambda *a, **k: 1)
+    rows = ROWS[:1]
+    with pytest.raises(JaxrouteError, match="overflow"):
+        pd.run_disaggregated(rows, _workload(), rate=RATE, seeds=1, dep=DEP, seed=3, max_tries=2)
+    err = capsys.readouterr().err
+    assert "capacity max_steps = 1 overflowed (overflow_steps); rerunning with 2" in err
+    assert "capacity max_steps = 2 still overflowed after 2 tries" in err

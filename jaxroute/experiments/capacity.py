@@ -35,6 +35,7 @@ from jaxroute.clusters.queueing import DispatchModel, make_params
 from jaxroute.errors import JaxrouteError
 from jaxroute.experiments import pd
 from jaxroute.experiments.cluster import CAPACITY_FLAGS, initial_capacities
+from jaxroute.experiments.comparison import run_with_retry
 from jaxroute.experiments.decode import Deployment as DecodeDeployment
 from jaxroute.experiments.dispatch import CLI_POLICIES
 from jaxroute.experiments.names import Bound, parse_slo  # noqa: F401  (capacity.parse_slo: SLO clauses)
@@ -320,20 +321,20 @@ class DecodeEvaluator(Evaluator):
         dep = self.dep
         params = sim.stack_params([dd.make_params(self.rows[r][0], n_workers=self.g_max, n_active=self.rows[r][1],
                                                   arrival="poisson", rate=float(x)) for r, x in zip(idx, rates, strict=True)])
-        for attempt in range(self.max_grow + 1):
-            model = dd.DecodeModel(n_workers=self.g_max, n_requests=self.n, max_steps=self.budget, slots=dep.slots,
+
+        def run(caps):
+            model = dd.DecodeModel(n_workers=self.g_max, n_requests=self.n, max_steps=caps["max_steps"], slots=dep.slots,
                                    pool=dep.pool, window=dep.window, horizon=dep.horizon, r_max=dep.r_max,
                                    kv_capacity=self.kv_cap, block_size=dep.block_size, preempt=dep.preempt,
                                    cap_immediate=dep.cap_immediate)
-            grid = sim.run_grid(model, jax.random.key(self.seed), self.wl, params, self.seeds,
-                                chunk=max(1, self.budget // 10), progress="capacity batch" if self.progress else False)
-            m = _per_run(grid.metrics, len(idx))
-            if not np.any(m["overflow_steps"]):
-                break
-            if attempt < self.max_grow:
-                sim.discard_grid(grid.metrics)  # superseded by the rerun with a larger step budget
-            self.budget *= 2
-        return m
+            return sim.run_grid(model, jax.random.key(self.seed), self.wl, params, self.seeds,
+                                chunk=max(1, caps["max_steps"] // 10),
+                                progress="capacity batch" if self.progress else False)
+
+        grid, caps = run_with_retry(run, {"max_steps": self.budget}, {"max_steps": "overflow_steps"},
+                                    max_tries=self.max_grow + 1)
+        self.budget = caps["max_steps"]  # the next batch starts from the budget that sufficed
+        return _per_run(grid.metrics, len(idx))
 
 
 def min_replicas(capacity: Capacity, rows, rate: float) -> dict[str, int | None]:

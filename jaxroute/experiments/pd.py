@@ -22,7 +22,7 @@ from jaxroute.clusters import disagg, replicas
 from jaxroute.clusters import dp_decode as dd
 from jaxroute.errors import JaxrouteError
 from jaxroute.experiments.cluster import build_workload, initial_capacities
-from jaxroute.experiments.comparison import Results, Row
+from jaxroute.experiments.comparison import Results, Row, run_with_retry
 from jaxroute.experiments.names import (  # noqa: F401  (pd.DEFAULT_*, pd.parse_ratios, ...: the command line's)
     DECODE_TIERS,
     DEFAULT_LINK_GBPS,
@@ -220,19 +220,17 @@ def _decode_dp(rows, a, delivered, dep: Deployment, key, progress, max_tries):
     dec_flat = jax.tree.map(lambda x: jnp.repeat(x, S, axis=0), sim.stack_params(dec_rows))
     params = disagg.DecodeStageParams(decode=dec_flat, seed=jnp.tile(jnp.arange(S, dtype=jnp.int32), C), wl=wl,
                                       order=order)
-    for attempt in range(max_tries):
+
+    def run(caps):
         model = disagg.DecodeStage(dd.DecodeModel(
-            n_workers=d_max, n_requests=N, max_steps=bound, slots=dep.decode_slots, pool=dep.decode_pool,
+            n_workers=d_max, n_requests=N, max_steps=caps["max_steps"], slots=dep.decode_slots, pool=dep.decode_pool,
             window=dep.decode_window, horizon=dep.decode_horizon, r_max=dep.decode_r_max, kv_capacity=dep.kv_capacity(),
             block_size=dep.block_size, trace_points=8))
-        b = sim.run_grid(model, jax.random.fold_in(key, 1), None, params, 1, chunk=2000,
-                         progress="decode tier" if progress else False).metrics
-        if not np.any(b["overflow_steps"]):
-            return b
-        if attempt + 1 < max_tries:
-            sim.discard_grid(b)  # superseded by the rerun with a larger step budget
-        bound *= 2
-    return b
+        return sim.run_grid(model, jax.random.fold_in(key, 1), None, params, 1, chunk=2000,
+                            progress="decode tier" if progress else False)
+
+    grid, _ = run_with_retry(run, {"max_steps": bound}, {"max_steps": "overflow_steps"}, max_tries=max_tries)
+    return grid.metrics
 
 
 def _decode_replicas(rows, a, delivered, dep: Deployment, key, progress, workload, rates):
