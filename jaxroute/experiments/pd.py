@@ -135,7 +135,7 @@ def _replica_model(dep: Deployment, workload, params: list[replicas.ReplicaParam
 
 
 def _overflowed(m: dict, rows: list[PDRow], tier: str, allow: bool, n_seeds: int) -> np.ndarray:
-    """[rows] bool: a row whose run overflowed a fixed capacity (an error unless `allow`)."""
+    """[rows] bool: a row whose run overflowed a fixed capacity in some seed (an error unless `allow`)."""
     bad = np.asarray(m["overflow"]).reshape(len(rows), n_seeds, -1).any(axis=(1, 2))
     if bad.any() and not allow:
         raise JaxrouteError(f"the {tier} overflowed a fixed capacity in rows: {', '.join(r.label for r, b in zip(rows, bad, strict=True) if b)} "
@@ -306,7 +306,7 @@ def run_disaggregated(rows: list[PDRow], workload, *, rate, seeds: int, dep: Dep
     key = jax.random.key(seed)
     a = sim.run_grid(pre_model, key, workload, pre_params, seeds, chunk=1000,
                      progress="prefill tier" if progress else False).metrics
-    bad = _overflowed(a, rows, "prefill tier", allow_overflow, seeds)
+    _overflowed(a, rows, "prefill tier", allow_overflow, seeds)
     C, S, N = a["arrival_s"].shape
     flat = lambda x: np.asarray(x).reshape((C * S,) + np.shape(x)[2:])
     cost = dep.cost()
@@ -318,12 +318,14 @@ def run_disaggregated(rows: list[PDRow], workload, *, rate, seeds: int, dep: Dep
     else:
         b = _decode_replicas(rows, a, delivered, dep, key, progress, workload, rates)
     shape = lambda x: np.asarray(x).reshape((C, S) + np.shape(x)[2:])  # [C*S, 1, ...] -> [C, S, ...]
-    bad = bad | _overflowed({"overflow": shape(b["overflow"])}, rows, "decode tier", allow_overflow, S)
+    _overflowed({"overflow": shape(b["overflow"])}, rows, "decode tier", allow_overflow, S)
     rows_cs = lambda x: np.asarray(x).reshape((C, S) + np.shape(x)[1:])  # [C*S, N] -> [C, S, N]
     return {**a, "link_start_s": rows_cs(start), "link_busy_s": rows_cs(busy), "delivered_s": rows_cs(delivered),
             **{k: shape(v) for k, v in b.items()}, "prefill_conservation_error": a["conservation_error"],
+            # [C, S]: a capacity of either tier overflowed in this run (the one overflow fact the books read)
+            "overflow": np.asarray(a["overflow"]).reshape(C, S) | shape(b["overflow"]).reshape(C, S),
             "n_prefill": np.array([[r.n_prefill] * S for r in rows]),
-            "n_decode": np.array([[r.n_decode] * S for r in rows]), "row_overflow": bad}
+            "n_decode": np.array([[r.n_decode] * S for r in rows])}
 
 
 def run_colocated(rows: list[PDRow], workload, *, rate, seeds: int, dep: Deployment, seed: int = 0,
@@ -336,7 +338,7 @@ def run_colocated(rows: list[PDRow], workload, *, rate, seeds: int, dep: Deploym
     m = sim.run_grid(model, jax.random.key(seed), workload, sim.stack_params(tier), seeds, chunk=1000,
                      progress="colocated" if progress else False).metrics
     S = m["arrival_s"].shape[1]
-    m["row_overflow"] = _overflowed(m, rows, "colocated cluster", allow_overflow, S)
+    _overflowed(m, rows, "colocated cluster", allow_overflow, S)
     m["n_groups"] = np.array([[r.n_prefill + r.n_decode] * S for r in rows])
     return m
 
@@ -367,8 +369,7 @@ def _request_metrics(rec, c, s, slo_ttft, slo_tpot, colocated) -> dict[str, floa
     span = (np.max(finish[done]) - np.min(arrival)) if np.any(done) else 0.0
     per_s = (lambda x: x / span) if span > 0 else (lambda x: 0.0)
     multi = done & (out > 1)
-    # a capacity overflowed in this run (a row's flag; one grid's own per-seed flag where no row flag is kept)
-    overflowed = bool(rec["row_overflow"][c]) if "row_overflow" in rec else bool(np.any(rec["overflow"][c, s]))
+    overflowed = bool(np.any(rec["overflow"][c, s]))  # a capacity overflowed in this run (this seed's, any tier)
     m = {"goodput_rps": per_s(float(np.sum(ok))), "slo_attainment": float(np.mean(ok)),
          "ttft_mean_s": _mean(ttft, done), "ttft_p90_s": _pct(ttft, done, 0.9), "ttft_p99_s": _pct(ttft, done, 0.99),
          "tpot_mean_s": _mean(tpot, multi), "tpot_p90_s": _pct(tpot, multi, 0.9),
@@ -437,7 +438,7 @@ def summarize(rows: list[PDRow], raw: dict, seeds: int, slo_ttft: float, slo_tpo
         for c, r in enumerate(sub):
             ms = [request_metrics(rec, c, s, slo_ttft, slo_tpot, kind == "colocated") for s in range(seeds)]
             per_row[r] = {k: np.array([m[k] for m in ms]) for k in (*METRICS, "conservation_error")}
-            per_row[r]["overflow"] = np.full(seeds, bool(rec["row_overflow"][c]))
+            per_row[r]["overflow"] = np.array([bool(np.any(rec["overflow"][c, s])) for s in range(seeds)])
     grid = sim.GridResult(metrics={k: np.stack([per_row[r][k] for r in rows]) for k in (*METRICS, "overflow",
                                                                                           "conservation_error")},
                           n_configs=len(rows), n_seeds=seeds)
