@@ -26,6 +26,9 @@ import jax
 
 STORE_DIR = "jaxroute-executables"
 OFF_ENV = "JAXROUTE_NO_EXECUTABLE_CACHE"
+# The store's size bound: past it, the programs used least recently go (a replica grid's program is 2-3 MB, and
+# every edit of the package stores its programs anew).
+MAX_STORE_BYTES = 2 * 1024**3
 _loaded: dict[str, Callable] = {}  # key -> executable, this process's
 _jax_cache_hits = [0, False]  # programs JAX loaded from its persistent cache; whether that is counted
 
@@ -83,7 +86,9 @@ def _load(path: Path) -> Callable | None:
 
     try:
         payload, in_tree, out_tree = pickle.loads(path.read_bytes())
-        return serialize_executable.deserialize_and_load(payload, in_tree, out_tree)
+        compiled = serialize_executable.deserialize_and_load(payload, in_tree, out_tree)
+        os.utime(path)  # used now: the last to go when the store is trimmed
+        return compiled
     except FileNotFoundError:
         return None
     except Exception:  # unreadable (cut short, another jaxlib): compiled again and rewritten
@@ -100,8 +105,20 @@ def _save(compiled, path: Path) -> None:
         with tempfile.NamedTemporaryFile(dir=path.parent, delete=False, suffix=".part") as f:
             f.write(blob)
         os.replace(f.name, path)  # whole or absent: a reader never sees half a file
+        trim(path.parent)
     except Exception:  # a program that cannot be serialized, or a full disk: the run goes on, unstored
         pass
+
+
+def trim(folder: Path, max_bytes: int | None = None) -> None:
+    """Delete the least recently used programs until the store holds at most `max_bytes` (`MAX_STORE_BYTES`)."""
+    limit = MAX_STORE_BYTES if max_bytes is None else max_bytes
+    files = sorted(((p.stat().st_mtime, p.stat().st_size, p) for p in folder.glob("*.pkl")), reverse=True)
+    total = 0
+    for _, size, path in files:  # newest first: those past the bound go
+        total += size
+        if total > limit:
+            path.unlink(missing_ok=True)
 
 
 def call(fn, description: str, *args):

@@ -126,3 +126,16 @@ def test_a_second_cli_run_loads_the_stored_program(tmp_path):
     assert len(list((tmp_path / "cache" / executables.STORE_DIR).glob("*.pkl"))) == 1
     again, compiled = run(2)
     assert again == table and compiled == []
+
+
+def test_the_store_keeps_the_programs_used_last_within_its_bound(tmp_path):
+    import os
+
+    for i, age in enumerate((30, 10, 20)):  # seconds since last use
+        path = tmp_path / f"p{i}.pkl"
+        path.write_bytes(b"x" * 100)
+        os.utime(path, (path.stat().st_mtime - age, path.stat().st_mtime - age))
+    executables.trim(tmp_path, max_bytes=250)
+    assert sorted(p.name for p in tmp_path.glob("*.pkl")) == ["p1.pkl", "p2.pkl"]  # the least recent went
+    executables.trim(tmp_path, max_bytes=100)
+    assert [p.name for p in tmp_path.glob("*.pkl")] == ["p1.pkl"]
