@@ -123,10 +123,7 @@ def pytest_collection_modifyitems(session, config, items):
     # that are rerun): the suite runs it cold, where compiling fast saved 41 s of 489 (same results, every claim equal)
     env = {k: v for k, v in os.environ.items() if not k.startswith("XLA_") and k != "JAXROUTE_CPU_DEVICES"}
     env |= {"JAX_PLATFORMS": "cpu", compile_effort.ENV: "auto"}
-    # one report worker: beside the two test workers a second only adds contention (cold, alone on 2 cores: 826.9 s
-    # of CPU with --jobs 1 against 992.8 s with 2, for 58 s more wall; the suite is CPU-bound)
-    cmd = [sys.executable, "-m", "jaxroute", "reproduce", "all", "--quick", "--jobs", "1", "--out", str(folder / "all"),
-           "--no-progress"]
+    cmd = [sys.executable, "-m", "jaxroute", "reproduce", "all", "--quick", "--out", str(folder / "all"), "--no-progress"]
     script = (f"{shlex.join(cmd)} > {shlex.quote(str(folder / 'stdout.txt'))} 2> {shlex.quote(str(folder / 'stderr.txt'))}; "
               f"echo $? > {shlex.quote(str(folder / 'rc.part'))} && mv {shlex.quote(str(folder / 'rc.part'))} "
               f"{shlex.quote(str(folder / 'rc'))}")
