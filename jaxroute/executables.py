@@ -24,6 +24,8 @@ from pathlib import Path
 
 import jax
 
+from jaxroute import runtime
+
 STORE_DIR = "jaxroute-executables"
 OFF_ENV = "JAXROUTE_NO_EXECUTABLE_CACHE"
 # The store's size bound: past it, the programs used least recently go (a replica grid's program is 2-3 MB, and
@@ -58,7 +60,7 @@ def source_digest() -> str:
 
 def store_dir() -> Path | None:
     """The store's folder: inside JAX's compilation cache folder; None when either is off."""
-    if os.environ.get(OFF_ENV, "").strip().lower() not in ("", "0", "false", "no"):
+    if runtime.env_flag(OFF_ENV):
         return None
     folder = jax.config.jax_compilation_cache_dir
     if not folder or not jax.config.jax_enable_compilation_cache:
@@ -113,10 +115,10 @@ def _save(compiled, path: Path) -> None:
 def trim(folder: Path, max_bytes: int | None = None) -> None:
     """Delete the least recently used programs until the store holds at most `max_bytes` (`MAX_STORE_BYTES`)."""
     limit = MAX_STORE_BYTES if max_bytes is None else max_bytes
-    files = sorted(((p.stat().st_mtime, p.stat().st_size, p) for p in folder.glob("*.pkl")), reverse=True)
+    stats = sorted(((p.stat(), p) for p in folder.glob("*.pkl")), key=lambda sp: sp[0].st_mtime, reverse=True)
     total = 0
-    for _, size, path in files:  # newest first: those past the bound go
-        total += size
+    for st, path in stats:  # newest first: those past the bound go
+        total += st.st_size
         if total > limit:
             path.unlink(missing_ok=True)
 

@@ -46,10 +46,16 @@ def use_all_cpu_cores() -> None:
         pass
 
 
+def env_flag(name: str, environ=None) -> bool:
+    """Whether the environment variable `name` is set to something other than empty, 0, false or no."""
+    env = os.environ if environ is None else environ
+    return env.get(name, "").strip().lower() not in ("", "0", "false", "no")
+
+
 def compile_cache_dir(environ=None) -> Path | None:
     """Where the CLI keeps compiled programs, or None when the cache is turned off."""
     env = os.environ if environ is None else environ
-    if env.get(NO_CACHE_ENV, "").strip().lower() not in ("", "0", "false", "no"):
+    if env_flag(NO_CACHE_ENV, env):
         return None
     if env.get("JAX_COMPILATION_CACHE_DIR"):
         return Path(env["JAX_COMPILATION_CACHE_DIR"])

@@ -287,7 +287,6 @@ class PDEvaluator(Evaluator):
             for c, k in enumerate(sel):
                 for s in range(self.seeds):
                     m = pd.request_metrics(raw, c, s, self.slo_ttft, self.slo_tpot, colocated)
-                    m["overflow"] = bool(np.any(raw["overflow"][c, s]))
                     for name, v in m.items():
                         out.setdefault(name, np.zeros((len(idx), self.seeds), bool if name == "overflow" else np.float64))
                         out[name][k, s] = v

@@ -370,7 +370,7 @@ def _request_metrics(rec, c, s, slo_ttft, slo_tpot, colocated) -> dict[str, floa
     per_s = (lambda x: x / span) if span > 0 else (lambda x: 0.0)
     multi = done & (out > 1)
     overflowed = bool(np.any(rec["overflow"][c, s]))  # a capacity overflowed in this run (this seed's, any tier)
-    m = {"goodput_rps": per_s(float(np.sum(ok))), "slo_attainment": float(np.mean(ok)),
+    m = {"overflow": overflowed, "goodput_rps": per_s(float(np.sum(ok))), "slo_attainment": float(np.mean(ok)),
          "ttft_mean_s": _mean(ttft, done), "ttft_p90_s": _pct(ttft, done, 0.9), "ttft_p99_s": _pct(ttft, done, 0.99),
          "tpot_mean_s": _mean(tpot, multi), "tpot_p90_s": _pct(tpot, multi, 0.9),
          "e2e_mean_s": _mean(e2e, done), "e2e_p99_s": _pct(e2e, done, 0.99),
@@ -437,8 +437,7 @@ def summarize(rows: list[PDRow], raw: dict, seeds: int, slo_ttft: float, slo_tpo
         rec = raw[kind]
         for c, r in enumerate(sub):
             ms = [request_metrics(rec, c, s, slo_ttft, slo_tpot, kind == "colocated") for s in range(seeds)]
-            per_row[r] = {k: np.array([m[k] for m in ms]) for k in (*METRICS, "conservation_error")}
-            per_row[r]["overflow"] = np.array([bool(np.any(rec["overflow"][c, s])) for s in range(seeds)])
+            per_row[r] = {k: np.array([m[k] for m in ms]) for k in (*METRICS, "overflow", "conservation_error")}
     grid = sim.GridResult(metrics={k: np.stack([per_row[r][k] for r in rows]) for k in (*METRICS, "overflow",
                                                                                           "conservation_error")},
                           n_configs=len(rows), n_seeds=seeds)
