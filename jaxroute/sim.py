@@ -244,15 +244,18 @@ class GridResult:
 # ROWS_TOGETHER_ENV). An accelerator advances all its rows together (wide steps).
 CPU_ROWS_TOGETHER = 16
 # A device holding at most this many rows runs them one at a time, unbatched: conds, switches and loops then
-# branch for real (a grid of routers at one seed runs one router per row, not all of them).
+# branch for real (a grid of routers at one seed runs one router per row, not all of them). So does a small job
+# (compiled fast, `compile_effort`) of such a model on a CPU, at any size: its program holds one unbatched step,
+# which XLA compiles in ~25 % less time than a vmapped one (a vmapped scatter becomes a loop), and its rows then
+# run about as fast (docs/scan_step.md has the figures).
 UNBATCHED_MAX_ROWS = 2
 ROWS_TOGETHER_ENV = "JAXROUTE_CPU_ROWS_TOGETHER"  # set: every CPU grid in groups of this many rows (0: all, 1: one at a time)
 
 
-def rows_together(local_rows: int, platform: str, limit: int | None) -> int:
+def rows_together(local_rows: int, platform: str, limit: int | None, fast: bool = False) -> int:
     """How many of a device's `local_rows` rows it advances together (1: unbatched, one at a time): all of them on
-    an accelerator or without a `limit` (the model's `cpu_rows_together`); on a CPU groups of at most `limit`,
-    as equal as possible."""
+    an accelerator or without a `limit` (the model's `cpu_rows_together`); on a CPU one at a time for a job
+    compiled `fast`, else groups of at most `limit`, as equal as possible."""
     if _RECORDING:  # a profile counts the launches of rows that advance together
         return local_rows
     if platform == "cpu" and os.environ.get(ROWS_TOGETHER_ENV, "").strip():  # a measurement's override
@@ -262,6 +265,8 @@ def rows_together(local_rows: int, platform: str, limit: int | None) -> int:
         return 1
     if platform != "cpu" or limit is None:
         return local_rows
+    if fast:
+        return 1
     groups = -(-local_rows // limit)
     return -(-local_rows // groups)
 
@@ -459,15 +464,15 @@ def run_grid(
     mesh = _mesh(devices)
     n_dev = mesh.devices.size
     local = math.ceil(n_rows / n_dev)
-    together = rows_together(local, mesh.devices.flat[0].platform, model.cpu_rows_together)
+    total = int(model.num_steps(workload))
+    fast = compile_effort.is_fast(n_dev * local * total)
+    together = rows_together(local, mesh.devices.flat[0].platform, model.cpu_rows_together, fast)
     padded = n_dev * together * math.ceil(local / together)
     row_sharding = NamedSharding(mesh, P("batch"))
     keys = jax.device_put(_pad_leading(keys, padded), row_sharding)
     flat_params = jax.device_put(_pad_leading(flat_params, padded), row_sharding)
     workload = jax.device_put(workload, NamedSharding(mesh, P()))
 
-    total = int(model.num_steps(workload))
-    fast = compile_effort.is_fast(padded * total)
     if chunk is None or chunk >= total or not (progress or _RECORDING):
         run_fn = _jitted(model, "run", mesh, together, fast=fast)
         _record(run_fn, keys, workload, flat_params)

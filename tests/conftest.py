@@ -118,11 +118,11 @@ def pytest_collection_modifyitems(session, config, items):
     import sys
 
     # as a user runs it: the CLI's own device count (one per core), not the suite's simulated four: on two cores
-    # shared with the test workers they only add threads (a replica grid's run took 2-3x as long on four as on one)
-    # and at the compile effort of its job (`jaxroute.compile_effort`; reproduce's default is optimized, for reports
-    # that are rerun): the suite runs it cold, where compiling fast saved 41 s of 489 (same results, every claim equal)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("XLA_") and k != "JAXROUTE_CPU_DEVICES"}
-    env |= {"JAX_PLATFORMS": "cpu", compile_effort.ENV: "auto"}
+    # shared with the test workers they only add threads (a replica grid's run took 2-3x as long on four as on one),
+    # and the compile effort of each job (`jaxroute.compile_effort`), whatever the developer's environment says
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("XLA_") and k not in ("JAXROUTE_CPU_DEVICES", compile_effort.ENV)}
+    env |= {"JAX_PLATFORMS": "cpu"}
     cmd = [sys.executable, "-m", "jaxroute", "reproduce", "all", "--quick", "--out", str(folder / "all"), "--no-progress"]
     script = (f"{shlex.join(cmd)} > {shlex.quote(str(folder / 'stdout.txt'))} 2> {shlex.quote(str(folder / 'stderr.txt'))}; "
               f"echo $? > {shlex.quote(str(folder / 'rc.part'))} && mv {shlex.quote(str(folder / 'rc.part'))} "

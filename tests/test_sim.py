@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxroute import metrics, sim
+from jaxroute import compile_effort, metrics, sim
 from jaxroute.errors import JaxrouteError
 from jaxroute.registry import PolicyRegistry
 
@@ -186,8 +186,11 @@ def test_rows_together_sizes(monkeypatch):
     assert together(3, "cpu", 16) == 3 and together(160, "cpu", 16) == 16
     assert together(33, "cpu", 16) == 11  # 3 equal groups, not 16 + 16 + 1
     assert together(40, "gpu", 16) == together(40, "cpu", None) == 40  # accelerators and uniform models: all
+    assert together(160, "cpu", 16, fast=True) == 1  # a small job of a branchy model: one at a time
+    assert together(40, "cpu", None, fast=True) == together(40, "gpu", 16, fast=True) == 40
     monkeypatch.setenv(sim.ROWS_TOGETHER_ENV, "0")
     assert together(2, "cpu", 16) == 2 and together(40, "cpu", 16) == 40
+    assert together(40, "cpu", 16, fast=True) == 40  # the override wins
     monkeypatch.setenv(sim.ROWS_TOGETHER_ENV, "1")
     assert together(40, "cpu", None) == 1 and together(40, "gpu", 16) == 40  # the override is for CPUs
 
@@ -195,14 +198,18 @@ def test_rows_together_sizes(monkeypatch):
 def test_every_way_of_running_rows_gives_the_same_result(monkeypatch):
     # 21 rows on 4 devices: 6 a device, run in groups of 3 (the model's limit is 4), or all 6 together, or one
     # at a time unbatched; whole or in chunks. Rows stop at different steps and loop for different lengths.
+    # A job compiled fast runs its rows one at a time by default; one compiled optimized, in groups.
     model, key = RaggedModel(n=40), jax.random.PRNGKey(5)
     runs = {}
-    for env in ("", "0", "1"):
+    for effort, env in (("optimized", ""), ("optimized", "0"), ("optimized", "1"), ("fast", "")):
         monkeypatch.setenv(sim.ROWS_TOGETHER_ENV, env)
         for chunk in (None, 8):
-            runs[env, chunk] = sim.run_grid(model, key, jnp.float32(1.0), _params([0, 1, 0]), 7, chunk=chunk,
-                                          progress=chunk is not None and "chunks").metrics
-    base = runs["1", None]
+            with compile_effort.forced(effort):
+                runs[effort, env, chunk] = sim.run_grid(model, key, jnp.float32(1.0), _params([0, 1, 0]), 7,
+                                                        chunk=chunk, progress=chunk is not None and "chunks").metrics
+            if env == "" and chunk is None:
+                assert sim.last_traced_program().endswith(" x3" if effort == "optimized" else " x1 fast")
+    base = runs["optimized", "1", None]
     assert len(set(np.asarray(base["t"]).ravel().tolist())) > 3  # the rows do stop at different steps
     for got in runs.values():
         np.testing.assert_array_equal(got["t"], base["t"])

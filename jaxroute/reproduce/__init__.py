@@ -35,11 +35,6 @@ from jaxroute.sources import SOURCES
 
 # SOURCES: source -> its modules here, in report order (in jaxroute/sources.py, jax-free: the CLI lists them)
 
-# Reproductions compile optimized (jaxroute.compile_effort; $JAXROUTE_COMPILE_EFFORT overrides): measured on
-# `reproduce all --quick`, the fast effort saved 26 s of a cold run (475 s, not 502) and cost 38 s of a warm one
-# (223 s, not 185): their runs are long for their programs, and reports are rerun.
-REPRODUCE_EFFORT = "optimized"
-
 
 def experiments(source: str) -> list[Experiment]:
     """The experiments of one source, in report order."""
@@ -235,13 +230,12 @@ def _run_one(exp: Experiment, out_dir: Path, *, quick: bool, seeds: int | None, 
 
     ctx = Context(out_dir=out_dir, quick=quick, seeds=seeds, echo=echo, advance=advance)
     ctx.log(f"[{exp.source}.{exp.name}] {exp.title}")
-    from jaxroute import compile_effort, compile_log, sim
+    from jaxroute import compile_log, sim
 
     compile_log.tag_programs(f"{exp.source}.{exp.name}")  # the compile log names the experiment of each program
     start = time.perf_counter()
     try:
-        with compile_effort.forced(os.environ.get(compile_effort.ENV) or REPRODUCE_EFFORT), \
-                sim.collecting_grids() as grids:
+        with sim.collecting_grids() as grids:
             section = exp.run(ctx)
     finally:
         if bar is not None:
