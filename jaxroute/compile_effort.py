@@ -4,9 +4,9 @@ On CPU most of a small simulation's time is XLA compiling it. XLA's older CPU em
 (`xla_cpu_use_fusion_emitters=False`) compile a model's program in 20-40 % less time, and may run it up
 to ~30 % slower. So a program whose whole job is small (rows x events, `work`) is compiled with them,
 and a long job keeps the default. A small job of a model with branches and loops also runs a device's rows
-one at a time, unbatched (`sim.rows_together`): one unbatched step compiles in ~25 % less time. Either way the per-request results are the same (the suite's exact-match
-tests run on both; a float mean may differ in its last bits). `scripts/calibrate_compile_effort.py` measures
-the break-even per model; `FAST_MAX_WORK` sits below the smallest. Other backends (GPU) always get the default.
+one at a time, unbatched (`sim.rows_together`): one unbatched step compiles in ~25 % less time. Either way the
+per-request results are the same (the suite's exact-match tests run on both; a float mean may differ in its
+last bits). `scripts/calibrate_compile_effort.py` measures the break-even per model; `FAST_MAX_WORK` sits below the smallest. Other backends (GPU) always get the default.
 """
 
 from __future__ import annotations
@@ -23,8 +23,7 @@ EFFORTS = ("auto", "fast", "optimized")
 # Row-events a program may have to run and still compile fast. The calibration script measured the break-even of
 # one cold run at 6.9 M (dispatch), 7.0 M (the replica cluster) and never (decode: both ran as fast), on one noisy
 # 2-core machine; at 2 M the slower run costs ~30 % of the compile seconds saved. `jaxroute bench` compiles
-# optimized at every size (per-request costs compare); reproductions follow the job (`reproduce all --quick`: 5:40
-# cold against 9:58 optimized, 1:54 warm against 1:50, every claim and table the same).
+# optimized at every size (per-request costs compare); reproductions follow the job (the README has the figures).
 FAST_MAX_WORK = 2_000_000
 FAST_OPTIONS = {"xla_cpu_use_fusion_emitters": False}
 # Not used: LLVM -O0 (`xla_backend_optimization_level=0`) halves a small program's backend compile, but its runs are
