@@ -58,8 +58,8 @@ def test_both_efforts_give_the_same_replica_grid():
 
 
 def test_reproductions_follow_the_job_unless_told(tmp_path, monkeypatch):
-    """A report's runs compile at their job's effort (a quick report's small grids fast, unbatched: 5:40 cold
-    against 9:58 optimized, warm 1:54), or at the process-wide effort when one is set."""
+    """A report's runs compile at their job's effort (a quick report's small grids fast, unbatched: README has
+    the cold and warm times at both efforts), or at the process-wide effort when one is set."""
     from jaxroute import reproduce
     from jaxroute.reproduce.document import Experiment
 
