@@ -76,6 +76,14 @@ class SlotTable:
         """Raise the LRU stamp of the masked cached segments to at least t."""
         return dataclasses.replace(self, last=self.last.at[self._at(index, g, segs, mask)].max(t, mode="drop"))
 
+    def lock_and_touch(self, index, g, segs: jax.Array, delta: jax.Array, mask: jax.Array, t: jax.Array) -> SlotTable:
+        """`lock` by a delta per entry ([S] int32; 0 = none), then `touch` the masked entries at t."""
+        sl = self.find(index, g, segs)
+        C = self.seg.shape[0]
+        ref = self.ref.at[jnp.where((delta != 0) & (sl >= 0), sl, C)].add(delta, mode="drop")
+        last = self.last.at[jnp.where(mask & (sl >= 0), sl, C)].max(t, mode="drop")
+        return dataclasses.replace(self, ref=ref, last=last)
+
     def evict(self, deficit: jax.Array, available: jax.Array, seg_len: jax.Array, depth: jax.Array) -> tuple[SlotTable, jax.Array]:
         """(table, tokens freed): evict unlocked segments in LRU order until `deficit` tokens are freed.
         `available` is the caller's count of unlocked cached tokens (the loop stops when they are gone), so a

@@ -85,7 +85,7 @@ from jaxroute.clusters.replicas.cache import (
     settle_evictions,
 )
 from jaxroute.clusters.replicas.local_queue import Entries, Ring
-from jaxroute.clusters.replicas.types import Replica, ReplicaParams
+from jaxroute.clusters.replicas.types import NO_SEGMENT_END, Replica, ReplicaParams
 from jaxroute.workloads.prefix import RequestTable
 
 INF = jnp.inf
@@ -96,6 +96,14 @@ def priority_group(cached: jax.Array, prompt: jax.Array, n_groups: int) -> jax.A
     """Preble's group of a request with `cached` of `prompt` tokens hit: 0 with no hit, else
     ceil(hit ratio x P) - 1 (model_rpc.py:474-478; 63 of 100 cached, P = 10 -> 6), in integers."""
     return jnp.where(cached > 0, (cached * n_groups + prompt - 1) // prompt - 1, 0).astype(jnp.int32)
+
+
+def next_segment_end(r: RequestTable, q: jax.Array, nseg: jax.Array) -> jax.Array:
+    """Prompt tokens at the end of request q's segment `nseg` (its first not completed; [] or [B]), or
+    NO_SEGMENT_END when its prompt has no such segment."""
+    S = r.seg_tok.shape[1]
+    k = jnp.minimum(nseg, S - 1)
+    return jnp.where((nseg < S) & (r.seg_tok[q, k] > 0), r.seg_end[q, k], NO_SEGMENT_END)
 
 
 def _allocate_running(model, row: Replica, ring: Ring, cache: SlotTable, index: jax.Array, g: jax.Array,
@@ -125,8 +133,7 @@ def _allocate_running(model, row: Replica, ring: Ring, cache: SlotTable, index: 
     share = jnp.clip(model.chunk - before, 0, rem)
     # prefill: its share (+ the first/next token when it completes); decode: one token
     a = jnp.where(prefilling, share + (share == rem), running.astype(jnp.int32))
-    segs, tok = r.seg_ids[rid], r.seg_tok[rid]  # [B, S]
-    spos = jnp.arange(segs.shape[1])
+    spos = jnp.arange(r.seg_ids.shape[1])
     unlocked_tok = cache.tokens - cache.locked_tokens(seg_len)
     # vLLM's free blocks include the evictable cached ones (kv_cache_manager.py:584-588)
     avail = cap - cache.tokens - jnp.sum(row.run_res) + unlocked_tok
@@ -138,10 +145,10 @@ def _allocate_running(model, row: Replica, ring: Ring, cache: SlotTable, index: 
     def body(c):
         rw, rg, ch, alive, avail, unlocked, refused = c
         v = jnp.argmax(jnp.where(alive, rw.run_seq, -1))  # admitted last
-        sv = segs[v]
-        lock = (spos < rw.run_nseg[v]) & (tok[v] > 0)
+        sv, tv = r.seg_ids[rid[v]], r.seg_tok[rid[v]]
+        lock = (spos < rw.run_nseg[v]) & (tv > 0)
         ch = ch.lock(index, g, sv, lock, -1)
-        freed = jnp.sum(jnp.where(lock & (ch.refs(index, g, sv) == 0), tok[v], 0))
+        freed = jnp.sum(jnp.where(lock & (ch.refs(index, g, sv) == 0), tv, 0))
         ch = ch.stamp(index, g, sv, lock, t)
         stamp, res_v = rw.n_preempt + 1, rw.run_res[v]
         rg, ok = rg.push_front(rw.run_req[v], rw.run_gen[v], stamp, True)
@@ -168,8 +175,8 @@ def iterate_row(model, row: Replica, ring: Ring, entries: Entries, cache: SlotTa
     each request's priority group (read with local order "priority" only); `cache` its
     cache table; `index` [G, M+1] the cluster's cache index, `acct` its replication counts) starting at
     time t: (new row, ring, cache, index, acct, a cache table was full,
-    side outputs; side["done_segs"] [B, S+1] are the finished requests' segments, to take off the pending
-    counts).
+    side outputs; side["rid"] [B] and side["finished"] [B] say which requests finished, whose segments the
+    caller takes off the pending counts).
     `model` gives the static sizes (chunk, max_admit, local_order, admission, leap). `active` False: the
     caller discards the row (a routing event): the admission and preemption loops stop at once (under
     `vmap` they then run only as many times as the rows that do iterate need), and the cache and
@@ -289,7 +296,8 @@ def iterate_row(model, row: Replica, ring: Ring, entries: Entries, cache: SlotTa
         rg = rg.take(qpos, go)
         rw = dataclasses.replace(
             rw, run_req=upd(rw.run_req, cand), run_pos=upd(rw.run_pos, start), run_gen=upd(rw.run_gen, gen0),
-            run_nseg=upd(rw.run_nseg, nmatch), run_res=upd(rw.run_res, need),
+            run_nseg=upd(rw.run_nseg, nmatch), run_nend=upd(rw.run_nend, next_segment_end(r, cand, nmatch)),
+            run_res=upd(rw.run_res, need),
             run_seq=upd(rw.run_seq, c["n_admitted"]), run_tgt=upd(rw.run_tgt, tgt))
         return dict(row=rw, ring=rg, taken=c["taken"].at[k].set(jnp.where(go, qpos, rg.size)), cache=ch, k=k + 1,
                     n_admitted=c["n_admitted"] + go, stop=c["stop"] | ~go,
@@ -333,12 +341,7 @@ def iterate_row(model, row: Replica, ring: Ring, entries: Entries, cache: SlotTa
     out = r.out_tok[rid]
     run_res = rw.run_res
 
-    segs, tok = r.seg_ids[rid], r.seg_tok[rid]  # [B, S]
-    seg_end = jnp.cumsum(tok, axis=1)
-    spos = jnp.arange(segs.shape[1])[None, :]
-
-    def completed_segments(p):
-        return jnp.where(running, jnp.sum((seg_end <= p[:, None]) & (tok > 0), axis=1), 0)
+    nend = rw.run_nend  # a running request completes a segment when its prefill reaches this
 
     # ---- event leap: further iterations in which nothing but token counts change
     if model.leap > 0:
@@ -349,11 +352,10 @@ def iterate_row(model, row: Replica, ring: Ring, entries: Entries, cache: SlotTa
         has_f = jnp.any(pre)
         f = jnp.argmin(jnp.where(pre, rw.run_seq, big))  # the one that gets the whole chunk
         rem_f = tgt[f] - new_pos[f]
-        ahead = (seg_end[f] > new_pos[f]) & (tok[f] > 0)  # none when recomputing output tokens
-        bound = jnp.min(jnp.where(ahead, seg_end[f], big))
-        j_seg = jnp.where(jnp.any(ahead), (bound - new_pos[f] + model.chunk - 1) // model.chunk,
+        # f's next segment end (none when recomputing output tokens); used only when f completed none
+        j_seg = jnp.where(nend[f] < NO_SEGMENT_END, (nend[f] - new_pos[f] + model.chunk - 1) // model.chunk,
                           model.leap + 1)  # iteration completing a segment
-        eventless = (~jnp.any(done_pre) & jnp.all(completed_segments(new_pos) == rw.run_nseg)
+        eventless = (~jnp.any(done_pre) & ~jnp.any(running & (new_pos >= nend))
                      & (first_fin > 0) & (n_pre == 0))
         # admission stays impossible: the chunk is full (rem_f > chunk), or the queue is empty or
         # blocked by memory/slots (which only a finish can free)
@@ -383,29 +385,51 @@ def iterate_row(model, row: Replica, ring: Ring, entries: Entries, cache: SlotTa
             run_res = run_res + jnp.where(decoding, k, 0) + jnp.where(is_f, k * model.chunk, 0)
 
     # ---- segments completed by this iteration enter the cache (locked), prefix touched; a finished request
-    # unlocks and touches its segments and leaves its output in the cache when the workload keeps it
-    nseg_new = completed_segments(new_pos)
-    newly = (spos >= rw.run_nseg[:, None]) & (spos < nseg_new[:, None]) & running[:, None]
-    touch = (spos < nseg_new[:, None]) & jnp.any(newly, axis=1, keepdims=True)
+    # unlocks and touches its segments and leaves its output in the cache when the workload keeps it. Only
+    # the requests that complete a segment or finish read their [S] segments: a loop over them in row order
+    # (the inserts first, all of them, in row order: the slots they take are those of one insert of the
+    # [B, S] table in row-major order; the locks and stamps after them add up in any order)
+    completes = running & (new_pos >= nend)
     finished = running & (new_gen >= out)
-    fin_seg = finished[:, None] & (tok > 0)
+    spos = jnp.arange(r.seg_ids.shape[1])
+
+    def insert_completed(carry):
+        cache, index, acct, full, todo, nseg, nend, run_res = carry
+        b = jnp.argmax(todo)
+        segs, tok, end = r.seg_ids[rid[b]], r.seg_tok[rid[b]], r.seg_end[rid[b]]
+        n_b = jnp.sum((end <= new_pos[b]) & (tok > 0))
+        newly = (spos >= rw.run_nseg[b]) & (spos < n_b)
+        cache, index, acct, full_b = insert(cache, index, g, acct, segs, newly, seg_len)
+        return (cache, index, acct, full | full_b, todo.at[b].set(False), nseg.at[b].set(n_b),
+                nend.at[b].set(next_segment_end(r, rid[b], n_b)), run_res.at[b].add(-jnp.sum(newly * tok)))
+
+    cache, index, acct, table_full, _, nseg_new, nend, run_res = jax.lax.while_loop(
+        lambda carry: jnp.any(carry[4]), insert_completed,
+        (cache, index, acct, jnp.bool_(False), completes, rw.run_nseg, nend, run_res))
     out_seg = r.out_seg[rid]
     keep_out = finished & (out_seg < m1 - 1)
-    cache, index, acct, full = insert(cache, index, g, acct, jnp.concatenate([segs.reshape(-1), out_seg]),
-                                      jnp.concatenate([newly.reshape(-1), keep_out]), seg_len)
-    cache = cache.lock(index, g, segs, newly, 1).touch(index, g, segs, touch, t_end)
-    run_res = run_res - jnp.sum(newly * tok, axis=1)
-    cache = cache.lock(index, g, segs, fin_seg, -1).touch(index, g, segs, fin_seg, t_end).touch(index, g, out_seg, keep_out, t_end)
-    all_segs = jnp.concatenate([segs, out_seg[:, None]], axis=1)
-    done_segs = jnp.where(finished[:, None], all_segs, m1)  # m1: no segment
+    cache, index, acct, full_out = insert(cache, index, g, acct, out_seg, keep_out, seg_len)
+
+    def lock_and_touch(carry):
+        cache, todo = carry
+        b = jnp.argmax(todo)
+        segs, tok = r.seg_ids[rid[b]], r.seg_tok[rid[b]]
+        newly = (spos >= rw.run_nseg[b]) & (spos < nseg_new[b])
+        fin = finished[b] & (tok > 0)
+        prefix = completes[b] & (spos < nseg_new[b])  # the prefix up to the new segments
+        delta = newly.astype(jnp.int32) - fin.astype(jnp.int32)
+        return cache.lock_and_touch(index, g, segs, delta, prefix | fin, t_end), todo.at[b].set(False)
+
+    cache = jax.lax.while_loop(lambda carry: jnp.any(carry[1]), lock_and_touch, (cache, completes | finished))[0]
+    cache = cache.touch(index, g, out_seg, keep_out, t_end)
     run_req = jnp.where(finished, -1, rw.run_req)
     busy = jnp.any(run_req >= 0) | (ring.count > 0)
     new_row = dataclasses.replace(
-        rw, run_req=run_req, run_pos=new_pos, run_gen=new_gen, run_nseg=nseg_new,
+        rw, run_req=run_req, run_pos=new_pos, run_gen=new_gen, run_nseg=nseg_new, run_nend=nend,
         run_res=jnp.where(finished, 0, run_res))
     side = dict(clock=jnp.where(busy, t_end, INF), t_end=t_end, n_admitted=c["n_admitted"],
                 full=c["full"], adm_go=c["adm_go"], adm_id=c["adm_id"], adm_tok=c["adm_tok"],
                 adm_new=c["adm_new"], n_pre=n_pre, q_refused=q_refused, kv_area=kv_area,
-                rid=rid, first=first, finished=finished, done_segs=done_segs, n_fin=jnp.sum(finished).astype(jnp.float32),
+                rid=rid, first=first, finished=finished, n_fin=jnp.sum(finished).astype(jnp.float32),
                 tok_fin=jnp.sum(jnp.where(finished, prompt + out, 0)).astype(jnp.float32))
-    return new_row, ring, cache, index, acct, full, side
+    return new_row, ring, cache, index, acct, table_full | full_out, side

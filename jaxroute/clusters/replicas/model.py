@@ -85,6 +85,7 @@ from jaxroute.clusters.replicas.cache import (
 from jaxroute.clusters.replicas.iteration import iterate_row, priority_group
 from jaxroute.clusters.replicas.local_queue import Entries, QueueLog, Ring, apply_log
 from jaxroute.clusters.replicas.types import (
+    NO_SEGMENT_END,
     Replica,
     ReplicaParams,
     ReplicaState,
@@ -209,6 +210,7 @@ class ReplicaModel(sim.Model):
 
     def init(self, key, workload, params: ReplicaParams) -> ReplicaState:
         req = workload.realize(key, params.rate)
+        req = dataclasses.replace(req, seg_end=jnp.cumsum(req.seg_tok, axis=1, dtype=jnp.int32))
         n, m1 = req.arrival_s.shape[0], req.seg_len.shape[0]
         G, B, Q = self.n_replicas, self.max_running, self.max_queue
         C = m1 if self.cache_slots == 0 else min(self.cache_slots, m1)
@@ -220,6 +222,7 @@ class ReplicaModel(sim.Model):
         rep = Replica(slot_seg=i((G, C), -1), slot_ref=i((G, C), 0), slot_free=stack, n_free=i((G,), C),
                       slot_last=f((G, C), 0.0), q_head=i((G,), 0), q_span=i((G,), 0), q_count=i((G,), 0),
                       run_req=i((G, B), -1), run_pos=i((G, B), 0), run_gen=i((G, B), 0), run_nseg=i((G, B), 0),
+                      run_nend=i((G, B), NO_SEGMENT_END),
                       run_res=i((G, B), 0), run_seq=i((G, B), 0), run_tgt=i((G, B), 0), n_preempt=i((G,), 0),
                       q_cursor=i((G,), self.priority_groups - 1))
         m_snap = m1 if self.stale_view else 1
@@ -232,7 +235,7 @@ class ReplicaModel(sim.Model):
             kv_area=jnp.float32(0), busy_s=f((G,), 0.0),
             inflight=f((G,), 0.0), inflight_tok=f((G,), 0.0), view=view,
             cache_index=i((G, m1), -1), pending=i((G, m1), 0), pending_g=jnp.int32(0),
-            pending_segs=i((B * (req.seg_ids.shape[1] + 1),), m1), pending_add=i((B * (req.seg_ids.shape[1] + 1),), 0),
+            pending_req=i((B,), n), pending_add=jnp.int32(0),
             cache_full=jnp.bool_(False), queue=i((G, Q), -1), queue_gen=i((G, q_pre), 0),
             queue_front=i((G, q_pre), 0), queue_log=QueueLog.empty(self._log_len, Q),
             copies=i((m1,), 0), cache_tok=i((G,), 0), unique_tok=jnp.int32(0),
@@ -300,7 +303,7 @@ class ReplicaModel(sim.Model):
         req = Request.of(r, i)
         # the previous event's pending changes, applied before anything reads the counts (so the scatter is
         # their only user and updates them in place: no copy of the [G, M+1] array per event)
-        pending = s.pending.at[s.pending_g, s.pending_segs].add(s.pending_add, mode="drop")
+        pending = apply_pending(s.pending, s.pending_g, s.pending_req, s.pending_add, r)
         view, snap = self._view(s, pending, params, a, is_route, req)
         router = routers.on_refresh(s.router, view, is_route, params.router)
         g_route = routers.choose(router, view, req, params.policy, params.router, jax.random.fold_in(s.key, i),
@@ -329,11 +332,9 @@ class ReplicaModel(sim.Model):
             s.n_admitted, a, is_iter, s.rec_group)
         # this event's pending changes (dispatch: +1 on the request's segments; iteration: -1 on the finished
         # requests' segments) go to the log
-        done = side["done_segs"].reshape(-1)
-        nowhere_seg = r.seg_len.shape[0]
-        dispatched = jnp.full(done.shape, nowhere_seg, jnp.int32).at[: all_segs.shape[0]].set(all_segs)
-        log_segs = jnp.where(is_route, dispatched, jnp.where(is_iter, done, nowhere_seg))
-        log_add = jnp.full(done.shape, jnp.where(is_route, 1, -1), jnp.int32)
+        no_req = jnp.full(side["rid"].shape, n, jnp.int32)
+        log_req = jnp.where(is_route, no_req.at[0].set(i), jnp.where(is_iter & side["finished"], side["rid"], no_req))
+        log_add = jnp.where(is_route, 1, -1).astype(jnp.int32)
         adm_new = is_iter & side["adm_go"] & side["adm_new"]
         router = routers.on_admit(router, dataclasses.replace(view, now=m), g, side["adm_id"], adm_new,
                                   side["adm_tok"], params.router)
@@ -376,7 +377,7 @@ class ReplicaModel(sim.Model):
         return dataclasses.replace(
             s, rep=rep, router=router, view=snap, rec_group=rec_group, now=jnp.where(live, t, s.now), clock=clock, copies=acct.copies,
             unique_tok=acct.unique_tok, cache_tok=cache_tok, cache_index=index, pending=pending,
-            pending_g=g, pending_segs=log_segs, pending_add=log_add,
+            pending_g=g, pending_req=log_req, pending_add=log_add,
             cache_full=s.cache_full | table_full, queue=queue, queue_gen=queue_gen, queue_front=queue_front,
             queue_log=ring.log, rep_area=rep_area, rep_time=rep_time,
             next_req=s.next_req + is_route, n_admitted=jnp.where(is_iter, side["n_admitted"], s.n_admitted),
@@ -451,6 +452,21 @@ class ReplicaModel(sim.Model):
         }
 
 
+
+
+def apply_pending(pending: jax.Array, g: jax.Array, reqs: jax.Array, add: jax.Array, table) -> jax.Array:
+    """`pending` [G, M+1] with `add` on replica g at every segment (prompt and output, padding included) of each
+    request in `reqs` [B] (N = none): a loop over the requests given, O(S) each, never O(B x S)."""
+    n = table.arrival_s.shape[0]
+
+    def body(c):
+        p, todo = c
+        k = jnp.argmax(todo)
+        q = jnp.minimum(reqs[k], n - 1)
+        segs = jnp.concatenate([table.seg_ids[q], table.out_seg[q][None]])
+        return p.at[g, segs].add(add, mode="drop"), todo.at[k].set(False)
+
+    return jax.lax.while_loop(lambda c: jnp.any(c[1]), body, (pending, reqs < n))[0]
 
 
 def run_single(model: ReplicaModel, key, workload, params: ReplicaParams) -> ReplicaState:

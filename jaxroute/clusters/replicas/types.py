@@ -12,6 +12,8 @@ from jaxroute.clusters.replicas.local_queue import QueueLog
 from jaxroute.routers.prefix import RouterParams
 from jaxroute.workloads.prefix import RequestTable
 
+NO_SEGMENT_END = 2**31 - 1  # Replica.run_nend of a request with no segment left to complete (int32 max)
+
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
@@ -44,6 +46,8 @@ class Replica:
     run_pos: jax.Array  # [B] int32 prefill tokens already in KV (cached + computed), up to run_tgt
     run_gen: jax.Array  # [B] int32 output tokens generated
     run_nseg: jax.Array  # [B] int32 leading prompt segments locked in the cache
+    run_nend: jax.Array  # [B] int32 prompt tokens at the end of the first segment not yet completed (int32 max:
+    #                     none left): the request completes a segment when its prefill reaches it
     run_res: jax.Array  # [B] int32 private KV tokens held (prompt not yet in the cache + output; "reserve"
     #                     holds the whole output from admission, "on-demand" only the tokens allocated so far)
     run_seq: jax.Array  # [B] int32 admission stamp (prefill budget order)
@@ -88,8 +92,9 @@ class ReplicaState:
     pending: jax.Array  # [G, M+1] int32 unfinished requests dispatched to each replica that contain the segment,
     #                     as of the previous event: the event's own changes wait in the log below
     pending_g: jax.Array  # [] int32 replica of the last event's pending changes
-    pending_segs: jax.Array  # [B*(S+1)] int32 their segments (M+1 = none); applied first thing in the next event
-    pending_add: jax.Array  # [B*(S+1)] int32 their increments
+    pending_req: jax.Array  # [B] int32 the requests whose segments (prompt and output) change (N = none): the
+    #                         one dispatched, or those finished; applied first thing in the next event
+    pending_add: jax.Array  # [] int32 the change to each of their segments (+1 dispatched, -1 finished)
     cache_full: jax.Array  # [] bool a segment found its replica's slot table full (cache_slots)
     queue: jax.Array  # [G, Q] int32 local queue entries: request ids (-1 = empty or a hole)
     queue_gen: jax.Array  # [G, Q] ([G, 1] with admission "reserve") int32 output tokens a preempted request had generated

@@ -32,6 +32,8 @@ class RequestTable:
     session: jax.Array  # [N] int32 session (conversation, agent run, sample group) id; -1 = none recorded
     landed: jax.Array | None = None  # [N] bool the prompt's KV arrives with the request (a disaggregated decode
     #                                 tier): only its last prompt token is computed (None = none)
+    seg_end: jax.Array | None = None  # [N, S] int32 prompt tokens up to each segment's end (the running sum of
+    #                                   seg_tok): derived once per run by the replica model's init (None before)
 
 
 def request_steps(prompt_tok: int, out_tok: int, chunk: int) -> int:
