@@ -34,10 +34,10 @@ def test_effort_follows_the_work_and_can_be_forced(monkeypatch):
     assert compile_effort.options(True) == compile_effort.FAST_OPTIONS
 
 
-def test_both_efforts_give_the_same_replica_grid():
+def test_both_efforts_give_the_same_replica_grid(monkeypatch):
     """The suite's small exact-match runs compile fast; this holds the optimized program (long jobs) to them.
     12 rows on the suite's 4 devices: the fast program runs a device's 3 rows one at a time, the optimized one
-    vmapped together (`sim.rows_together`)."""
+    vmapped together (as a device holding more than a group's rows would: `sim.rows_together`)."""
     wl = W.toolbench(60, n_tools=8, tool_mean=1500)
     model = R.ReplicaModel(n_replicas=3, max_running=8, max_queue=64, local_order="lpm",
                            router_policies=("rr", "least_load", "sglang_cache_aware"))
@@ -46,6 +46,7 @@ def test_both_efforts_give_the_same_replica_grid():
     sim.clear_compiled(model)
     grids = {}
     for effort in ("fast", "optimized"):
+        monkeypatch.setenv(sim.ROWS_TOGETHER_ENV, "" if effort == "fast" else "3")
         with compile_effort.forced(effort):
             grids[effort] = sim.run_grid(model, jax.random.key(4), wl, rows, 4)
         assert sim.last_traced_program().endswith(" x1 fast" if effort == "fast" else " x3")

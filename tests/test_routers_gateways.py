@@ -144,7 +144,7 @@ def test_aibrix_rule_edges():
     assert int(aibrix.choose(st, late, req, p, jax.random.key(0))) == 0
     # a re-add after expiry forgets the other pods: replica 3 alone holds segment 0
     st = aibrix.on_dispatch(st, late, _req([0], [100]), jnp.int32(3), jnp.bool_(True), p)
-    assert np.asarray(aibrix.held(st, jnp.float32(1201.0), p))[:, 0].tolist() == [False, False, False, True]
+    assert np.asarray(aibrix.held(st, jnp.float32(1201.0), p, jnp.arange(1)))[:, 0].tolist() == [False, False, False, True]
 
 
 def test_presets_registered_with_unique_settings():

@@ -183,7 +183,8 @@ def test_rows_together_sizes(monkeypatch):
     monkeypatch.delenv(sim.ROWS_TOGETHER_ENV, raising=False)
     together = sim.rows_together
     assert together(1, "cpu", 16) == together(2, "cpu", 16) == together(2, "gpu", None) == 1  # unbatched
-    assert together(3, "cpu", 16) == 3 and together(160, "cpu", 16) == 16
+    assert together(3, "cpu", 16) == together(16, "cpu", 16) == 1  # no more than a group: one at a time
+    assert together(17, "cpu", 16) == 9 and together(160, "cpu", 16) == 16
     assert together(33, "cpu", 16) == 11  # 3 equal groups, not 16 + 16 + 1
     assert together(40, "gpu", 16) == together(40, "cpu", None) == 40  # accelerators and uniform models: all
     assert together(160, "cpu", 16, fast=True) == 1  # a small job of a branchy model: one at a time

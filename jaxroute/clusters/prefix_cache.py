@@ -26,8 +26,10 @@ def leading_match(present: jax.Array, seg_ids: jax.Array, seg_tok: jax.Array) ->
 def leading_run(flags: jax.Array, seg_tok: jax.Array) -> tuple[jax.Array, jax.Array]:
     """`leading_match` on the prompt's own present flags ([..., S], gathered by the caller)."""
     ok = flags | (seg_tok == 0)
-    lead = jnp.cumprod(ok.astype(jnp.int32), axis=-1)
-    return jnp.sum(lead * (seg_tok > 0), axis=-1), jnp.sum(lead * seg_tok, axis=-1)
+    # the run's length: the first entry not ok (argmin finds the first False), or all of them
+    run = jnp.where(jnp.all(ok, axis=-1), ok.shape[-1], jnp.argmin(ok, axis=-1))
+    lead = jnp.arange(ok.shape[-1]) < run[..., None]
+    return jnp.sum(lead & (seg_tok > 0), axis=-1), jnp.sum(jnp.where(lead, seg_tok, 0), axis=-1)
 
 
 def evict_lru(evictable: jax.Array, last_use: jax.Array, depth: jax.Array, seg_len: jax.Array,

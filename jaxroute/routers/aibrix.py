@@ -59,8 +59,9 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from jaxroute.clusters.prefix_cache import leading_match
+from jaxroute.clusters.prefix_cache import leading_run
 from jaxroute.errors import JaxrouteError
+from jaxroute.in_place import after
 from jaxroute.routers import parts
 from jaxroute.routers.view import Request, RouterStatic, RouterView
 
@@ -95,9 +96,9 @@ def init(static: RouterStatic) -> State:
     return State(jnp.full((m1,), -jnp.inf), jnp.full((m1,), -jnp.inf), jnp.full((G, m1), -jnp.inf))
 
 
-def held(state: State, now: jax.Array, p: Params) -> jax.Array:
-    """[G, M+1] bool: the pod is in the segment's live index entry at `now`."""
-    return (now - state.put <= p.aibrix_ttl_s)[None, :] & (state.pod_t >= state.born[None, :])
+def held(state: State, now: jax.Array, p: Params, segs: jax.Array) -> jax.Array:
+    """[G, S] bool: the pod is in the live index entry of each of the segments `segs` [S] at `now` (O(G x S))."""
+    return (now - state.put[segs] <= p.aibrix_ttl_s)[None, :] & (state.pod_t[:, segs] >= state.born[segs][None, :])
 
 
 def on_dispatch(state: State, view: RouterView, req: Request, g: jax.Array, active: jax.Array, p: Params) -> State:
@@ -106,8 +107,8 @@ def on_dispatch(state: State, view: RouterView, req: Request, g: jax.Array, acti
     do = (segs < state.put.shape[0] - 1) & active
     t = view.now
     expired = ~(t - state.put[segs] <= p.aibrix_ttl_s)  # never added (-inf) counts as expired
-    born = state.born.at[segs].set(jnp.where(do & expired, t, state.born[segs]))
-    return State(state.put.at[segs].set(jnp.where(do, t, state.put[segs])), born,
+    born = state.born.at[after(segs, g)].set(jnp.where(do & expired, t, state.born[segs]))  # after the reads: in place
+    return State(state.put.at[after(segs, g, expired)].set(jnp.where(do, t, state.put[segs])), born,
                  state.pod_t.at[g, segs].set(jnp.where(do, t, state.pod_t[g, segs])))
 
 
@@ -135,8 +136,8 @@ def choose(state: State, view: RouterView, req: Request, p, key) -> jax.Array:
     count = view.inflight
     lo = jnp.min(count)
     allowed = jnp.where(jnp.max(count) - lo > p.aibrix_imbalance_abs, count == lo, True)
-    live = held(state, view.now, p)
-    _, m = leading_match(live[:, req.segs], jnp.arange(req.segs.shape[0]), req.tok)
+    live = held(state, view.now, p, req.segs)
+    _, m = leading_run(live, req.tok)
     B = p.aibrix_block_tokens
     n_blocks = req.prompt // B
     blocks = m // B

@@ -53,6 +53,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxroute.errors import JaxrouteError
+from jaxroute.in_place import after
 from jaxroute.routers import parts
 from jaxroute.routers.view import Request, RouterStatic, RouterView
 
@@ -142,7 +143,7 @@ def on_dispatch(s: State, view: RouterView, req: Request, g: jax.Array, active: 
     segs = req.segs
     row_old = s.count[g, segs]
     added = jnp.sum(jnp.where(active & real & (row_old == 0), nb, 0))
-    count = s.count.at[g, segs].add((active & real).astype(jnp.int32))
+    count = s.count.at[g, after(segs, added)].add((active & real).astype(jnp.int32))  # after the reads: in place
     seg_blocks = s.seg_blocks.at[segs].set(jnp.where(active & real, nb, s.seg_blocks[segs]))
     tok = _new_tokens(view, req, B)[g]
     slot = req.id % SLOTS
@@ -164,18 +165,26 @@ def on_first_token(s: State, view: RouterView, g: jax.Array, rids: jax.Array, fi
 
 
 def on_finish(s: State, view: RouterView, g: jax.Array, rids: jax.Array, finished: jax.Array, p: Params) -> State:
-    """Free the finished requests' blocks and prefill tokens on worker g (O(B x S + M))."""
+    """Free the finished requests' blocks and prefill tokens on worker g: a loop over the finished requests,
+    O(S) each (a segment whose count reaches 0 takes its blocks off the worker's active blocks)."""
     rid = jnp.maximum(rids, 0)
-    segs, tok = view.table.seg_ids[rid], view.table.seg_tok[rid]  # [B, S]
-    dec = (finished[:, None] & (tok > 0)).astype(jnp.int32)
-    row = s.count[g].at[segs].add(-dec)
-    active = jnp.sum(jnp.where(row > 0, s.seg_blocks, 0))
+
+    def free_one(c):
+        count, active, todo = c
+        b = jnp.argmax(todo)
+        segs, tok = view.table.seg_ids[rid[b]], view.table.seg_tok[rid[b]]
+        real = tok > 0
+        count = count.at[g, segs].add(-real.astype(jnp.int32))
+        gone = real & (count[g, segs] == 0)
+        return count, active - jnp.sum(jnp.where(gone, s.seg_blocks[segs], 0)), todo.at[b].set(False)
+
+    count, active, _ = jax.lax.while_loop(lambda c: jnp.any(c[2]), free_one, (s.count, s.active[g], finished))
     slot = rid % SLOTS
     mine = finished & (s.slot_rid[slot] == rid)
     freed_tok = jnp.sum(jnp.where(mine, s.slot_tok[slot], 0))
     nowhere = SLOTS  # out of range: no update
     return dataclasses.replace(
-        s, count=s.count.at[g].set(row), active=s.active.at[g].set(jnp.where(jnp.any(finished), active, s.active[g])),
+        s, count=count, active=s.active.at[g].set(active),
         prefill=s.prefill.at[g].add(-freed_tok),
         slot_rid=s.slot_rid.at[jnp.where(mine, slot, nowhere)].set(-1, mode="drop"))
 
