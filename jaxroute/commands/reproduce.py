@@ -35,7 +35,7 @@ def register(subparsers) -> None:
     p.add_argument("--out", default="results/reproduce", metavar="DIR",
                    help="report folder: report.md, results.json, PNGs, parts/ (default results/reproduce)")
     p.add_argument("--quick", action="store_true",
-                   help="small sizes, same code paths (all of them: 4-5 min on 2 idle cores with --jobs 2 and an empty compile cache, measured 4:09 and 4:40; a smoke run, not results); marked QUICK in the report (default: full size)")
+                   help="small sizes, same code paths (all of them: about 4 min on 2 idle cores with --jobs 2 and an empty compile cache, measured 3:49; a smoke run, not results); marked QUICK in the report (default: full size)")
     p.add_argument("--only", type=csv_list, default=[], metavar="NAMES",
                    help="comma-separated experiment names to run (see --list); the report holds only those (default: all)")
     p.add_argument("--seeds", type=positive_int, default=None, metavar="N",
