@@ -54,6 +54,7 @@ import jax.numpy as jnp
 
 from jaxroute.errors import JaxrouteError
 from jaxroute.in_place import after
+from jaxroute.loops import for_each
 from jaxroute.routers import parts
 from jaxroute.routers.view import Request, RouterStatic, RouterView
 
@@ -169,16 +170,15 @@ def on_finish(s: State, view: RouterView, g: jax.Array, rids: jax.Array, finishe
     O(S) each (a segment whose count reaches 0 takes its blocks off the worker's active blocks)."""
     rid = jnp.maximum(rids, 0)
 
-    def free_one(c):
-        count, active, todo = c
-        b = jnp.argmax(todo)
+    def free_one(b, c):
+        count, active = c
         segs, tok = view.table.seg_ids[rid[b]], view.table.seg_tok[rid[b]]
         real = tok > 0
         count = count.at[g, segs].add(-real.astype(jnp.int32))
         gone = real & (count[g, segs] == 0)
-        return count, active - jnp.sum(jnp.where(gone, s.seg_blocks[segs], 0)), todo.at[b].set(False)
+        return count, active - jnp.sum(jnp.where(gone, s.seg_blocks[segs], 0))
 
-    count, active, _ = jax.lax.while_loop(lambda c: jnp.any(c[2]), free_one, (s.count, s.active[g], finished))
+    count, active = for_each(finished, free_one, (s.count, s.active[g]))
     slot = rid % SLOTS
     mine = finished & (s.slot_rid[slot] == rid)
     freed_tok = jnp.sum(jnp.where(mine, s.slot_tok[slot], 0))

@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxroute.clusters.prefix_cache import lru_victim
+from jaxroute.in_place import after
 
 
 @jax.tree_util.register_dataclass
@@ -139,9 +140,8 @@ def insert(tab: SlotTable, index: jax.Array, g: jax.Array, rep: Replication, seg
     placed = win & (slot < C)
     index = claimed.at[g, jnp.where(win, segs, m1)].set(jnp.where(placed, slot, -1), mode="drop")
     length = jnp.where(placed, seg_len[segs], 0)
-    # `unique_tok >= 0` always holds; gating on it orders this scatter after the reads that computed it
-    # (settle_evictions), so XLA updates the counts in place instead of copying the [M+1] array
-    copies = rep.copies.at[jnp.where(placed & (rep.unique_tok >= 0), segs, m1)].add(1, mode="drop")
+    # after the reads that computed unique_tok (settle_evictions): XLA updates the counts in place
+    copies = rep.copies.at[after(jnp.where(placed, segs, m1), rep.unique_tok)].add(1, mode="drop")
     first_copy = placed & (copies[segs] == 1)  # read after the write
     tab = dataclasses.replace(
         tab, seg=tab.seg.at[slot].set(segs, mode="drop"), ref=tab.ref.at[slot].set(0, mode="drop"),

@@ -86,6 +86,7 @@ from jaxroute.clusters.replicas.cache import (
 )
 from jaxroute.clusters.replicas.local_queue import Entries, Ring
 from jaxroute.clusters.replicas.types import NO_SEGMENT_END, Replica, ReplicaParams
+from jaxroute.loops import for_each
 from jaxroute.workloads.prefix import RequestTable
 
 INF = jnp.inf
@@ -393,34 +394,30 @@ def iterate_row(model, row: Replica, ring: Ring, entries: Entries, cache: SlotTa
     finished = running & (new_gen >= out)
     spos = jnp.arange(r.seg_ids.shape[1])
 
-    def insert_completed(carry):
-        cache, index, acct, full, todo, nseg, nend, run_res = carry
-        b = jnp.argmax(todo)
+    def insert_completed(b, carry):
+        cache, index, acct, full, nseg, nend, run_res = carry
         segs, tok, end = r.seg_ids[rid[b]], r.seg_tok[rid[b]], r.seg_end[rid[b]]
         n_b = jnp.sum((end <= new_pos[b]) & (tok > 0))
         newly = (spos >= rw.run_nseg[b]) & (spos < n_b)
         cache, index, acct, full_b = insert(cache, index, g, acct, segs, newly, seg_len)
-        return (cache, index, acct, full | full_b, todo.at[b].set(False), nseg.at[b].set(n_b),
-                nend.at[b].set(next_segment_end(r, rid[b], n_b)), run_res.at[b].add(-jnp.sum(newly * tok)))
+        return (cache, index, acct, full | full_b, nseg.at[b].set(n_b), nend.at[b].set(next_segment_end(r, rid[b], n_b)),
+                run_res.at[b].add(-jnp.sum(newly * tok)))
 
-    cache, index, acct, table_full, _, nseg_new, nend, run_res = jax.lax.while_loop(
-        lambda carry: jnp.any(carry[4]), insert_completed,
-        (cache, index, acct, jnp.bool_(False), completes, rw.run_nseg, nend, run_res))
+    cache, index, acct, table_full, nseg_new, nend, run_res = for_each(
+        completes, insert_completed, (cache, index, acct, jnp.bool_(False), rw.run_nseg, nend, run_res))
     out_seg = r.out_seg[rid]
     keep_out = finished & (out_seg < m1 - 1)
     cache, index, acct, full_out = insert(cache, index, g, acct, out_seg, keep_out, seg_len)
 
-    def lock_and_touch(carry):
-        cache, todo = carry
-        b = jnp.argmax(todo)
+    def lock_and_touch(b, cache):
         segs, tok = r.seg_ids[rid[b]], r.seg_tok[rid[b]]
         newly = (spos >= rw.run_nseg[b]) & (spos < nseg_new[b])
         fin = finished[b] & (tok > 0)
         prefix = completes[b] & (spos < nseg_new[b])  # the prefix up to the new segments
         delta = newly.astype(jnp.int32) - fin.astype(jnp.int32)
-        return cache.lock_and_touch(index, g, segs, delta, prefix | fin, t_end), todo.at[b].set(False)
+        return cache.lock_and_touch(index, g, segs, delta, prefix | fin, t_end)
 
-    cache = jax.lax.while_loop(lambda carry: jnp.any(carry[1]), lock_and_touch, (cache, completes | finished))[0]
+    cache = for_each(completes | finished, lock_and_touch, cache)
     cache = cache.touch(index, g, out_seg, keep_out, t_end)
     run_req = jnp.where(finished, -1, rw.run_req)
     busy = jnp.any(run_req >= 0) | (ring.count > 0)

@@ -92,6 +92,7 @@ from jaxroute.clusters.replicas.types import (
     Snapshot,
 )
 from jaxroute.errors import JaxrouteError
+from jaxroute.loops import for_each
 from jaxroute.routers import prefix as routers
 from jaxroute.routers.view import Request, RouterStatic, RouterView
 
@@ -459,14 +460,11 @@ def apply_pending(pending: jax.Array, g: jax.Array, reqs: jax.Array, add: jax.Ar
     request in `reqs` [B] (N = none): a loop over the requests given, O(S) each, never O(B x S)."""
     n = table.arrival_s.shape[0]
 
-    def body(c):
-        p, todo = c
-        k = jnp.argmax(todo)
+    def one(k, p):
         q = jnp.minimum(reqs[k], n - 1)
-        segs = jnp.concatenate([table.seg_ids[q], table.out_seg[q][None]])
-        return p.at[g, segs].add(add, mode="drop"), todo.at[k].set(False)
+        return p.at[g, jnp.concatenate([table.seg_ids[q], table.out_seg[q][None]])].add(add, mode="drop")
 
-    return jax.lax.while_loop(lambda c: jnp.any(c[1]), body, (pending, reqs < n))[0]
+    return for_each(reqs < n, one, pending)
 
 
 def run_single(model: ReplicaModel, key, workload, params: ReplicaParams) -> ReplicaState:

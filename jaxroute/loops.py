@@ -1,0 +1,21 @@
+"""A loop over the set entries of a mask, inside a compiled run."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+
+
+def for_each(mask: jax.Array, body: Callable, carry):
+    """`body(i, carry) -> carry` for each i where `mask` [K] is True, in increasing i: a while loop of as many
+    trips as set entries (under `vmap`, as many as the row with the most), so work proportional to the entries
+    that need it rather than to K."""
+
+    def step(c):
+        todo, carry = c
+        i = jnp.argmax(todo)
+        return todo.at[i].set(False), body(i, carry)
+
+    return jax.lax.while_loop(lambda c: jnp.any(c[0]), step, (mask, carry))[1]
