@@ -13,8 +13,9 @@ from jaxroute.workloads.decode import make_decode_requests
 
 
 def _score_all(x, loads_h, g, alpha, beta, d, took=0.0):
-    table = balance.penalty_tables(balance.margins_of(jnp.asarray(loads_h, jnp.float32)), jnp.asarray(d, jnp.float32))
-    return np.asarray(balance.score(jnp.asarray(x, jnp.float32), table, g, took, alpha, beta, jnp.sum(jnp.asarray(d))))
+    margins = balance.margins_of(jnp.asarray(loads_h, jnp.float32))
+    return np.asarray(balance.score(jnp.asarray(x, jnp.float32), margins, jnp.asarray(d, jnp.float32), g, took,
+                                    alpha, beta))
 
 
 def test_worked_example():

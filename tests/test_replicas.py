@@ -10,6 +10,7 @@ import pytest
 
 from jaxroute import sim
 from jaxroute.clusters import replicas as R
+from jaxroute.clusters.replicas.cache import cached_at
 from jaxroute.errors import JaxrouteError
 from jaxroute.routers import preble
 from jaxroute.routers.prefix import modules_for
@@ -255,7 +256,10 @@ def test_cache_invariants_during_a_run():
     seg_len = np.asarray(state.req.seg_len)
     for _ in range(40):
         state = step(state)
-        cached = np.asarray(R.cached_mask(state.cache_index, state.rep.slot_seg))
+        cached = np.asarray(R.cached_mask(state.rep.slot_seg, state.cache_index.shape[1]))
+        # the slots' segments are exactly the segments the index finds (the two reads of one cache agree)
+        every = jnp.arange(state.cache_index.shape[1], dtype=jnp.int32)
+        np.testing.assert_array_equal(cached, np.asarray(cached_at(state.cache_index, state.rep.slot_seg, every)))
         used = (cached * seg_len).sum(1) + np.asarray(state.rep.run_res).sum(1)
         assert (used <= cap).all()
         for g in range(cached.shape[0]):
@@ -414,8 +418,15 @@ def test_lru_eviction_order():
                 break
             want[k], freed, total = True, freed + seg_len[k], np.float32(total + value[k])
         mask, got_freed, got_total = C.evict_lru(jnp.asarray(ev), jnp.asarray(last), jnp.asarray(depth),
-                                                 jnp.asarray(seg_len), jnp.int32(deficit), jnp.asarray(value))
+                                                 jnp.asarray(seg_len), jnp.int32(deficit), jnp.asarray(value).__getitem__)
         np.testing.assert_array_equal(np.asarray(mask), want)
+        assert int(got_freed) == freed and float(got_total) == total
+        # the same walk over a slot table (entries in another order, segment ids in `ids`): same victims
+        perm = rng.permutation(m)
+        mask, got_freed, got_total = C.evict_lru(
+            jnp.asarray(ev[perm]), jnp.asarray(last[perm]), jnp.asarray(depth[perm]), jnp.asarray(seg_len[perm]),
+            jnp.int32(deficit), jnp.asarray(value[perm]).__getitem__, ids=jnp.asarray(perm, jnp.int32))
+        np.testing.assert_array_equal(np.asarray(mask), want[perm])
         assert int(got_freed) == freed and float(got_total) == total
 
 

@@ -522,7 +522,6 @@ class DecodeModel(sim.Model):
         n_arrived = jnp.sum(st.arrival_t <= st.t).astype(jnp.int32)
         use, g_use = self.in_use(params), self.n_in_use(params)
         a, b, d = balance.score_weights(params.policy, params.alpha, params.beta, params.gamma, g_use, self.horizon)
-        sum_d = jnp.sum(d)
         active = st.slot_req >= 0
         n_active = jnp.sum(active, axis=1)
         load = self.loads(st, wl)
@@ -550,14 +549,14 @@ class DecodeModel(sim.Model):
         def intake_immediate(st):
             q_load = st.q_tokens.astype(jnp.float32)
             counts0 = (n_active + st.q_len).astype(jnp.float32)
-            table = balance.penalty_tables(balance.margins_of(loads_h + q_load[:, None]), d)
+            margins = balance.margins_of(loads_h + q_load[:, None])
 
             def body(c):
                 i, queue, qlen, counts, kv, took, rr, k, q_tok = c
                 k, sub = jax.random.split(k)
                 rid = st.next_in + i
                 s_i = st.prompt[rid].astype(jnp.float32)
-                single = jax.vmap(lambda gg: balance.score(s_i, table, gg, took[gg], a, b, sum_d))(jnp.arange(g))
+                single = jax.vmap(lambda gg: balance.score(s_i, margins, d, gg, took[gg], a, b))(jnp.arange(g))
                 hit_i = None
                 if caching:
                     hit_i = self.prefix_hits(st, rid).astype(jnp.float32)  # [G]

@@ -47,7 +47,8 @@ owns its state and defines, with `view: RouterView`, `req: Request`, `g` the cho
 
 A stateful rule's `p` is the row's `RouterParams` (weights, picker, and every module's settings by
 name, e.g. `p.recent_s`); the hooks get the module's own Params. Optional hooks: `on_refresh(state,
-view, active, p)` runs before every decision (expire windows), `on_admit(state, view, g, rids, admitted,
+view, active, p)` runs before every decision (expire windows), `on_arrival(state, view, req, active, p)`
+after it with the request (keep what both `choose` and `on_dispatch` read), `on_admit(state, view, g, rids, admitted,
 cached, p)`, `on_first_token(state, view, g, rids, first, p)` and `on_finish(state, view, g, rids,
 finished, p)` after an iteration on replica g (`view.now` is the iteration's start for on_admit, its
 end for the other two),

@@ -7,7 +7,7 @@ BalanceRoute:
   br0  F_g(Q) = Δs(Q) - G (Δs(Q) - m_g)_+ with margins m_g = M - L_g.
   brh  F_g(Q) = α (1ᵀd) Δs(Q) - β ((Δs(Q) 1 - m_g)_+)ᵀ d over predicted loads L_g(k+h), h = 0..H,
        d = (1, γ, ..., γ^H). br0 is brh with α = 1, β = G, d = (1, 0, ..., 0), so both run
-       through one scorer (`penalty_tables` / `score`), checked against cost_models.br0/brh_score.
+       through one scorer (`score`), checked against cost_models.br0/brh_score.
 Cache-aware (CACHE_POLICIES; they need ranks with prefix caches, `DecodeModel.prefix_cache_tokens`):
   br_cache  BR-0's F_g(Q) - w Σ_{i in Q} miss_{i,g}: miss_{i,g} = the prompt tokens rank g would
             prefill for i (prompt - leading cached tokens on g, at most prompt - 1 cached), w the
@@ -83,36 +83,14 @@ def score_weights(policy: jax.Array, alpha, beta, gamma, n_workers: int, horizon
     return a, b, d
 
 
-def penalty_tables(margins: jax.Array, d: jax.Array):
-    """Precompute Σ_h d_h (x - m_h)_+ as a piecewise-linear function of x, per worker.
+def score(x: jax.Array, margins: jax.Array, d: jax.Array, g, shift, alpha, beta) -> jax.Array:
+    """F_g(x) = α (1ᵀd) x - β Σ_h d_h (x - (m_{g,h} - shift))_+ for an array of Δs values x.
 
-    margins [G, H+1], d [H+1] -> (sorted margins [G, H+1], cumulative d [G, H+2],
-    cumulative d*m [G, H+2]). Sorting once per step keeps a 2^W-subset evaluation cheap.
+    margins [G, H+1]; `shift` is the load worker g already took in this step (its margins drop by
+    that much). Summed directly over h: one [..., H+1] pass, as cheap as searching a sorted table.
     """
-    # Sort by rank from pairwise comparisons (XLA's CPU sort is slow for many tiny rows).
-    n = margins.shape[-1]
-    idx = jnp.arange(n)
-    mi, mj = margins[..., :, None], margins[..., None, :]
-    before = (mj < mi) | ((mj == mi) & (idx[None, :] < idx[:, None]))  # [..., i, j]: j sorts before i
-    rank = jnp.sum(before, axis=-1)  # [..., n] a permutation
-    rows = jnp.arange(margins.shape[0])[:, None]
-    m_sorted = jnp.zeros_like(margins).at[rows, rank].set(margins)
-    d_sorted = jnp.zeros_like(margins).at[rows, rank].set(jnp.broadcast_to(d, margins.shape))
-    zero = jnp.zeros(margins.shape[:-1] + (1,), jnp.float32)
-    d_cum = jnp.concatenate([zero, jnp.cumsum(d_sorted, axis=-1)], axis=-1)
-    e_cum = jnp.concatenate([zero, jnp.cumsum(d_sorted * m_sorted, axis=-1)], axis=-1)
-    return m_sorted, d_cum, e_cum
-
-
-def score(x: jax.Array, table, g, shift, alpha, beta, sum_d) -> jax.Array:
-    """F_g(x) = α (1ᵀd) x - β Σ_h d_h (x - m_{g,h} + shift)_+ for an array of Δs values x.
-
-    `shift` is the load worker g already took in this step (its margins drop by that much).
-    """
-    m_sorted, d_cum, e_cum = table[0][g], table[1][g], table[2][g]
-    y = x + shift
-    k = jnp.sum(m_sorted < y[..., None], axis=-1)  # margins strictly below y (= searchsorted left, no loop)
-    return alpha * sum_d * x - beta * (y * d_cum[k] - e_cum[k])
+    pen = jnp.sum(d * jnp.maximum(x[..., None] - (margins[g] - shift), 0.0), axis=-1)
+    return alpha * jnp.sum(d) * x - beta * pen
 
 
 def margins_of(loads_h: jax.Array) -> jax.Array:
@@ -197,10 +175,8 @@ def balance_dispatch(pool_s, pool_valid, loads_h, free, kv_room, alpha, beta, d,
     n_pool = pool_s.shape[0]
     n_workers = loads_h.shape[0]
     need = pool_s if pool_need is None else pool_need
-    sum_d = jnp.sum(d)
     margins = margins_of(loads_h)
     m0 = margins[:, 0]
-    table = penalty_tables(margins, d)
     subsets = jnp.asarray(subset_matrix(window))  # [2^W, W]
     sizes = jnp.sum(subsets, axis=1)
     ninf = jnp.float32(-jnp.inf)
@@ -223,7 +199,7 @@ def balance_dispatch(pool_s, pool_valid, loads_h, free, kv_room, alpha, beta, d,
         it, assign, free_, room, took, blocked = c
         g, _ = pick_worker(free_, took, (free_ > 0) & ~blocked)
         ok = pool_valid & (assign < 0) & (need <= room[g])
-        f = score(pool_s, table, g, took[g], alpha, beta, sum_d)
+        f = score(pool_s, margins, d, g, took[g], alpha, beta)
         if miss is not None:
             f = f - miss_weight * miss[:, g]
         f = jnp.where(ok, f, ninf)
@@ -246,7 +222,7 @@ def balance_dispatch(pool_s, pool_valid, loads_h, free, kv_room, alpha, beta, d,
         dn = subsets.astype(jnp.float32) @ jnp.where(w_ok, need[pos], 0.0)
         uses_missing = jnp.any(subsets & ~w_ok[None, :], axis=1)
         feasible = ~uses_missing & (sizes <= free_[g]) & (dn <= room[g])
-        f = score(ds, table, g, took[g], alpha, beta, sum_d)
+        f = score(ds, margins, d, g, took[g], alpha, beta)
         if miss is not None:
             f = f - miss_weight * (subsets.astype(jnp.float32) @ jnp.where(w_ok, miss[pos, g], 0.0))
         f = jnp.where(feasible, f, ninf)

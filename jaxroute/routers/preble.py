@@ -64,6 +64,7 @@ import jax.numpy as jnp
 from jaxroute import cost_models
 from jaxroute.clusters.prefix_cache import evict_lru
 from jaxroute.errors import JaxrouteError
+from jaxroute.loops import for_each
 from jaxroute.routers import parts
 from jaxroute.routers.names import DEFAULT_E2_TH_BAL, DEFAULT_E2_WINDOW_S
 from jaxroute.routers.view import Request, RouterStatic, RouterView
@@ -173,6 +174,9 @@ class State:
     scaled: jax.Array  # [G, M+1] bool replicas a prefix was autoscaled onto
     tally: jax.Array  # [3] float32 sums over decisions of the replica-mean L, M and P (seconds)
     counts: jax.Array  # [5] int32 decisions, exploits, rebalanced, paired, autoscaled
+    terms: jax.Array  # [3, G] float32 this arrival's L, M and P per replica (`on_arrival`)
+    seg: jax.Array  # [] int32 this arrival's important segment (`on_arrival`)
+    seg_scaled: jax.Array  # [G] bool replicas that segment was autoscaled onto (`scaled[:, seg]`, `on_arrival`)
 
 
 def init(static: RouterStatic) -> State | None:
@@ -185,7 +189,8 @@ def init(static: RouterStatic) -> State | None:
     return State(f((G, K), -INF), f((G, K), 0.0), f((G, K), 0.0), i((G, K), 0), i((G, K), 0), i((G,), 0),
                  i((G,), 0), f((G,), 0.0), f((G,), 0.0), i((G,), 0), i((G, m1), 0), f((G, m1), -INF),
                  jnp.bool_(False), Window.empty(G, K, (jnp.int32, jnp.int32)), Window.empty(G, K, (jnp.float32, jnp.int32)),
-                 jnp.zeros((G, m1), bool), f((3,), 0.0), i((len(COUNTS),), 0))
+                 jnp.zeros((G, m1), bool), f((3,), 0.0), i((len(COUNTS),), 0), f((3, G), 0.0), jnp.int32(0),
+                 jnp.zeros((G,), bool))
 
 
 COUNTS = ("e2_decisions", "e2_exploits", "e2_rebalanced", "e2_paired", "e2_autoscaled")
@@ -249,21 +254,31 @@ def _load(s: State) -> jax.Array:
 
 def costs(s: State, view: RouterView, req: Request) -> tuple[jax.Array, jax.Array, jax.Array]:
     """(L [G], M [G], P [G]) for the request (see the module docstring)."""
-    seg_len, cap = view.table.seg_len, view.kv_capacity
+    seg_len, depth, cap = view.table.seg_len, view.table.seg_depth, view.kv_capacity
     p_cost = _prefill_missed(view, req)
     missed = req.prompt.astype(jnp.float32) - view.match_tokens
-    hit_rate = s.hits.astype(jnp.float32) / jnp.maximum(s.count, 1).astype(jnp.float32)[:, None]
-    seg_cost = jax.vmap(lambda n: cost_models.prefill_time(view.cost, n))(seg_len.astype(jnp.float32))
     in_req = jnp.zeros(seg_len.shape, bool).at[req.segs].set(True)
-    evictable = view.record & ~view.locked & (seg_len > 0) & ~in_req
     deficit = jnp.sum(view.record * seg_len, axis=1).astype(jnp.float32) + missed - cap.astype(jnp.float32)
     if view.routing is not None:  # no eviction walk for a decision that is discarded (see RouterView.routing)
         deficit = jnp.where(view.routing, deficit, 0.0)
 
-    def evict_cost(ev, last, hr, d):  # LRU order on the router's own dispatch times
-        return evict_lru(ev, last, view.table.seg_depth, seg_len, d, seg_cost * hr)[2]
+    def evict_cost(record, locked, last, hits, count, d, slots):  # LRU order on the router's own dispatch times
+        def value(k):  # the segment's prefill seconds x its hit rate in the window, at the victims only
+            seg = k if slots is None else jnp.maximum(slots[k], 0)
+            hit_rate = hits[seg].astype(jnp.float32) / jnp.maximum(count, 1).astype(jnp.float32)
+            return cost_models.prefill_time(view.cost, seg_len[seg].astype(jnp.float32)) * hit_rate
 
-    return _load(s), jax.vmap(evict_cost)(evictable, s.last, hit_rate, deficit), p_cost
+        if slots is None:
+            evictable = record & ~locked & (seg_len > 0) & ~in_req
+            return evict_lru(evictable, last, depth, seg_len, d, value)[2]
+        # a fresh view: the evictable segments are cached ones (the record's others are locked), so the walk
+        # runs over the replica's [C] slots, with the same victims in the same order, not over all M+1
+        seg = jnp.maximum(slots, 0)
+        evictable = (slots >= 0) & ~locked[seg] & (seg_len[seg] > 0) & ~in_req[seg]
+        return evict_lru(evictable, last[seg], depth[seg], seg_len[seg], d, value, ids=slots)[2]
+
+    evict = jax.vmap(evict_cost)(view.record, view.locked, s.last, s.hits, s.count, deficit, view.slots)
+    return _load(s), evict, p_cost
 
 
 def hit_ratios(s: State) -> jax.Array:
@@ -295,12 +310,20 @@ def rule(load, extra, match, prompt, p: Params, ratios=None, scaled=None) -> tup
     return jnp.where(paired, heavy, g), dict(exploit=exploit, moved=moved & ~paired, paired=paired, lightest=lightest)
 
 
-def _decide(s: State, view: RouterView, req: Request, p):
-    load, evict, pre = costs(s, view, req)
+def on_arrival(s: State | None, view: RouterView, req: Request, active: jax.Array, p: Params) -> State | None:
+    """The request's costs (L, M, P), important segment and the replicas it was scaled onto, kept for `choose`
+    and `on_dispatch` (so the decision reads no [G, M+1] table: one inside the policy switch is copied whole)."""
+    if s is None:
+        return None
     seg = important_segment(req.segs, req.tok)
-    g, what = rule(load, evict + pre, view.match_tokens, req.prompt.astype(jnp.float32), p, hit_ratios(s),
-                   s.scaled[:, seg])
-    return g, what, (load, evict, pre), seg
+    return dataclasses.replace(s, terms=jnp.stack(costs(s, view, req)), seg=seg, seg_scaled=s.scaled[:, seg])
+
+
+def _decide(s: State, view: RouterView, req: Request, p):
+    """E2's decision on the costs `on_arrival` kept: (replica, what happened)."""
+    load, evict, pre = s.terms
+    return rule(load, evict + pre, view.match_tokens, req.prompt.astype(jnp.float32), p, hit_ratios(s),
+                s.seg_scaled)
 
 
 def choose(s: State | None, view: RouterView, req: Request, p, key) -> jax.Array:
@@ -328,14 +351,15 @@ def on_dispatch(s: State | None, view: RouterView, req: Request, g: jax.Array, a
     count the decision; autoscale its prefix when g is overloaded for it."""
     if s is None:
         return None
-    _, what, terms, seg = _decide(s, view, req, p)
-    target = parts.argmax(parts.keep(-_load(s), ~(s.scaled[:, seg] | (view.match_tokens >= jnp.max(view.match_tokens)))))
+    _, what = _decide(s, view, req, p)
+    terms, seg = s.terms, s.seg
+    target = parts.argmax(parts.keep(-_load(s), ~(s.seg_scaled | (view.match_tokens >= jnp.max(view.match_tokens)))))
     grow = (active & p.e2_autoscale & what["exploit"] & overloaded(s, g, seg, view.now, p)
-            & ~s.scaled[target, seg] & (view.match_tokens[target] < jnp.max(view.match_tokens)))
+            & ~s.seg_scaled[target] & (view.match_tokens[target] < jnp.max(view.match_tokens)))
     ttft, key = s.ttft.vals
     cleared = jnp.where(grow & s.ttft.live(g) & (key[g] == seg), -1, key[g])  # delete_after_allocation
     s = dataclasses.replace(
-        s, scaled=s.scaled.at[target, seg].set(s.scaled[target, seg] | grow),
+        s, scaled=s.scaled.at[target, seg].max(grow),
         ttft=dataclasses.replace(s.ttft, vals=(ttft, key.at[g].set(cleared))),
         tally=s.tally + jnp.where(active, jnp.stack([jnp.mean(x) for x in terms]), 0.0),
         counts=s.counts + (active & jnp.stack([jnp.bool_(True), what["exploit"], what["moved"], what["paired"], grow])))
@@ -373,20 +397,16 @@ def on_first_token(s: State | None, view: RouterView, g: jax.Array, rids: jax.Ar
     """Requests `rids[first]` got their first token at `view.now`: TTFT data points (slot order)."""
     if s is None:
         return None
-    order = jnp.argsort(~first, stable=True)
-
-    n_first = jnp.sum(first)
-
-    def body(c):
-        k, w, full = c
-        rid = rids[order[k]]
+    def body(k, live, c):
+        w, full = c
+        rid = rids[k]
         seg = important_segment(view.table.seg_ids[rid], view.table.seg_tok[rid])
         # active only while this row's loop runs: under vmap a finished row's push must not pop its window (its
         # result is discarded, but its stale-entry loop would still set the batched loop's trip count)
-        w, f = w.push(g, view.now, (view.now - view.table.arrival_s[rid], seg), k < n_first, p.e2_overload_window_s)
-        return k + 1, w, full | f
+        w, f = w.push(g, view.now, (view.now - view.table.arrival_s[rid], seg), live, p.e2_overload_window_s)
+        return w, full | f
 
-    _, w, full = jax.lax.while_loop(lambda c: c[0] < n_first, body, (jnp.int32(0), s.ttft, jnp.bool_(False)))
+    w, full = for_each(first, body, (s.ttft, jnp.bool_(False)), live=True)
     return dataclasses.replace(s, ttft=w, overflow=s.overflow | full)
 
 

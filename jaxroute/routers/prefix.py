@@ -132,7 +132,7 @@ MODULES: dict[str, ModuleType] = {_module_name(m): m
                                   for m in dict.fromkeys(p.module for p in PRESETS.values() if p.module)}
 STATEFUL = tuple(name for name, p in PRESETS.items() if p.module is not None)
 # the hooks the cluster calls on a stateful module (found by name, so a misspelled one would never run)
-HOOKS = ("on_refresh", "on_dispatch", "on_admit", "on_first_token", "on_finish")
+HOOKS = ("on_refresh", "on_arrival", "on_dispatch", "on_admit", "on_first_token", "on_finish")
 
 
 def check_modules(modules: dict[str, ModuleType]) -> None:
@@ -271,6 +271,12 @@ def init(static: RouterStatic) -> dict:
 def on_refresh(state: dict, view: RouterView, active: jax.Array, params: RouterParams) -> dict:
     """Before a decision: the view is new (time advanced, possibly a new snapshot)."""
     return {n: _hook(MODULES[n], "on_refresh", state[n], view, active, params.own[n]) for n in state}
+
+
+def on_arrival(state: dict, view: RouterView, req: Request, active: jax.Array, params: RouterParams) -> dict:
+    """After `on_refresh`, before the decision for `req`: a module keeps what both `choose` and
+    `on_dispatch` read (e.g. Preble's costs), so one event computes it once."""
+    return {n: _hook(MODULES[n], "on_arrival", state[n], view, req, active, params.own[n]) for n in state}
 
 
 def choose(state: dict, view: RouterView, req: Request, policy: jax.Array, params: RouterParams,

@@ -25,7 +25,7 @@ radix-tree reference that the tests match exactly).
 Router: the model builds a `RouterView` (in-flight requests and tokens per replica, and the record
 of which replica should hold which segment: its cache plus the segments of requests dispatched to it
 and not finished, i.e. insert on dispatch) and calls the router's hooks (`routers/prefix.py`):
-`on_refresh` and `choose` at an arrival, `on_dispatch` after it, `on_admit`, `on_first_token` and `on_finish` after an iteration. The
+`on_refresh`, `on_arrival` and `choose` at an arrival, `on_dispatch` after it, `on_admit`, `on_first_token` and `on_finish` after an iteration. The
 router's state is one opaque field. With `stale_s` = T > 0 (needs `stale_view`) the loads and the
 record are snapshots refreshed every T seconds; dispatches since the snapshot are added at once.
 Routing is instantaneous, so a request's dispatch time is its arrival time.
@@ -253,7 +253,7 @@ class ReplicaModel(sim.Model):
 
     def _view(self, s: ReplicaState, pending, params: ReplicaParams, a, is_route, req: Request):
         """(router view, the snapshot to keep) for a request arriving at `a` (`pending`: the counts now)."""
-        cached = cached_mask(s.cache_index, s.rep.slot_seg)  # [G, M+1]: only routers that read it whole materialise these
+        cached = cached_mask(s.rep.slot_seg, s.cache_index.shape[1])  # [G, M+1]: only routers that read it whole materialise these
         record = cached | (pending > 0)
         fresh = Snapshot(record, s.inflight, s.inflight_tok, a, cached, s.rep.q_count.astype(jnp.float32),
                          jnp.sum(s.rep.run_req >= 0, axis=1).astype(jnp.float32),
@@ -276,7 +276,7 @@ class ReplicaModel(sim.Model):
                           locked=pending > 0, match_tokens=match.astype(jnp.float32), cached=seen.cached,
                           cached_match=cached_match.astype(jnp.float32), waiting=seen.waiting, running=seen.running,
                           kv_usage=seen.kv_usage, kv_capacity=params.kv_capacity, cost=params.cost, table=s.req,
-                          active=active, routing=is_route)
+                          active=active, routing=is_route, slots=None if self.stale_view else s.rep.slot_seg)
         return view, snap
 
     def step(self, state: ReplicaState, workload, params: ReplicaParams) -> ReplicaState:
@@ -307,6 +307,7 @@ class ReplicaModel(sim.Model):
         pending = apply_pending(s.pending, s.pending_g, s.pending_req, s.pending_add, r)
         view, snap = self._view(s, pending, params, a, is_route, req)
         router = routers.on_refresh(s.router, view, is_route, params.router)
+        router = routers.on_arrival(router, view, req, is_route, params.router)
         g_route = routers.choose(router, view, req, params.policy, params.router, jax.random.fold_in(s.key, i),
                                  self.router_policies)
         g = jnp.where(is_route, g_route, jnp.argmin(s.clock))
