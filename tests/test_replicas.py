@@ -10,7 +10,6 @@ import pytest
 
 from jaxroute import sim
 from jaxroute.clusters import replicas as R
-from jaxroute.clusters.replicas.cache import cached_at
 from jaxroute.errors import JaxrouteError
 from jaxroute.routers import preble
 from jaxroute.routers.prefix import modules_for
@@ -256,10 +255,7 @@ def test_cache_invariants_during_a_run():
     seg_len = np.asarray(state.req.seg_len)
     for _ in range(40):
         state = step(state)
-        cached = np.asarray(R.cached_mask(state.rep.slot_seg, state.cache_index.shape[1]))
-        # the slots' segments are exactly the segments the index finds (the two reads of one cache agree)
-        every = jnp.arange(state.cache_index.shape[1], dtype=jnp.int32)
-        np.testing.assert_array_equal(cached, np.asarray(cached_at(state.cache_index, state.rep.slot_seg, every)))
+        cached = np.asarray(R.cached_mask(state.cache_index, state.rep.slot_seg))
         used = (cached * seg_len).sum(1) + np.asarray(state.rep.run_res).sum(1)
         assert (used <= cap).all()
         for g in range(cached.shape[0]):
@@ -401,6 +397,27 @@ def test_static_switches_refuse_traced_values_they_would_ignore():
         R.run_single(_model(n_replicas=2), jax.random.key(0), wl, R.make_params("rr", rate=rate, stale_s=1.0))
 
 
+@pytest.mark.parametrize("slots", [40, 400])
+def test_cached_mask_is_the_slots_segments(slots):
+    """Either way of reading a cache whole (scatter the slots' segments when there are fewer slots than
+    segments, else read the index everywhere) gives the segments the slots hold, stale index entries ignored."""
+    rng = np.random.default_rng(slots)
+    G, m1 = 3, 200
+    slot_seg, index = np.full((G, slots), -1, np.int32), np.full((G, m1), -1, np.int32)
+    for g in range(G):
+        n = min(slots, 30)
+        segs = rng.choice(m1, n, replace=False)
+        where = rng.choice(slots, n, replace=False)
+        slot_seg[g, where], index[g, segs] = segs, where
+        stale = np.setdiff1d(rng.choice(m1, 40), segs)  # an evicted segment's index entry stays behind
+        index[g, stale] = rng.integers(0, slots, len(stale))
+    want = np.zeros((G, m1), bool)
+    for g in range(G):
+        want[g, slot_seg[g][slot_seg[g] >= 0]] = True
+    got = np.asarray(R.cached_mask(jnp.asarray(index), jnp.asarray(slot_seg)))
+    np.testing.assert_array_equal(got, want)
+
+
 def test_lru_eviction_order():
     """Least recently used first, deeper first on ties, then lowest id; whole segments until the deficit;
     `value` summed over the evicted ones (Preble E2's eviction cost uses the same walk)."""
@@ -420,13 +437,6 @@ def test_lru_eviction_order():
         mask, got_freed, got_total = C.evict_lru(jnp.asarray(ev), jnp.asarray(last), jnp.asarray(depth),
                                                  jnp.asarray(seg_len), jnp.int32(deficit), jnp.asarray(value).__getitem__)
         np.testing.assert_array_equal(np.asarray(mask), want)
-        assert int(got_freed) == freed and float(got_total) == total
-        # the same walk over a slot table (entries in another order, segment ids in `ids`): same victims
-        perm = rng.permutation(m)
-        mask, got_freed, got_total = C.evict_lru(
-            jnp.asarray(ev[perm]), jnp.asarray(last[perm]), jnp.asarray(depth[perm]), jnp.asarray(seg_len[perm]),
-            jnp.int32(deficit), jnp.asarray(value[perm]).__getitem__, ids=jnp.asarray(perm, jnp.int32))
-        np.testing.assert_array_equal(np.asarray(mask), want[perm])
         assert int(got_freed) == freed and float(got_total) == total
 
 

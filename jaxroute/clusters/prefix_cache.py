@@ -33,18 +33,16 @@ def leading_run(flags: jax.Array, seg_tok: jax.Array) -> tuple[jax.Array, jax.Ar
 
 
 def evict_lru(evictable: jax.Array, last_use: jax.Array, depth: jax.Array, seg_len: jax.Array,
-              deficit: jax.Array, value: Callable[[jax.Array], jax.Array] | None = None,
-              ids: jax.Array | None = None) -> tuple[jax.Array, jax.Array, jax.Array]:
+              deficit: jax.Array, value: Callable[[jax.Array], jax.Array] | None = None
+              ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """(mask [M+1], tokens, value) of the segments to evict in LRU order until `deficit` tokens are
-    freed; `value(k)` (optional, a float32 scalar per entry k) is summed over them in eviction order
+    freed; `value(k)` (optional, a float32 scalar per segment id k) is summed over them in eviction order
     and evaluated at the victims only. One segment per loop step, so the cost follows the number evicted
-    (usually a few), not a sort of all M+1. With `ids` [K] the entries are not indexed by segment id (a
-    replica's slot table): every array is per entry, `ids` gives each entry's segment id (LRU ties), and
-    the mask is over the K entries."""
+    (usually a few), not a sort of all M+1."""
 
     def body(c):
         ev, out, freed, total = c
-        k = lru_victim(ev, last_use, depth, ids)
+        k = lru_victim(ev, last_use, depth)
         gain = jnp.float32(0) if value is None else value(k)
         return ev.at[k].set(False), out.at[k].set(True), freed + seg_len[k], total + gain
 

@@ -254,31 +254,23 @@ def _load(s: State) -> jax.Array:
 
 def costs(s: State, view: RouterView, req: Request) -> tuple[jax.Array, jax.Array, jax.Array]:
     """(L [G], M [G], P [G]) for the request (see the module docstring)."""
-    seg_len, depth, cap = view.table.seg_len, view.table.seg_depth, view.kv_capacity
+    seg_len, cap = view.table.seg_len, view.kv_capacity
     p_cost = _prefill_missed(view, req)
     missed = req.prompt.astype(jnp.float32) - view.match_tokens
     in_req = jnp.zeros(seg_len.shape, bool).at[req.segs].set(True)
+    evictable = view.record & ~view.locked & (seg_len > 0) & ~in_req
     deficit = jnp.sum(view.record * seg_len, axis=1).astype(jnp.float32) + missed - cap.astype(jnp.float32)
     if view.routing is not None:  # no eviction walk for a decision that is discarded (see RouterView.routing)
         deficit = jnp.where(view.routing, deficit, 0.0)
 
-    def evict_cost(record, locked, last, hits, count, d, slots):  # LRU order on the router's own dispatch times
+    def evict_cost(ev, last, hits, count, d):  # LRU order on the router's own dispatch times
         def value(k):  # the segment's prefill seconds x its hit rate in the window, at the victims only
-            seg = k if slots is None else jnp.maximum(slots[k], 0)
-            hit_rate = hits[seg].astype(jnp.float32) / jnp.maximum(count, 1).astype(jnp.float32)
-            return cost_models.prefill_time(view.cost, seg_len[seg].astype(jnp.float32)) * hit_rate
+            hit_rate = hits[k].astype(jnp.float32) / jnp.maximum(count, 1).astype(jnp.float32)
+            return cost_models.prefill_time(view.cost, seg_len[k].astype(jnp.float32)) * hit_rate
 
-        if slots is None:
-            evictable = record & ~locked & (seg_len > 0) & ~in_req
-            return evict_lru(evictable, last, depth, seg_len, d, value)[2]
-        # a fresh view: the evictable segments are cached ones (the record's others are locked), so the walk
-        # runs over the replica's [C] slots, with the same victims in the same order, not over all M+1
-        seg = jnp.maximum(slots, 0)
-        evictable = (slots >= 0) & ~locked[seg] & (seg_len[seg] > 0) & ~in_req[seg]
-        return evict_lru(evictable, last[seg], depth[seg], seg_len[seg], d, value, ids=slots)[2]
+        return evict_lru(ev, last, view.table.seg_depth, seg_len, d, value)[2]
 
-    evict = jax.vmap(evict_cost)(view.record, view.locked, s.last, s.hits, s.count, deficit, view.slots)
-    return _load(s), evict, p_cost
+    return _load(s), jax.vmap(evict_cost)(evictable, s.last, s.hits, s.count, deficit), p_cost
 
 
 def hit_ratios(s: State) -> jax.Array:

@@ -66,8 +66,6 @@ class RouterView:
     table: RequestTable  # segment catalogue (seg_len, seg_depth); rows of requests the router dispatched
     active: jax.Array | None = None  # [G] bool replicas the router may choose (None = all); the first n_active
     #                                 of a partial cluster: only the routers of `prefix.PARTIAL_OK` honour it
-    slots: jax.Array | None = None  # [G, C] int32 segment in each cache slot (-1 free) of a fresh view (None: stale,
-    #                                 or a model without slot tables): the cached segments, for a walk over C not M+1
     routing: jax.Array | None = None  # [] bool the decision is used (None = always); False where a batched step
     #                                   computes the routing branch of an event that is not an arrival: routers
     #                                   with data-dependent loops skip them (their trips would set the batch's)

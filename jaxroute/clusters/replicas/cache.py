@@ -151,13 +151,16 @@ def insert(tab: SlotTable, index: jax.Array, g: jax.Array, rep: Replication, seg
     return tab, index, rep, jnp.any(win & ~placed)
 
 
-def cached_mask(slot_seg: jax.Array, n_segments: int) -> jax.Array:
-    """[G, M+1] bool: which segments each replica caches (slot_seg [G, C], M+1 = n_segments): the segments its
-    slots hold, scattered (G x C writes; cheaper on a CPU than reading the index at all G x (M+1)). O(G x M),
-    so only for routers that read whole caches and for the stale view's snapshots."""
-    rows = jnp.arange(slot_seg.shape[0])[:, None]
-    held = jnp.where(slot_seg >= 0, slot_seg, n_segments)  # free slots: out of range, dropped
-    return jnp.zeros((slot_seg.shape[0], n_segments), bool).at[rows, held].set(True, mode="drop")
+def cached_mask(index: jax.Array, slot_seg: jax.Array) -> jax.Array:
+    """[G, M+1] bool: which segments each replica caches (index [G, M+1], slot_seg [G, C]); O(G x M), so
+    only for routers that read whole caches and for the stale view's snapshots. When the table has fewer
+    slots than there are segments, the slots' segments are scattered (G x C writes); otherwise the index is
+    read at every segment (G x (M+1) reads): on a CPU each costs about the same per element."""
+    G, m1 = index.shape
+    if slot_seg.shape[1] >= m1:
+        return cached_at(index, slot_seg, jnp.arange(m1, dtype=index.dtype))
+    held = jnp.where(slot_seg >= 0, slot_seg, m1)  # free slots: out of range, dropped
+    return jnp.zeros((G, m1), bool).at[jnp.arange(G)[:, None], held].set(True, mode="drop")
 
 
 def cached_at(index: jax.Array, slot_seg: jax.Array, segs: jax.Array) -> jax.Array:

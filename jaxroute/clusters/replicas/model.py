@@ -253,7 +253,7 @@ class ReplicaModel(sim.Model):
 
     def _view(self, s: ReplicaState, pending, params: ReplicaParams, a, is_route, req: Request):
         """(router view, the snapshot to keep) for a request arriving at `a` (`pending`: the counts now)."""
-        cached = cached_mask(s.rep.slot_seg, s.cache_index.shape[1])  # [G, M+1]: only routers that read it whole materialise these
+        cached = cached_mask(s.cache_index, s.rep.slot_seg)  # [G, M+1]: only routers that read it whole materialise these
         record = cached | (pending > 0)
         fresh = Snapshot(record, s.inflight, s.inflight_tok, a, cached, s.rep.q_count.astype(jnp.float32),
                          jnp.sum(s.rep.run_req >= 0, axis=1).astype(jnp.float32),
@@ -276,7 +276,7 @@ class ReplicaModel(sim.Model):
                           locked=pending > 0, match_tokens=match.astype(jnp.float32), cached=seen.cached,
                           cached_match=cached_match.astype(jnp.float32), waiting=seen.waiting, running=seen.running,
                           kv_usage=seen.kv_usage, kv_capacity=params.kv_capacity, cost=params.cost, table=s.req,
-                          active=active, routing=is_route, slots=None if self.stale_view else s.rep.slot_seg)
+                          active=active, routing=is_route)
         return view, snap
 
     def step(self, state: ReplicaState, workload, params: ReplicaParams) -> ReplicaState:
