@@ -389,6 +389,7 @@ def on_first_token(s: State | None, view: RouterView, g: jax.Array, rids: jax.Ar
     """Requests `rids[first]` got their first token at `view.now`: TTFT data points (slot order)."""
     if s is None:
         return None
+
     def body(k, live, c):
         w, full = c
         rid = rids[k]
