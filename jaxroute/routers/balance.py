@@ -7,7 +7,7 @@ BalanceRoute:
   br0  F_g(Q) = Δs(Q) - G (Δs(Q) - m_g)_+ with margins m_g = M - L_g.
   brh  F_g(Q) = α (1ᵀd) Δs(Q) - β ((Δs(Q) 1 - m_g)_+)ᵀ d over predicted loads L_g(k+h), h = 0..H,
        d = (1, γ, ..., γ^H). br0 is brh with α = 1, β = G, d = (1, 0, ..., 0), so both run
-       through one scorer (`score`), checked against cost_models.br0/brh_score.
+       through one scorer (`score`: cost_models.brh_score on a worker's margins less what it took).
 Cache-aware (CACHE_POLICIES; they need ranks with prefix caches, `DecodeModel.prefix_cache_tokens`):
   br_cache  BR-0's F_g(Q) - w Σ_{i in Q} miss_{i,g}: miss_{i,g} = the prompt tokens rank g would
             prefill for i (prompt - leading cached tokens on g, at most prompt - 1 cached), w the
@@ -36,6 +36,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxroute import cost_models
 from jaxroute.registry import PolicyRegistry
 from jaxroute.routers.names import DECODE_POLICIES, DISPATCH_MODES
 
@@ -87,10 +88,9 @@ def score(x: jax.Array, margins: jax.Array, d: jax.Array, g, shift, alpha, beta)
     """F_g(x) = α (1ᵀd) x - β Σ_h d_h (x - (m_{g,h} - shift))_+ for an array of Δs values x.
 
     margins [G, H+1]; `shift` is the load worker g already took in this step (its margins drop by
-    that much). Summed directly over h: one [..., H+1] pass, as cheap as searching a sorted table.
+    that much): `cost_models.brh_score` on worker g's lowered margins (one [..., H+1] pass).
     """
-    pen = jnp.sum(d * jnp.maximum(x[..., None] - (margins[g] - shift), 0.0), axis=-1)
-    return alpha * jnp.sum(d) * x - beta * pen
+    return cost_models.brh_score(x, margins[g] - shift, alpha, beta, d)
 
 
 def margins_of(loads_h: jax.Array) -> jax.Array:

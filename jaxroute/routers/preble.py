@@ -353,7 +353,7 @@ def on_dispatch(s: State | None, view: RouterView, req: Request, g: jax.Array, a
     s = dataclasses.replace(
         s, scaled=s.scaled.at[target, seg].max(grow),
         ttft=dataclasses.replace(s.ttft, vals=(ttft, key.at[g].set(cleared))),
-        tally=s.tally + jnp.where(active, jnp.stack([jnp.mean(x) for x in terms]), 0.0),
+        tally=s.tally + jnp.where(active, jnp.mean(terms, axis=1), 0.0),
         counts=s.counts + (active & jnp.stack([jnp.bool_(True), what["exploit"], what["moved"], what["paired"], grow])))
     K = s.time.shape[1]
     full = active & (s.count[g] == K)
