@@ -157,6 +157,59 @@ def test_config_refuses_bad_sizes():
     assert BenchConfig.quick(trace_sizes=(8,)).trace_sizes == (8,)
 
 
+# What BLIS's run script (../shared/tools/blis/run.sh) prints: the cluster metrics block, then its RESULT line.
+FAKE_BLIS = """#!/bin/bash
+[ "$1" = rr ] || {{ echo "unknown scenario $1" >&2; exit 2; }}
+echo '=== Simulation Metrics ==='
+echo '{{"instance_id": "cluster", "e2e_mean_ms": 2106.7, "ttft_mean_ms": 55.6,'
+echo ' "ttft_p99_ms": 91.2, "itl_mean_ms": 10.3}}'
+echo "RESULT scenario=$1 requests=$N rate=48 completed={done} wall_s=0.$((RANDOM % 9 + 1)) cache_hit_rate=NA"
+[ "$CACHE_DELAY_US" = 0 ]
+"""
+
+
+def test_blis_timed_live_from_its_script(tmp_path):
+    from jaxroute.bench import blis
+
+    run_sh = tmp_path / "run.sh"
+    run_sh.write_text(FAKE_BLIS.format(done="$N"))
+    live = blis.time_blis(str(run_sh), "unique", 2000, 3)
+    assert live["scenario"] == "rr" and live["repeats"] == 3 and len(live["wall_s"]) == 3
+    assert live["requests_per_s"] == pytest.approx(2000 / sorted(live["wall_s"])[1])
+    assert live["metrics"] == pytest.approx({"ttft_mean_s": 0.0556, "ttft_p99_s": 0.0912, "itl_mean_s": 0.0103,
+                                             "e2e_mean_s": 2.1067})
+    with pytest.raises(JaxrouteError, match="BLIS .*prefix-rr.* failed: unknown scenario prefix-rr"):
+        blis.time_blis(str(run_sh), "shared-prefix", 2000, 1)
+    run_sh.write_text(FAKE_BLIS.format(done=1999))
+    with pytest.raises(JaxrouteError, match="BLIS completed 1999 of 2000 requests"):
+        blis.time_blis(str(run_sh), "unique", 2000, 1)
+    run_sh.write_text("echo nothing\n")
+    with pytest.raises(JaxrouteError, match="printed no RESULT line"):
+        blis.time_blis(str(run_sh), "unique", 2000, 1)
+    with pytest.raises(JaxrouteError, match="BLIS's run script not found: .*nope.sh"):
+        BenchConfig(blis_run=str(tmp_path / "nope.sh"))
+    with pytest.raises(JaxrouteError, match="blis rates must be > 0"):
+        BenchConfig(blis_rates=(48.0, 0.0))
+
+
+@pytest.mark.xdist_group(BENCH_GROUP)
+def test_blis_fidelity_sweep_compares_like_with_like(tmp_path):
+    from jaxroute.bench import blis
+
+    run_sh = tmp_path / "run.sh"
+    run_sh.write_text(FAKE_BLIS.format(done="$N"))
+    cfg = BenchConfig.quick(blis_run=str(run_sh), blis_rates=(30.0, 48.0), blis_repeats=2)
+    fid = blis.run_fidelity(cfg)
+    assert fid["requests"] == cfg.blis_requests[0] and [r["rate"] for r in fid["rows"]] == [30.0, 48.0]
+    for r in fid["rows"]:
+        assert r["blis"]["e2e_mean_s"] == pytest.approx(2.1067) and len(r["blis_e2e_per_draw"]) == 2
+        for ours, theirs in blis.FIDELITY_METRICS.items():
+            assert _positive(r["ours"][ours])
+            assert r["relative_difference"][ours] == pytest.approx(r["ours"][ours] / r["blis"][theirs] - 1)
+    # a lower arrival rate queues less: our E2E falls with it (BLIS's figures here are the fake's constants)
+    assert fid["rows"][0]["ours"]["mean_latency_s"] < fid["rows"][1]["ours"]["mean_latency_s"]
+
+
 def test_references_unavailable_outside_a_checkout(monkeypatch, tmp_path):
     monkeypatch.setattr(references, "repo_root", lambda: tmp_path)
     mod, why = references.load_reference("reference_replicas")

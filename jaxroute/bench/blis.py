@@ -18,12 +18,17 @@ cost per event does not depend on the trace length keeps requests/s flat.
 from __future__ import annotations
 
 import functools
+import json
 import math
+import os
+import statistics
+import subprocess
 
 import numpy as np
 
 from jaxroute.bench.config import BLIS_SCENARIO, TRACE_FLAT_MAX, BenchConfig
 from jaxroute.bench.measure import RunOut, Scenario, error_record, measure, say
+from jaxroute.errors import JaxrouteError
 
 # BLIS's figures, as measured in ../shared/tools/blis/README.md (2-core machine, one core, 3 repeats).
 BLIS_SOURCE = "../shared/tools/blis/README.md"
@@ -47,6 +52,83 @@ def blis_rate_for(requests: int) -> tuple[int, float]:
     return n, BLIS_RR_FAST[n]
 
 
+# --------------------------------------------------------------------------- BLIS timed live
+
+# The scenario of BLIS's run script that matches each of our workloads (run.sh's header): `rr`, every prompt
+# unique; `prefix-rr`, 256 shared 1,500-token prefixes + 500 unique tokens, round robin.
+BLIS_RUN_SCENARIOS = {"unique": "rr", "shared-prefix": "prefix-rr"}
+
+
+def parse_blis_output(text: str) -> dict:
+    """The RESULT line and the cluster metrics block that BLIS's run script prints."""
+    result = next((line for line in text.splitlines() if line.startswith("RESULT ")), None)
+    if result is None:
+        raise JaxrouteError("BLIS's run script printed no RESULT line")
+    fields = dict(kv.split("=", 1) for kv in result.split()[1:] if "=" in kv)
+    start = text.find("{", text.find("=== Simulation Metrics ==="))
+    cluster = json.JSONDecoder().raw_decode(text[start:])[0] if start >= 0 else {}
+    return {"requests": int(fields["requests"]), "completed": int(fields["completed"]),
+            "wall_s": float(fields["wall_s"]),
+            "metrics": {"ttft_mean_s": cluster.get("ttft_mean_ms", math.nan) / 1e3,
+                        "ttft_p99_s": cluster.get("ttft_p99_ms", math.nan) / 1e3,
+                        "itl_mean_s": cluster.get("itl_mean_ms", math.nan) / 1e3,
+                        "e2e_mean_s": cluster.get("e2e_mean_ms", math.nan) / 1e3}}
+
+
+def blis_once(run_sh: str, scenario: str, requests: int, **env) -> dict:
+    """One run of BLIS's script (CACHE_DELAY_US=0, as its README's figures; `env`: more of its settings)."""
+    env = dict(os.environ, CACHE_DELAY_US="0", N=str(requests), **{k: str(v) for k, v in env.items()})
+    proc = subprocess.run(["bash", run_sh, scenario], env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        tail = " ".join((proc.stderr or proc.stdout).strip().splitlines()[-3:])
+        raise JaxrouteError(f"BLIS ({run_sh} {scenario}) failed: {tail}")
+    run = parse_blis_output(proc.stdout)
+    if run["completed"] != requests:
+        raise JaxrouteError(f"BLIS completed {run['completed']} of {requests} requests")
+    return run
+
+
+def time_blis(run_sh: str, kind: str, requests: int, repeats: int) -> dict:
+    """BLIS on the workload's scenario, `repeats` times, one core: simulated requests per second of the whole
+    process, median run."""
+    scenario = BLIS_RUN_SCENARIOS[kind]
+    runs = [blis_once(run_sh, scenario, requests) for _ in range(repeats)]
+    wall = statistics.median(r["wall_s"] for r in runs)
+    median_run = min(runs, key=lambda r: abs(r["wall_s"] - wall))
+    say(f"    BLIS {scenario}: {requests / wall:,.0f} requests/s (median of {repeats}, one core)")
+    return {"scenario": scenario, "requests": requests, "repeats": repeats, "wall_s": [r["wall_s"] for r in runs],
+            "requests_per_s": requests / wall, "cores": BLIS_CORES, "metrics": median_run["metrics"]}
+
+
+# Our metric beside each of BLIS's (BLIS's ITL is the mean gap between a request's tokens, our TPOT the same).
+FIDELITY_METRICS = {"ttft_mean_s": "ttft_mean_s", "tpot_mean_s": "itl_mean_s", "mean_latency_s": "e2e_mean_s"}
+
+
+def run_fidelity(cfg: BenchConfig) -> dict:
+    """Ours and BLIS on the unique-prompt scenario at each of `blis_rates`, `blis_repeats` arrival draws each
+    (ours: trace seeds 0, 1, ...; BLIS: SEED 42, 43, ...): TTFT, TPOT (BLIS: ITL) and E2E means, and our
+    relative difference. One draw says little: BLIS's own E2E moves by several % from one seed to the next."""
+    from jaxroute.experiments.cluster import policy_rows, run_cluster
+
+    s, n = BLIS_SCENARIO, cfg.blis_requests[0]
+    rows = []
+    for rate in cfg.blis_rates:
+        ours, theirs = [], []
+        for i in range(cfg.blis_repeats):
+            res = run_cluster(policy_rows([s["policy"]], rate=rate, gpu=s["gpu"], model_name=s["model"]),
+                              unique_workload(n, rate, i), replicas_n=s["replicas"], seeds=1, progress=False)
+            ours.append({k: float(np.mean(res.metrics[k])) for k in FIDELITY_METRICS})
+            theirs.append(blis_once(cfg.blis_run, "rr", n, RATE=rate, SEED=42 + i)["metrics"])
+        mine = {k: float(np.mean([o[k] for o in ours])) for k in FIDELITY_METRICS}
+        blis_mean = {v: float(np.mean([t[v] for t in theirs])) for v in FIDELITY_METRICS.values()}
+        diff = {k: mine[k] / blis_mean[v] - 1.0 for k, v in FIDELITY_METRICS.items()}
+        rows.append({"rate": rate, "ours": mine, "blis": blis_mean, "relative_difference": diff,
+                     "blis_e2e_per_draw": [t["e2e_mean_s"] for t in theirs]})
+        say(f"  rate {rate:g}: E2E ours {mine['mean_latency_s']:.3f} s, BLIS {blis_mean['e2e_mean_s']:.3f} s "
+            f"({diff['mean_latency_s']:+.1%})")
+    return {"requests": n, "draws": cfg.blis_repeats, "policy": s["policy"], "rows": rows}
+
+
 # --------------------------------------------------------------------------- workloads
 
 
@@ -63,12 +145,12 @@ def unique_prompt_trace(n: int, *, rate: float, prompt: int, output: int, seed: 
 
 
 @functools.lru_cache(maxsize=8)
-def unique_workload(n: int):
+def unique_workload(n: int, rate: float = BLIS_SCENARIO["rate"], seed: int = 0):
     from jaxroute.workloads import prefix
 
     s = BLIS_SCENARIO
-    return prefix.from_mooncake(unique_prompt_trace(n, rate=s["rate"], prompt=s["prompt_tokens"],
-                                                    output=s["output_tokens"]))
+    return prefix.from_mooncake(unique_prompt_trace(n, rate=rate, prompt=s["prompt_tokens"],
+                                                    output=s["output_tokens"], seed=seed))
 
 
 @functools.lru_cache(maxsize=8)
@@ -104,7 +186,8 @@ def blis_scenario(cfg: BenchConfig, kind: str, requests: int) -> Scenario:
 
 
 def run_blis(cfg: BenchConfig, memo: dict) -> dict:
-    """Both workloads at every `blis_requests` size, `blis_seeds` seeds, beside BLIS's figures."""
+    """Both workloads at every `blis_requests` size, `blis_seeds` seeds, beside BLIS (timed in the same run
+    when `blis_run` names its script, else its README's figures)."""
     out = {"scenario": BLIS_SCENARIO, "seeds": cfg.blis_seeds, "blis": blis_figures(), "runs": []}
     for kind in WORKLOADS:
         for n in cfg.blis_requests:
@@ -117,10 +200,17 @@ def run_blis(cfg: BenchConfig, memo: dict) -> dict:
                 continue
             if kind == "unique":
                 memo[(n, cfg.blis_seeds)] = row
-            ref_n, ref_rate = blis_rate_for(n)
+            if cfg.blis_run:  # BLIS timed now, on this machine, on the same scenario and request count
+                live = time_blis(cfg.blis_run, kind, n, cfg.blis_repeats)
+                ref_n, ref_rate = n, live["requests_per_s"]
+                row["blis_measured"] = live
+            else:
+                ref_n, ref_rate = blis_rate_for(n)
             row.update(workload=kind, blis_requests=ref_n, blis_requests_per_s_per_core=ref_rate / BLIS_CORES,
                        ratio_per_core=row["requests_per_s_per_core"] / (ref_rate / BLIS_CORES))
             out["runs"].append(row)
+    if cfg.blis_run:
+        out["fidelity"] = run_fidelity(cfg)
     return out
 
 

@@ -9,6 +9,7 @@ counts for an accelerator, each size guarded so an out-of-memory keeps the sizes
 from __future__ import annotations
 
 import dataclasses
+import os
 
 from jaxroute.errors import JaxrouteError
 
@@ -56,6 +57,9 @@ class BenchConfig:
     decode_output_cap: int | None = None  # clip output lengths (quick: short runs); None = the workload's
     blis_requests: tuple[int, ...] = (2000, 10_000)
     blis_seeds: int = 1
+    blis_run: str | None = None  # BLIS's run.sh (../shared/tools/blis/): time BLIS in the same run; None: README figures
+    blis_repeats: int = 3  # BLIS runs per workload and size when timed (median); arrival draws per fidelity rate
+    blis_rates: tuple[float, ...] = (40.0, 48.0, 56.0)  # arrival rates of the fidelity sweep (with blis_run)
     trace_sizes: tuple[int, ...] = (2000, 10_000, 50_000)
     request_scaling: bool = True  # also time each model at 2x its requests per seed
     references: bool = True
@@ -86,10 +90,15 @@ class BenchConfig:
                 raise JaxrouteError(f"{name.replace('_', ' ')} lists a value twice: {values}")
         for name in ("dispatch_requests", "cluster_requests", "decode_requests", "blis_seeds", "replicas",
                      "dispatch_servers", "ref_seeds", "ref_requests", "ref_decode_requests", "ref_decode_steps",
-                     "decision_calls"):
+                     "decision_calls", "blis_repeats"):
             v = getattr(self, name)
             if int(v) != v or v < 1:
                 raise JaxrouteError(f"{name.replace('_', ' ')} must be a positive integer, got {v}")
+        if not self.blis_rates or any(not r > 0 for r in self.blis_rates):
+            raise JaxrouteError(f"blis rates must be > 0 requests/s, got {self.blis_rates}")
+        if self.blis_run is not None and not os.path.isfile(self.blis_run):
+            raise JaxrouteError(f"BLIS's run script not found: {self.blis_run} (it is ../shared/tools/blis/run.sh; "
+                                "build BLIS first with build.sh there)")
         if not 0 < self.dispatch_load < 1:
             raise JaxrouteError(f"dispatch load must be in (0, 1), got {self.dispatch_load}")
         if self.cluster_rate is not None and not self.cluster_rate > 0:

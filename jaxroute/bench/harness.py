@@ -217,26 +217,50 @@ def _blis_lines(b: dict | None) -> list[str]:
     if not b:
         return []
     s = b["scenario"]
+    live = any("blis_measured" in r for r in b["runs"])
+    source = "timed in this run" if live else f"figures from {b['blis']['source']}"
     out = ["", f"BLIS scenario: {s['replicas']} x {s['model']} on {s['gpu']}, Poisson {s['rate']:g} req/s, prompt "
-           f"{s['prompt_tokens']:,}, output {s['output_tokens']}, {s['policy']}, {b['seeds']} seed(s); BLIS figures "
-           f"from {b['blis']['source']} (one core)"]
+           f"{s['prompt_tokens']:,}, output {s['output_tokens']}, {s['policy']}, {b['seeds']} seed(s); BLIS "
+           f"{source} (one core)"]
     for r in b["runs"]:
         if "requests_per_s" not in r:
             out.append(f"  {r['workload']:<14} {r['requests_per_seed']:>6,} requests: failed ({r['error']})")
             continue
+        blis_run = r.get("blis_measured")
+        how = (f"{blis_run['scenario']}, median of {blis_run['repeats']}" if blis_run
+               else f"rr (CACHE_DELAY_US=0, {r['blis_requests']:,} requests)")
         out.append(f"  {r['workload']:<14} {r['requests_per_seed']:>6,} requests: ours {r['requests_per_s']:,.0f} "
-                   f"req/s = {r['requests_per_s_per_core']:,.0f} per core; BLIS rr (CACHE_DELAY_US=0, "
-                   f"{r['blis_requests']:,} requests) {r['blis_requests_per_s_per_core']:,.0f} per core -> "
-                   f"ratio {r['ratio_per_core']:.3f}")
+                   f"req/s = {r['requests_per_s_per_core']:,.0f} per core; BLIS {how} "
+                   f"{r['blis_requests_per_s_per_core']:,.0f} per core -> ratio {r['ratio_per_core']:.3f}")
         m = r["metrics"]
         out.append(f"      TTFT mean {m['ttft_mean_s'] * 1e3:.1f} ms, p99 {m['ttft_p99_s'] * 1e3:.1f} ms, TPOT mean "
                    f"{m['tpot_mean_s'] * 1e3:.1f} ms, E2E mean {m['mean_latency_s']:.3f} s, hit rate {m['hit_rate']:.2f}")
-    bm = b["blis"]["rr_metrics_2000_requests"]
-    out.append(f"  BLIS: rr with default 50 ms snapshots {_range(b, 'rr_default_snapshots_requests_per_s')} req/s; "
-               f"prefix-weighted {_range(b, 'prefix_weighted_requests_per_s')} req/s; rr at 2,000 requests: TTFT "
-               f"mean {bm['ttft_mean_s'] * 1e3:.1f} ms, p99 {bm['ttft_p99_s'] * 1e3:.1f} ms, ITL mean "
-               f"{bm['itl_mean_s'] * 1e3:.1f} ms, E2E mean {bm['e2e_mean_s']:.3f} s")
-    return out
+        if blis_run:
+            out.append("      BLIS: " + _blis_metrics(blis_run["metrics"]))
+    if not live:
+        out.append(f"  BLIS: rr with default 50 ms snapshots {_range(b, 'rr_default_snapshots_requests_per_s')} req/s; "
+                   f"prefix-weighted {_range(b, 'prefix_weighted_requests_per_s')} req/s; rr at 2,000 requests: "
+                   + _blis_metrics(b["blis"]["rr_metrics_2000_requests"]))
+    return out + _fidelity_lines(b.get("fidelity"))
+
+
+def _fidelity_lines(f: dict | None) -> list[str]:
+    if not f:
+        return []
+    ms = lambda x: f"{x * 1e3:.1f}"  # noqa: E731
+    rows = [[f"{r['rate']:g}", ms(r["ours"]["ttft_mean_s"]), ms(r["blis"]["ttft_mean_s"]),
+             f"{r['relative_difference']['ttft_mean_s']:+.1%}", ms(r["ours"]["tpot_mean_s"]),
+             ms(r["blis"]["itl_mean_s"]), f"{r['relative_difference']['tpot_mean_s']:+.1%}",
+             f"{r['ours']['mean_latency_s']:.3f}", f"{r['blis']['e2e_mean_s']:.3f}",
+             f"{r['relative_difference']['mean_latency_s']:+.1%}"] for r in f["rows"]]
+    return ["", f"Fidelity beside BLIS: unique prompts, {f['policy']}, {f['requests']:,} requests, means over "
+            f"{f['draws']} arrival draws each (ours and BLIS draw their own arrivals)"] + _table(
+        ["req/s", "TTFT ms", "BLIS", "diff", "TPOT ms", "BLIS ITL", "diff", "E2E s", "BLIS", "diff"], rows)
+
+
+def _blis_metrics(m: dict) -> str:
+    return (f"TTFT mean {m['ttft_mean_s'] * 1e3:.1f} ms, p99 {m['ttft_p99_s'] * 1e3:.1f} ms, ITL mean "
+            f"{m['itl_mean_s'] * 1e3:.1f} ms, E2E mean {m['e2e_mean_s']:.3f} s")
 
 
 def _range(b: dict, key: str) -> str:

@@ -28,7 +28,7 @@ Parts (--only selects some; all by default):
             (rr,least_load,threshold,cache_guard,sglang_cache_aware) in one grid, preble_e2 in its own
   blis      BLIS's scenario: 4 x Llama-3.1-8B on H100, Poisson 48 req/s, prompt 2,000, output 200, rr,
             with unique prompts (a Mooncake-style table) and with 256 shared 1,500-token prefixes;
-            BLIS's own figures printed beside (from ../shared/tools/blis/README.md)
+            BLIS beside: timed in the same run with --blis-run, else its figures from ../shared/tools/blis/README.md
   trace     the unique-prompt table at growing lengths (rr, 1 seed): is requests/s flat?
   decode    decode DP at G=8 with BR-0 and BR-H (oracle), saturated
   decision  P50/P99 latency of one jitted BR-0 / BR-H binding decision at G=8
@@ -77,6 +77,17 @@ First-run times include compilation only when the persistent compile cache misse
                    help="arrival rate of every cluster workload (default: longdoc 1, toolbench 40 requests/s)")
     p.add_argument("--blis-requests", type=seeds, metavar="LIST", help="BLIS scenario sizes (default 2000,10000; quick 32)")
     p.add_argument("--blis-seeds", type=positive_int, metavar="S", help="seeds of each BLIS-scenario run (default 1, as BLIS)")
+    p.add_argument("--blis-run", metavar="RUN_SH",
+                   help="BLIS's run script (../shared/tools/blis/run.sh, BLIS built with build.sh there): time BLIS "
+                   "in the same run on the same scenarios and sizes, one core, CACHE_DELAY_US=0, and compare with it "
+                   "(default: BLIS's figures from that folder's README)")
+    p.add_argument("--blis-repeats", type=positive_int, metavar="N",
+                   help="BLIS runs per scenario and size, median; also the arrival draws per rate of the fidelity "
+                   "sweep (default 3)")
+    p.add_argument("--blis-rates", type=list_of(positive_float), metavar="LIST",
+                   help="with --blis-run: arrival rates (requests/s) at which ours and BLIS's TTFT, TPOT/ITL and E2E "
+                   "means are compared on the unique-prompt scenario at the first --blis-requests size "
+                   "(default 40,48,56)")
     p.add_argument("--trace-sizes", type=seeds, metavar="LIST",
                    help="trace lengths in requests (default 2000,10000,50000; quick 32,64); sizes also in "
                    "--blis-requests are reused; the largest may take long (progress printed; Ctrl-C skips it)")
@@ -124,10 +135,13 @@ def config_from_args(args) -> C.BenchConfig:
               "decode_requests": "decode_requests", "replicas": "replicas", "cluster_rate": "cluster_rate",
               "blis_seeds": "blis_seeds", "ref_seeds": "ref_seeds", "ref_requests": "ref_requests",
               "ref_decode_requests": "ref_decode_requests", "ref_decode_steps": "ref_decode_steps",
-              "calls": "decision_calls", "max_repeat_s": "max_repeat_s"}
+              "calls": "decision_calls", "max_repeat_s": "max_repeat_s", "blis_run": "blis_run",
+              "blis_repeats": "blis_repeats"}
     kw.update({field: getattr(args, flag) for flag, field in simple.items() if getattr(args, flag) is not None})
     if args.blis_requests:
         kw["blis_requests"] = tuple(args.blis_requests)
+    if args.blis_rates:
+        kw["blis_rates"] = tuple(args.blis_rates)
     if args.jobs:
         kw["jobs"] = tuple(choose(csv_list(args.jobs), C.JOBS, "bench job"))
     if args.job_requests is not None:
