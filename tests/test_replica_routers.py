@@ -92,24 +92,40 @@ def test_stateful_settings_are_traced_and_readable_by_name():
 
 
 def test_router_modules_are_checked_at_import():
-    """A misspelled hook would never run and a setting two modules claim would answer the first one's value:
-    both are refused when the registry is built."""
+    """A misspelled or undeclared hook would never run and a setting two modules claim would answer the first
+    one's value: all are refused when the registry is built."""
+    import dataclasses
+    import inspect
     import types
 
     from jaxroute.routers import prefix, sglang
+    from jaxroute.routers.spec import RouterModule
 
-    prefix.check_modules(prefix.MODULES)  # the registered modules pass
-    bad_hook = types.ModuleType("bad_hook")
-    bad_hook.init, bad_hook.make_params = (lambda static: None), (lambda recent_s=1.0: None)
-    bad_hook.on_finsh = lambda *a: None
-    with pytest.raises(ImportError, match=r"defines on_finsh\(\), which is no hook"):
-        prefix.check_modules({"bad_hook": bad_hook})
-    clash = types.ModuleType("clash")
-    clash.init = lambda static: None
-    clash.make_params = lambda sgl_cache_threshold=0.5: None  # sglang's setting
+    prefix.check_modules({n: prefix._python_module(n) for n in prefix.MODULES})  # the registered modules pass
+
+    def fake(name, **settings):
+        mod = types.ModuleType(name)
+        make_params = lambda **kw: None  # noqa: E731
+        make_params.__signature__ = inspect.Signature(
+            [inspect.Parameter(k, inspect.Parameter.KEYWORD_ONLY, default=v) for k, v in settings.items()])
+        mod.MODULE = RouterModule(init=lambda static: None, make_params=make_params)
+        return mod
+
+    with pytest.raises(TypeError, match="on_finsh"):  # a hook field that does not exist
+        RouterModule(init=lambda static: None, make_params=lambda: None, on_finsh=lambda *a: None)
+    stray = fake("stray", recent_s=1.0)
+    stray.on_finish = lambda *a: None  # defined, but MODULE does not declare it: it would never run
+    with pytest.raises(ImportError, match=r"defines on_finish\(\), which its MODULE does not declare"):
+        prefix.check_modules({"stray": stray})
+    stray.MODULE = dataclasses.replace(stray.MODULE, on_finish=stray.on_finish)
+    prefix.check_modules({"stray": stray})  # declared: accepted
+    with pytest.raises(ImportError, match="'bare' has no MODULE"):
+        prefix.check_modules({"bare": types.ModuleType("bare")})
     with pytest.raises(ImportError, match="'sgl_cache_threshold' is claimed by module 'clash' and by 'sglang'"):
-        prefix.check_modules({"sglang": sglang, "clash": clash})
-    shadow = types.ModuleType("shadow")
-    shadow.init, shadow.make_params = (lambda static: None), (lambda theta=0.5: None)
+        prefix.check_modules({"sglang": sglang, "clash": fake("clash", sgl_cache_threshold=0.5)})
     with pytest.raises(ImportError, match="'theta' is claimed by module 'shadow' and by RouterParams"):
-        prefix.check_modules({"shadow": shadow})
+        prefix.check_modules({"shadow": fake("shadow", theta=0.5)})
+    with pytest.raises(ImportError, match="jaxroute.routers.presets.nope does not exist"):
+        prefix._resolve("presets.nope", "router 'x'")
+
+

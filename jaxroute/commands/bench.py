@@ -120,7 +120,7 @@ First-run times include compilation only when the persistent compile cache misse
 
 def config_from_args(args) -> C.BenchConfig:
     """The BenchConfig of the parsed flags: the preset's sizes, then every flag given."""
-    from jaxroute.routers.prefix import PRESETS
+    from jaxroute.routers.names import PREFIX_POLICIES
     from jaxroute.workloads.prefix import PREFIX_WORKLOADS
 
     kw: dict = {}
@@ -151,10 +151,10 @@ def config_from_args(args) -> C.BenchConfig:
     if args.workloads:
         kw["cluster_workloads"] = tuple(choose(csv_list(args.workloads), PREFIX_WORKLOADS, "cluster workload"))
     if args.policies:
-        kw["policies"] = tuple(choose(csv_list(args.policies), list(PRESETS), "router"))
+        kw["policies"] = tuple(choose(csv_list(args.policies), PREFIX_POLICIES, "router"))
     if args.separate:
         names = csv_list(args.separate)
-        kw["separate"] = () if names == ["none"] else tuple(choose(names, list(PRESETS), "router"))
+        kw["separate"] = () if names == ["none"] else tuple(choose(names, PREFIX_POLICIES, "router"))
     if args.request_scaling is not None:
         kw["request_scaling"] = args.request_scaling
     if args.no_references:

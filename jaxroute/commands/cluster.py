@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import argparse
 import math
+import textwrap
 import time
 
 from jaxroute import catalog
@@ -33,6 +35,7 @@ from jaxroute.commands._common import (
 )
 from jaxroute.errors import JaxrouteError
 from jaxroute.experiments.names import CLUSTER_WORKLOADS
+from jaxroute.routers import spec as router_spec
 from jaxroute.routers.names import (
     DEFAULT_E2_TH_BAL,
     DEFAULT_E2_WINDOW_S,
@@ -51,7 +54,7 @@ def register(subparsers) -> None:
     p = subparsers.add_parser(
         "cluster",
         help="replicas with prefix caches: should the router follow the cache or the load?",
-        description="Simulate G replicas of one model (continuous batching, chunked prefill, KV memory "
+        description=textwrap.fill("Simulate G replicas of one model (continuous batching, chunked prefill, KV memory "
         "limit, per-replica LRU prefix cache at segment granularity) behind a router, and compare "
         "routers on the same seeds in one compiled program. The table gives means with 95 % CIs over "
         "seeds: latency, TTFT and TPOT in seconds, output tokens/s of completed requests over the makespan "
@@ -59,7 +62,10 @@ def register(subparsers) -> None:
         "replication factor (sum of cached tokens over replicas / unique cached tokens, averaged over "
         "time), the largest share of requests sent to one replica, queue_mean (requests waiting in a "
         "replica's local queue) and kv_usage_mean (KV in use / capacity: locked cached + private tokens), "
-        "both averaged over time and replicas, and preemptions (on-demand admission only).",
+        "both averaged over time and replicas, and preemptions (on-demand admission only).", 100),
+        epilog="routers (--policies; docs/routers.md has what each follows, its partial-cluster support and "
+        "tunable settings):\n" + router_spec.help_lines(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--workload", default="longdoc", metavar="NAME",
                    help=f"one of: {', '.join(CLUSTER_WORKLOADS)} (default longdoc). The synthetic ones are "

@@ -69,7 +69,7 @@ def weights_label(weights: dict) -> str:
     return ",".join(f"{k}={v:g}" for k, v in weights.items())
 
 
-PREBLE_PRESETS = tuple(name for name, p in PRESETS.items() if p.module is preble)
+PREBLE_PRESETS = tuple(name for name, p in PRESETS.items() if p.spec.module == "preble")
 
 
 def e2_variants(pairing=None, autoscale=None) -> list[dict]:

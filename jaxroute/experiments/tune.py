@@ -17,7 +17,6 @@ seeds (base key `seed + FRESH_SEED`), with 95 % CIs and the gain over the defaul
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import json
 import math
 import time
@@ -33,11 +32,12 @@ from jaxroute.clusters.names import REPLICA_GPU, REPLICA_MODEL
 from jaxroute.errors import JaxrouteError
 from jaxroute.experiments import capacity as cap
 from jaxroute.experiments.cluster import initial_capacities, uses_weights
-from jaxroute.experiments.knobs import TUNABLE, TUNABLE_ROUTERS, Knob, weight_knobs
+from jaxroute.experiments.knobs import TUNABLE, TUNABLE_ROUTERS
 from jaxroute.experiments.pd import ColocatedStage, request_metrics
 from jaxroute.metrics import Summary, summarize
 from jaxroute.routers import prefix as routers
 from jaxroute.routers.parts import SCORERS
+from jaxroute.routers.spec import Knob, weight_knobs
 from jaxroute.workloads import prefix as wl_prefix
 
 FRESH_SEED = 1_000_003  # the final re-evaluation's base seed is the search's plus this
@@ -127,7 +127,7 @@ PARAMS_KEYS = ("router", "settings", "about")
 def allowed_settings(router: str) -> tuple[str, ...]:
     """Keys a settings file may give `router`: the router-level ones, weights (weighted presets), its module's."""
     module = routers.PRESETS[router].module
-    own = tuple(inspect.signature(module.make_params).parameters) if module else ()
+    own = module.settings if module else ()
     return ROUTER_SETTINGS + (("weights",) if uses_weights(router) else ()) + own
 
 

@@ -63,6 +63,7 @@ from jaxroute.clusters.prefix_cache import leading_run
 from jaxroute.errors import JaxrouteError
 from jaxroute.in_place import after
 from jaxroute.routers import parts
+from jaxroute.routers.spec import RouterModule
 from jaxroute.routers.view import Request, RouterStatic, RouterView
 
 
@@ -148,3 +149,9 @@ def choose(state: State, view: RouterView, req: Request, p, key) -> jax.Array:
     tier = under & (pct == best_pct)
     target = parts.random_among_ties(jnp.where(tier, -count, -jnp.inf), key)
     return jnp.where(jnp.any(under), target, least_request(view, req, p, key))
+
+
+# The contract the cluster calls (hooks as typed fields: routers/spec.py)
+MODULE = RouterModule(init=init,
+                      make_params=make_params,
+                      on_dispatch=on_dispatch)

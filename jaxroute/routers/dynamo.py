@@ -56,6 +56,7 @@ from jaxroute.errors import JaxrouteError
 from jaxroute.in_place import after
 from jaxroute.loops import for_each
 from jaxroute.routers import parts
+from jaxroute.routers.spec import RouterModule
 from jaxroute.routers.view import Request, RouterStatic, RouterView
 
 SLOTS = 4096  # per-request prefill-token table (request id mod SLOTS)
@@ -192,3 +193,12 @@ def on_finish(s: State, view: RouterView, g: jax.Array, rids: jax.Array, finishe
 def flags(s: State) -> dict[str, jax.Array]:
     """dyn_slot_overflow: a request's prefill-token entry was overwritten before it finished."""
     return {"dyn_slot_overflow": s.overflow}
+
+
+# The contract the cluster calls (hooks as typed fields: routers/spec.py)
+MODULE = RouterModule(init=init,
+                      make_params=make_params,
+                      on_dispatch=on_dispatch,
+                      on_first_token=on_first_token,
+                      on_finish=on_finish,
+                      flags=flags)

@@ -74,6 +74,7 @@ import jax.numpy as jnp
 from jaxroute.clusters.prefix_cache import evict_lru
 from jaxroute.errors import JaxrouteError
 from jaxroute.routers import parts
+from jaxroute.routers.spec import RouterModule
 from jaxroute.routers.view import Request, RouterStatic, RouterView
 
 
@@ -213,3 +214,9 @@ def on_dispatch(s: State, view: RouterView, req: Request, g: jax.Array, active: 
     shallow = jnp.max(depth) - depth  # >= 0, larger = shallower: evict_lru takes the largest first on ties
     out, freed, _ = evict_lru(row > 0, stamp[g], shallow, row, deficit)
     return State(blk.at[g].set(jnp.where(out, 0, row)), tail.at[g].set(tail[g] & ~out), stamp, s.size.at[g].set(size - freed))
+
+
+# The contract the cluster calls (hooks as typed fields: routers/spec.py)
+MODULE = RouterModule(init=init,
+                      make_params=make_params,
+                      on_dispatch=on_dispatch)

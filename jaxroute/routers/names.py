@@ -6,23 +6,17 @@ without importing the routers, so `jaxroute --help` and argument errors need no 
 
 from __future__ import annotations
 
+from jaxroute.routers.spec import SPECS
+
 # Router settings every layer (params, experiment API, command line) reads from here
 DEFAULT_THETA = 0.5  # match ratio threshold and cache_guard need (Preble E2's split at 0.5, lecture 3.2)
 DEFAULT_E2_WINDOW_S = 180.0  # Preble's load window H (its default: 3 minutes)
 DEFAULT_E2_TH_BAL = 1.5  # Preble's rebalancing threshold Th_bal
 
-# Replica-cluster router presets, in traced-id order (append new ones: existing ids stay). Each has its
-# entry in `prefix.PRESETS` (checked when `prefix` is imported).
-PREFIX_POLICIES: tuple[str, ...] = (
-    "rr", "least_load", "least_tokens", "affinity", "threshold", "cache_guard", "sglang_cache_aware", "preble_e2",
-    "weighted", "llmd_precise", "llmd_approx", "llmd_load", "llmd_load_aware", "dynamo_kv", "random",
-    "sglang_cache_aware_rs", "sglang_gateway", "sglang_power_of_two", "vllm_prefixaware", "vllm_session",
-    "vllm_kvaware", "aibrix_prefix_cache", "aibrix_least_request", "preble",
-)
-# presets that honour `RouterView.active` (a partial cluster: n_active < n_replicas), each deciding as a
-# cluster of the n_active replicas would; the model refuses the others on a partial cluster
-PARTIAL_OK: tuple[str, ...] = ("rr", "random", "least_load", "least_tokens", "affinity", "threshold", "weighted",
-                               "llmd_precise", "llmd_load", "llmd_load_aware", "dynamo_kv")
+# Replica-cluster routers, in traced-id order, and those that run on part of a cluster: read from their specs
+# (`spec.SPECS`, one declaration per router); the model refuses the others on a partial cluster
+PREFIX_POLICIES: tuple[str, ...] = tuple(s.name for s in SPECS)
+PARTIAL_OK: tuple[str, ...] = tuple(s.name for s in SPECS if s.partial_ok)
 # Named scorers of the weighted presets, each in [0, 1] (higher is better); `RouterParams.weights`
 # holds one weight per name, in this order, and `--weights name=w,...` sets them.
 SCORERS: tuple[str, ...] = ("prefix", "inflight", "tokens", "queue", "kv", "load_aware")

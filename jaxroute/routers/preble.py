@@ -67,6 +67,7 @@ from jaxroute.errors import JaxrouteError
 from jaxroute.loops import for_each
 from jaxroute.routers import parts
 from jaxroute.routers.names import DEFAULT_E2_TH_BAL, DEFAULT_E2_WINDOW_S
+from jaxroute.routers.spec import RouterModule
 from jaxroute.routers.view import Request, RouterStatic, RouterView
 
 INF = jnp.inf
@@ -417,3 +418,16 @@ def stats(s: State | None) -> dict[str, jax.Array]:
     n = jnp.maximum(s.counts[0], 1).astype(jnp.float32)
     return {**{k: s.counts[j] for j, k in enumerate(COUNTS)}, "e2_mean_L_s": s.tally[0] / n,
             "e2_mean_M_s": s.tally[1] / n, "e2_mean_P_s": s.tally[2] / n}
+
+
+# The contract the cluster calls (hooks as typed fields: routers/spec.py)
+MODULE = RouterModule(init=init,
+                      make_params=make_params,
+                      on_refresh=on_refresh,
+                      on_arrival=on_arrival,
+                      on_dispatch=on_dispatch,
+                      on_admit=on_admit,
+                      on_first_token=on_first_token,
+                      check=check,
+                      flags=flags,
+                      stats=stats)

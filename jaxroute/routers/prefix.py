@@ -1,49 +1,24 @@
-"""Replica-cluster routers: the registry of presets and the one router the cluster model talks to.
+"""Replica-cluster routers: the registry built from the routers' specs, and the one router the cluster model talks to.
 
-A preset is either a stateless function `(view, request, params, key) -> replica` (`presets.py`) or
-a module that owns its state (`sglang.py`, `preble.py`; see `jaxroute/routers/__init__.py` for the
-module interface). The cluster model calls only the functions below; it knows no router by name.
-
-| policy | rule (details and sources in the preset's docstring) |
-|---|---|
-| rr | round robin |
-| least_load | fewest requests in flight |
-| least_tokens | fewest tokens (prompt + output) in flight |
-| affinity | longest view match; ties -> least load |
-| threshold | longest match if its ratio >= theta, else least load (Preble E2's split at theta = 0.5) |
-| cache_guard | least load when max - min in-flight > guard_abs and max > guard_rel * min, else threshold |
-| sglang_cache_aware | SGLang router (`cache_aware.rs`): imbalanced -> shortest queue; else its own approximate tree: ratio > cache_threshold -> the matching worker, else the smallest tree |
-| preble_e2 | Preble E2: exploit (cached > missed) or explore by load cost L + M + P; post-hoc rebalancing |
-| preble | Preble complete: preble_e2 + prefill/decode pairing + autoscaling of hot prefixes (use it with local order "priority") |
-| weighted | llm-d-style weighted scorers (prefix ratio on the record 3, in-flight 2, tokens 2) and a traced picker |
-| llmd_precise | llm-d scheduler: precise prefix (reported cache, matched/prompt 64-token blocks) 3 + kv-utilization 2 + queue 2; max-score picker (random ties) |
-| llmd_approx | llm-d with the approximate prefix index (own LRU of block hashes, inserted on dispatch, greedy walk) 1 + kv 1 + queue 1; max-score picker |
-| llmd_load | llm-d queue 1 + kv-cache-utilization 1; max-score picker |
-| llmd_load_aware | llm-d load-aware scorer (0.5 at an empty queue -> 0 at 128 waiting); max-score picker |
-| dynamo_kv | Dynamo KV router: argmin of w x (active + uncached prefill tokens) / B + unique active blocks after admission; ties random, softmax at T > 0 |
-| random | uniformly random replica (SGLang random.rs) |
-| sglang_cache_aware_rs | SGLang cache-aware with the Rust CacheAwareConfig defaults (0.5 / 32 / 1.1) and LRU size pruning of its tree (every 30 s to 10,000 tokens per worker) |
-| sglang_gateway | SGLang model gateway cache-aware: CLI defaults, a cache miss goes to the least-loaded worker |
-| sglang_power_of_two | two distinct random replicas, the lower scraped token load (KV in use); ties -> the first draw |
-| vllm_prefixaware | production-stack prefix-aware: most matched trie chunks (32 tokens), random among ties (all when none); QPS below --prefix-min-match-length (off) |
-| vllm_session | production-stack session: consistent-hash ring (160 vnodes) on the session id, else lowest 60 s QPS |
-| vllm_kvaware | production-stack KV-aware: the longest real-cache match when it covers all but 2,000 tokens, else session ring / QPS |
-| aibrix_prefix_cache | AIBrix prefix-cache: running spread > 8 -> only least-loaded pods match; best % match among pods with running <= mean + 1 sigma, ties random; else least request |
-| aibrix_least_request | AIBrix least-request: fewest running requests, ties random |
+Each router is one `RouterSpec` in `spec.SPECS` (its rule, module, default settings, tunable settings,
+partial-cluster support and source; the table of every router is docs/routers.md, generated from them). A
+rule is either a stateless function `(view, request, params, key) -> replica` (`presets.py`) or belongs to
+a module that owns its state (`sglang.py`, `preble.py`, ...; its `MODULE` declares its hooks, see
+`jaxroute/routers/__init__.py`). The cluster model calls only the functions below; it knows no router by name.
 
 Scraped replica metrics (`waiting`, `running`, `kv_usage`, the caches as KV events report them) go
 stale with `--stale T` (e.g. 0.05 s, the 50 ms metrics refresh of llm-d's data layer and BLIS).
 
 Partial clusters (`ReplicaParams.n_active` < n_replicas: only the first n_active replicas are in use,
-`RouterView.active`): the presets of `PARTIAL_OK` never choose an inactive replica and decide exactly
-as a cluster of n_active replicas (ties, normalisations and random draws included, `parts.py`); the
-others are refused by `ReplicaModel.check_params`.
+`RouterView.active`): the routers whose spec says `partial_ok` (`PARTIAL_OK`) never choose an inactive
+replica and decide exactly as a cluster of n_active replicas (ties, normalisations and random draws
+included, `parts.py`); the others are refused by `ReplicaModel.check_params`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import inspect
+import importlib
 from collections.abc import Callable
 from types import ModuleType
 
@@ -52,103 +27,74 @@ import jax.numpy as jnp
 
 from jaxroute.errors import JaxrouteError
 from jaxroute.registry import PolicyRegistry
-from jaxroute.routers import (
-    aibrix,
-    dynamo,
-    llmd,
-    parts,
-    preble,
-    presets,
-    sglang,
-    vllm_stack,
-)
+from jaxroute.routers import parts
 from jaxroute.routers.names import DEFAULT_THETA, PARTIAL_OK, PREFIX_POLICIES  # noqa: F401  (prefix.PARTIAL_OK)
+from jaxroute.routers.spec import HOOKS, SPECS, RouterModule, RouterSpec
 from jaxroute.routers.view import Request, RouterStatic, RouterView
 
 
 @dataclasses.dataclass(frozen=True)
 class Preset:
-    """A named router: its rule, the module that owns its state and settings (None = stateless), and
-    the settings it starts from (`router_params` keywords: weights, picker, a module's own settings).
+    """A router's spec with its rule and module resolved: what the cluster runs.
 
     rule: stateless `(view, req, params: RouterParams, key) -> replica`; with a module
     `(module_state, view, req, params: RouterParams, key) -> replica` (a module's own settings are
     readable by name on RouterParams, e.g. `params.e2_window_s`; the hooks get the module's Params).
     """
 
+    spec: RouterSpec
     rule: Callable
-    module: ModuleType | None = None
-    defaults: dict = dataclasses.field(default_factory=dict)
+    module: RouterModule | None
+
+    @property
+    def defaults(self):
+        return self.spec.defaults
 
 
-def _module_name(m: ModuleType) -> str:
-    return m.__name__.rsplit(".", 1)[-1]
+def _python_module(name: str) -> ModuleType:
+    return importlib.import_module(f"jaxroute.routers.{name}")
 
 
-def _stateful(module: ModuleType, rule: Callable | None = None, **defaults) -> Preset:
-    return Preset(rule or module.choose, module, defaults)
+def _resolve(ref: str, what: str):
+    module_name, attr = ref.split(".")
+    try:
+        return getattr(_python_module(module_name), attr)
+    except (ImportError, AttributeError) as e:
+        raise ImportError(f"{what}: jaxroute.routers.{ref} does not exist ({e})") from None
 
 
-# name -> preset, in the order of `names.PREFIX_POLICIES` (= traced policy id: append new ones there and here)
-PRESETS: dict[str, Preset] = {
-    "rr": Preset(presets.rr),
-    "least_load": Preset(presets.least_load),
-    "least_tokens": Preset(presets.least_tokens),
-    "affinity": Preset(presets.affinity),
-    "threshold": Preset(presets.threshold),
-    "cache_guard": Preset(presets.cache_guard),
-    "sglang_cache_aware": _stateful(sglang),
-    "preble_e2": _stateful(preble),
-    "weighted": Preset(presets.weighted, defaults=dict(weights=dict(prefix=3.0, inflight=2.0, tokens=2.0))),
-    # llm-d and Dynamo (routers/llmd.py, routers/dynamo.py)
-    "llmd_precise": Preset(llmd.scheduler, defaults=dict(weights=dict(prefix=3.0, kv=2.0, queue=2.0), picker="random")),
-    "llmd_approx": _stateful(llmd, weights=dict(prefix=1.0, kv=1.0, queue=1.0), picker="random"),
-    "llmd_load": Preset(llmd.scheduler, defaults=dict(weights=dict(queue=1.0, kv=1.0), picker="random")),
-    "llmd_load_aware": Preset(llmd.scheduler, defaults=dict(weights=dict(load_aware=1.0), picker="random")),
-    "dynamo_kv": _stateful(dynamo),
-    # SGLang gateway, vLLM production-stack, AIBrix (routers/sglang.py, vllm_stack.py, aibrix.py)
-    "random": Preset(presets.random),
-    # Rust `impl Default for CacheAwareConfig` (sgl-model-gateway/src/policies/mod.rs), pruning on
-    "sglang_cache_aware_rs": _stateful(sglang, sgl_cache_threshold=0.5, sgl_balance_abs=32.0, sgl_balance_rel=1.1,
-                                       sgl_evict_interval_s=30.0, sgl_max_tree_tokens=10000.0),
-    # newer sgl-model-gateway: CLI defaults, least-loaded worker on a cache miss
-    "sglang_gateway": _stateful(sglang, sgl_miss_rule="least_load"),
-    "sglang_power_of_two": Preset(sglang.power_of_two),
-    "vllm_prefixaware": _stateful(vllm_stack, rule=vllm_stack.prefixaware),
-    "vllm_session": _stateful(vllm_stack, rule=vllm_stack.session),
-    "vllm_kvaware": _stateful(vllm_stack, rule=vllm_stack.kvaware),
-    "aibrix_prefix_cache": _stateful(aibrix),
-    "aibrix_least_request": Preset(aibrix.least_request),
-    # Preble with every rule (routers/preble.py); the local priority groups are the replicas' (--local priority)
-    "preble": _stateful(preble, e2_pairing=True, e2_autoscale=True),
-}
-if tuple(PRESETS) != PREFIX_POLICIES:
-    raise ImportError(f"routers.prefix.PRESETS {tuple(PRESETS)} must name routers.names.PREFIX_POLICIES "
-                      f"{PREFIX_POLICIES}, in that order")
+# short name -> the RouterModule of every module a spec names (one state per module, shared by its routers)
+MODULES: dict[str, RouterModule] = {}
+for _spec in SPECS:
+    if _spec.module and _spec.module not in MODULES:
+        MODULES[_spec.module] = _resolve(f"{_spec.module}.MODULE", f"router '{_spec.name}'")
+        if not isinstance(MODULES[_spec.module], RouterModule):
+            raise ImportError(f"jaxroute.routers.{_spec.module}.MODULE must be a RouterModule")
+# name -> preset, in traced-id order
+PRESETS: dict[str, Preset] = {s.name: Preset(s, _resolve(s.rule, f"router '{s.name}'"),
+                                             MODULES[s.module] if s.module else None) for s in SPECS}
 REGISTRY = PolicyRegistry("replica-cluster router", PREFIX_POLICIES)
 LOAD_ONLY = ("rr", "least_load", "least_tokens")
-# modules that own router state, by short name (one state per module, shared by its presets)
-MODULES: dict[str, ModuleType] = {_module_name(m): m
-                                  for m in dict.fromkeys(p.module for p in PRESETS.values() if p.module)}
 STATEFUL = tuple(name for name, p in PRESETS.items() if p.module is not None)
-# the hooks the cluster calls on a stateful module (found by name, so a misspelled one would never run)
-HOOKS = ("on_refresh", "on_arrival", "on_dispatch", "on_admit", "on_first_token", "on_finish")
 
 
 def check_modules(modules: dict[str, ModuleType]) -> None:
-    """Refuse, at import, a module function named like a hook but not one (`on_finsh`), a module without
-    `init` / `make_params`, and a setting two modules (or a module and `RouterParams`) both claim: settings
-    are read by name (`RouterParams.__getattr__`), so a shared name would silently answer the first one."""
+    """Refuse, at import, a router module without a `MODULE` (a RouterModule), a function of it named like a
+    hook that its MODULE does not declare (`on_finsh`, or a hook left out: it would never run), and a setting
+    two modules (or a module and `RouterParams`) both claim: settings are read by name
+    (`RouterParams.__getattr__`), so a shared name would silently answer the first one."""
     owner: dict[str, str] = {}
-    for name, m in modules.items():
-        for required in ("init", "make_params"):
-            if not callable(getattr(m, required, None)):
-                raise ImportError(f"router module '{name}' defines no {required}()")
-        for attr in dir(m):
-            if attr.startswith("on_") and callable(getattr(m, attr)) and attr not in HOOKS:
-                raise ImportError(f"router module '{name}' defines {attr}(), which is no hook: the hooks are "
-                                  f"{', '.join(HOOKS)}")
-        for setting in _own_kwargs(m):
+    for name, source in modules.items():
+        m = getattr(source, "MODULE", None)
+        if not isinstance(m, RouterModule):
+            raise ImportError(f"router module '{name}' has no MODULE = RouterModule(...) declaring its hooks")
+        declared = {getattr(m, h) for h in HOOKS if getattr(m, h) is not None}
+        for attr in dir(source):
+            f = getattr(source, attr)
+            if attr.startswith("on_") and callable(f) and f not in declared:
+                raise ImportError(f"router module '{name}' defines {attr}(), which its MODULE does not declare as a "
+                                  f"hook: the hooks are {', '.join(HOOKS)}")
+        for setting in m.settings:
             if setting in RouterParams.__dataclass_fields__ or setting in owner:
                 raise ImportError(f"router setting '{setting}' is claimed by module '{name}' and by "
                                   f"{'RouterParams' if setting not in owner else repr(owner[setting])}: rename one")
@@ -182,11 +128,7 @@ class RouterParams:
         raise AttributeError(name)
 
 
-def _own_kwargs(module: ModuleType) -> set[str]:
-    return set(inspect.signature(module.make_params).parameters)
-
-
-check_modules(MODULES)
+check_modules({name: _python_module(name) for name in MODULES})
 
 
 def weight_vector(weights) -> jax.Array:
@@ -209,7 +151,7 @@ def router_params(policy: str = "weighted", *, theta=DEFAULT_THETA, guard_abs=8.
     """Router settings of one row running `policy`: unset settings come from the preset's defaults,
     then the global ones; keywords of stateful modules (e.g. e2_window_s, sgl_cache_threshold) go to them."""
     preset = PRESETS[REGISTRY.name(REGISTRY.id(policy))]
-    known = set().union(*(_own_kwargs(m) for m in MODULES.values()))
+    known = set().union(*(set(m.settings) for m in MODULES.values()))
     if unknown := set(own_kw) - known:
         raise JaxrouteError(f"unknown router setting(s) {sorted(unknown)}")
     d = preset.defaults
@@ -224,8 +166,8 @@ def router_params(policy: str = "weighted", *, theta=DEFAULT_THETA, guard_abs=8.
         raise JaxrouteError(f"the load-aware threshold must be > 0 waiting requests, got {load_threshold}")
     own = {}
     for name, m in MODULES.items():
-        kw = {k: v for k, v in d.items() if k in _own_kwargs(m)} if preset.module is m else {}
-        kw.update({k: v for k, v in own_kw.items() if k in _own_kwargs(m)})
+        kw = {k: v for k, v in d.items() if k in set(m.settings)} if preset.module is m else {}
+        kw.update({k: v for k, v in own_kw.items() if k in set(m.settings)})
         own[name] = m.make_params(**kw)
     f = lambda x: jnp.asarray(x, jnp.float32)
     return RouterParams(f(theta), f(guard_abs), f(guard_rel), weight_vector(weights),
@@ -234,7 +176,7 @@ def router_params(policy: str = "weighted", *, theta=DEFAULT_THETA, guard_abs=8.
 
 def modules_for(policies) -> tuple[str, ...]:
     """The stateful modules the presets `policies` need (the rest can be left out of the state)."""
-    return tuple(sorted({_module_name(PRESETS[p].module) for p in policies if PRESETS[p].module}))
+    return tuple(sorted({PRESETS[p].spec.module for p in policies if PRESETS[p].module}))
 
 
 def check(static: RouterStatic, policies) -> None:
@@ -244,21 +186,22 @@ def check(static: RouterStatic, policies) -> None:
         if static.policies is not None and name not in static.policies:
             raise JaxrouteError(f"router '{name}' is not among the routers this model was built for "
                                 f"({', '.join(static.policies)}): build it with router_policies including it")
-        m = PRESETS[name].module
+        m, module_name = PRESETS[name].module, PRESETS[name].spec.module
         if m is None:
             continue
-        if static.modules is not None and _module_name(m) not in static.modules:
-            raise JaxrouteError(f"router '{name}' needs module '{_module_name(m)}', which this model leaves out "
+        if static.modules is not None and module_name not in static.modules:
+            raise JaxrouteError(f"router '{name}' needs module '{module_name}', which this model leaves out "
                                 f"(router modules kept: {', '.join(static.modules) or 'none'})")
-        if hasattr(m, "check"):
+        if m.check is not None:
             m.check(static)
 
 
 # ----------------------------------------------------------------------------- the router's hooks
 
 
-def _hook(m: ModuleType, hook: str, state, *args):
-    return getattr(m, hook)(state, *args) if hasattr(m, hook) else state
+def _hook(m: RouterModule, hook: str, state, *args):
+    f = getattr(m, hook)
+    return state if f is None else f(state, *args)
 
 
 def init(static: RouterStatic) -> dict:
@@ -287,16 +230,15 @@ def choose(state: dict, view: RouterView, req: Request, policy: jax.Array, param
     def branch(module_rule):
         if module_rule is None:  # no row runs it: refused on the host by `check`
             return lambda: jnp.int32(0)
-        module, rule = module_rule
-        if module is not None:
-            n = _module_name(module)
+        n, rule = module_rule
+        if n is not None:
             if n not in state:  # left out of this model: refused on the host by `check`
                 return lambda: jnp.int32(0)
             return lambda: jnp.asarray(rule(state[n], view, req, params, key), jnp.int32)
         return lambda: jnp.asarray(rule(view, req, params, key), jnp.int32)
 
     # presets of one rule (SGLang's three, llm-d's schedulers, ...) differ only in traced params: one branch
-    rules = [(p.module, p.rule) if policies is None or name in policies else None for name, p in PRESETS.items()]
+    rules = [(p.spec.module, p.rule) if policies is None or name in policies else None for name, p in PRESETS.items()]
     return REGISTRY.switch_shared(policy, rules, branch)
 
 
@@ -324,8 +266,8 @@ def on_finish(state: dict, view: RouterView, g: jax.Array, rids: jax.Array, fini
     return {n: _hook(MODULES[n], "on_finish", state[n], view, g, rids, finished, params.own[n]) for n in state}
 
 
-def _uses(policy: jax.Array, m: ModuleType) -> jax.Array:
-    return jnp.isin(policy, jnp.asarray([REGISTRY.id(k) for k, p in PRESETS.items() if p.module is m]))
+def _uses(policy: jax.Array, module_name: str) -> jax.Array:
+    return jnp.isin(policy, jnp.asarray([REGISTRY.id(k) for k, p in PRESETS.items() if p.spec.module == module_name]))
 
 
 def flags(state: dict, policy: jax.Array) -> dict[str, jax.Array]:
@@ -333,8 +275,8 @@ def flags(state: dict, policy: jax.Array) -> dict[str, jax.Array]:
     out = {}
     for n in state:
         m = MODULES[n]
-        if hasattr(m, "flags"):
-            out.update({k: _uses(policy, m) & v for k, v in m.flags(state[n]).items()})
+        if m.flags is not None:
+            out.update({k: _uses(policy, n) & v for k, v in m.flags(state[n]).items()})
     return out
 
 
@@ -343,6 +285,6 @@ def stats(state: dict, policy: jax.Array) -> dict[str, jax.Array]:
     out = {}
     for n in state:
         m = MODULES[n]
-        if hasattr(m, "stats"):
-            out.update({k: jnp.where(_uses(policy, m), v, jnp.zeros_like(v)) for k, v in m.stats(state[n]).items()})
+        if m.stats is not None:
+            out.update({k: jnp.where(_uses(policy, n), v, jnp.zeros_like(v)) for k, v in m.stats(state[n]).items()})
     return out

@@ -48,6 +48,7 @@ import jax.numpy as jnp
 from jaxroute.clusters.prefix_cache import evict_cache, leading_match
 from jaxroute.errors import JaxrouteError
 from jaxroute.routers import parts
+from jaxroute.routers.spec import RouterModule
 from jaxroute.routers.view import Request, RouterStatic, RouterView
 
 MISS_RULES = ("smallest_tree", "least_load")
@@ -142,3 +143,10 @@ def power_of_two(view: RouterView, req: Request, p, key) -> jax.Array:
     i2 = (i1 + 1 + jax.random.randint(k2, (), 0, G - 1)) % G
     load = view.kv_usage
     return jnp.where(load[i1] <= load[i2], i1, i2).astype(jnp.int32)
+
+
+# The contract the cluster calls (hooks as typed fields: routers/spec.py)
+MODULE = RouterModule(init=init,
+                      make_params=make_params,
+                      on_refresh=on_refresh,
+                      on_dispatch=on_dispatch)

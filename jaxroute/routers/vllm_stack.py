@@ -72,6 +72,7 @@ import jax.numpy as jnp
 from jaxroute.clusters.prefix_cache import leading_match
 from jaxroute.errors import JaxrouteError
 from jaxroute.routers import parts
+from jaxroute.routers.spec import RouterModule
 from jaxroute.routers.view import Request, RouterStatic, RouterView
 
 QPS_RING = 4096  # dispatches a QPS window can hold (vllm_qps_ring_overflow when exceeded)
@@ -219,3 +220,11 @@ def kvaware(state: State, view: RouterView, req: Request, p, key) -> jax.Array:
 
 
 choose = prefixaware
+
+
+# The contract the cluster calls (hooks as typed fields: routers/spec.py)
+MODULE = RouterModule(init=init,
+                      make_params=make_params,
+                      on_refresh=on_refresh,
+                      on_dispatch=on_dispatch,
+                      flags=flags)
