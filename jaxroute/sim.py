@@ -4,7 +4,7 @@ A cluster model is a frozen (hashable) dataclass that holds the *static*
 configuration (anything that sets a shape) and subclasses the abstract `Model`:
 
     init(key, workload, params)      -> state     (fixed-shape pytree)
-    step(state, workload, params)    -> state     (one event; a no-op once done)
+    step(state, workload, params)    -> state     (one event; `held_step` keeps a done state as it is)
     metrics(state, workload, params) -> dict[str, scalar array]
     num_steps(workload)              -> int       (static upper bound on events)
     is_done(state)                   -> bool      (every event done: a run stops early)
@@ -77,6 +77,10 @@ class Model(abc.ABC):
     # or branches, where a vmapped step pays for every branch and for the busiest row, sets
     # `CPU_ROWS_TOGETHER`; a model whose step is the same work in every row keeps None (wider is faster).
     cpu_rows_together: ClassVar[int | None] = None
+    # Whether `step` already leaves a done state unchanged (its events masked by their own flags, O(row), as
+    # the replica and dispatch models' are). False: the engine holds a done state itself (`held_step`: one
+    # select over the state per event), so the model's step need not.
+    holds_when_done: ClassVar[bool] = True
 
     @abc.abstractmethod
     def init(self, key: jax.Array, workload: PyTree, params: PyTree) -> PyTree:
@@ -84,7 +88,7 @@ class Model(abc.ABC):
 
     @abc.abstractmethod
     def step(self, state: PyTree, workload: PyTree, params: PyTree) -> PyTree:
-        """One event; must leave a done state unchanged."""
+        """One event (if `holds_when_done`, it must leave a done state unchanged)."""
 
     @abc.abstractmethod
     def metrics(self, state: PyTree, workload: PyTree, params: PyTree) -> dict[str, jax.Array]:
@@ -112,11 +116,21 @@ class Model(abc.ABC):
         return run(self, key, workload, params)
 
 
+def held_step(model: Model, state: PyTree, workload: PyTree, params: PyTree) -> PyTree:
+    """One event of `model`, a no-op once the run is done (so chunked runs that stop early equal full runs):
+    the one place that holds a done state, for models whose step does not (`Model.holds_when_done`)."""
+    new = model.step(state, workload, params)
+    if model.holds_when_done:
+        return new
+    done = model.is_done(state)
+    return jax.tree.map(lambda a, b: jnp.where(done, a, b), state, new)
+
+
 def scan_steps(model: Model, state: PyTree, workload: PyTree, params: PyTree, length: int) -> PyTree:
     """Advance one instance by `length` events with `lax.scan`."""
 
     def body(carry, _):
-        return model.step(carry, workload, params), None
+        return held_step(model, carry, workload, params), None
 
     state, _ = jax.lax.scan(body, state, None, length=length)
     return state
@@ -150,7 +164,7 @@ def advance(step: Callable[[PyTree], PyTree], is_done: Callable[[PyTree], jax.Ar
 def run(model: Model, key: jax.Array, workload: PyTree, params: PyTree) -> dict[str, jax.Array]:
     """One simulation: init, every event (`advance`: stops once done), metrics. Pure and jittable."""
     state = model.init(key, workload, params)
-    state = advance(lambda s: model.step(s, workload, params), model.is_done, state, model.num_steps(workload))
+    state = advance(lambda s: held_step(model, s, workload, params), model.is_done, state, model.num_steps(workload))
     return model.metrics(state, workload, params)
 
 
@@ -288,7 +302,7 @@ def _jitted(model: Model, kind: str, mesh: Mesh, together: int, chunk: int = 0, 
 
     def advance_rows(state, workload, params, length):
         """`advance` for a group of rows: one loop around the (vmapped) step, until every row is done."""
-        step = lift(lambda s, p: model.step(s, workload, p))
+        step = lift(lambda s, p: held_step(model, s, workload, p))
         return advance(lambda s: step(s, params), lift(model.is_done), state, length)
 
     def group(rows, workload):

@@ -155,6 +155,35 @@ def _blocks(tokens, block_size):
     return -(-int(tokens) // block_size)
 
 
+def preempt_rank(running, queue, gen, prompt, n_blocks, block_size):
+    """One rank's preemption (vLLM): its running requests, oldest first, keep the blocks for their next token
+    while they fit; the rest go back to the front of its queue, oldest first. -> (running, queue, evicted)."""
+    total, keep = 0, []
+    for r in running:
+        total += _blocks(prompt[r] + gen[r] + 1, block_size)
+        if total > n_blocks:
+            break
+        keep.append(r)
+    evicted = running[len(keep):]
+    return keep, evicted + queue, len(evicted)
+
+
+def admit_rank(running, queue, gen, prompt, preempted, n_blocks, block_size, slots, r_max):
+    """One rank's FCFS admission with head-of-line blocking: at most r_max, into free slots (none after a
+    preemption), while the blocks for the prompt, the tokens generated before a preemption and the next token
+    fit. -> (admitted, slots left for pooled binding, blocks left)."""
+    fb = n_blocks - sum(_blocks(prompt[r] + gen[r] + 1, block_size) for r in running)
+    fr = 0 if preempted else min(slots - len(running), r_max)
+    admitted = []
+    for rid in queue[:r_max]:
+        need = _blocks(prompt[rid] + gen[rid] + 1, block_size)
+        if len(admitted) >= fr or need > fb:
+            break
+        fb -= need
+        admitted.append(rid)
+    return admitted, fr - len(admitted), fb
+
+
 def _rank_times(cost, batch, kv, prefill):
     """Per-rank busy times and the barrier (the shared cost model, one rank at a time)."""
     barrier, per = cost_models.dp_step_times(cost, np.asarray(batch, F32), np.asarray(kv, F32),
@@ -300,18 +329,10 @@ def simulate(key, prompt, output, trace_arrival, *, n_workers, slots, pool, wind
         preempted = [False] * g_n
         if preempt:
             for g in range(g_n):
-                total, keep = 0, []
-                for r in running[g]:
-                    total += _blocks(prompt[r] + gen[r] + 1, block_size)
-                    if total > n_blocks:
-                        break
-                    keep.append(r)
-                evicted = running[g][len(keep):]
-                if evicted:
-                    preempted[g] = True
-                    preemptions += len(evicted)
-                    queues[g] = evicted + queues[g]
-                    running[g] = keep
+                running[g], queues[g], n_evicted = preempt_rank(running[g], queues[g], gen, prompt, n_blocks,
+                                                                block_size)
+                preempted[g] = n_evicted > 0
+                preemptions += n_evicted
         # FCFS admission from the local queue (head-of-line blocking)
         recompute = [0] * g_n
         prefill = [0] * g_n  # first admissions prefilled on their rank (local)
@@ -319,15 +340,9 @@ def simulate(key, prompt, output, trace_arrival, *, n_workers, slots, pool, wind
         free = []
         free_blocks = []
         for g in range(g_n):
-            fb = n_blocks - sum(_blocks(prompt[r] + gen[r] + 1, block_size) for r in running[g])
-            fr = 0 if preempted[g] else min(slots - len(running[g]), r_max)
-            admitted = []
-            for rid in queues[g][:r_max]:
-                need = _blocks(prompt[rid] + gen[rid] + 1, block_size)
-                if len(admitted) >= fr or need > fb:
-                    break
-                fb -= need
-                admitted.append(rid)
+            admitted, fr, fb = admit_rank(running[g], queues[g], gen, prompt, preempted[g], n_blocks, block_size,
+                                          slots, r_max)
+            for rid in admitted:
                 if gen[rid] > 0:
                     recompute[g] += prompt[rid] + gen[rid]
                 elif local[rid] and worker_of[rid] < 0:
@@ -337,7 +352,7 @@ def simulate(key, prompt, output, trace_arrival, *, n_workers, slots, pool, wind
             recomputed += recompute[g]
             place(admitted, [g] * len(admitted))
             queues[g] = queues[g][len(admitted):]
-            free.append(fr - len(admitted))
+            free.append(fr)
             free_blocks.append(fb)
         if any(_blocks(prompt[r] + 1, block_size) > n_blocks for r in pool_ids):
             kv_overflow = True

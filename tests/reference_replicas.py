@@ -88,6 +88,17 @@ class Running:
     tgt: int = 0  # prefill target: prompt (+ output tokens recomputed after a preemption)
 
 
+def chunk_allocation(slots, chunk):
+    """The batch's prefill tokens per slot: prefilling requests in admission order share `chunk`
+    (decoding ones and empty slots get 0)."""
+    alloc = np.zeros(len(slots), np.int64)
+    budget = chunk
+    for k in sorted([k for k, s in enumerate(slots) if s is not None and s.pos < s.tgt], key=lambda k: slots[k].seq):
+        alloc[k] = min(budget, slots[k].tgt - slots[k].pos)
+        budget -= alloc[k]
+    return alloc
+
+
 class Replica:
     def __init__(self, B, Q):
         self.cache = RadixCache()
@@ -477,15 +488,7 @@ def simulate(table, *, G, cap, policy, cost, chunk=512, B=64, Q=256, max_admit=4
             push(hit_trace, g, t, [t, adm_hit, adm_prompt], H_pair)
 
         # batch
-        B_ = len(rep.slots)
-        alloc = np.zeros(B_, np.int64)
-        budget = chunk
-        prefilling = sorted([k for k, s in enumerate(rep.slots) if s is not None and s.pos < s.tgt],
-                            key=lambda k: rep.slots[k].seq)
-        for k in prefilling:
-            s = rep.slots[k]
-            alloc[k] = min(budget, s.tgt - s.pos)
-            budget -= alloc[k]
+        alloc = chunk_allocation(rep.slots, chunk)
         pos = np.array([s.pos if s else 0 for s in rep.slots], np.float32)
         dec = np.array([s is not None and s.pos == s.tgt for s in rep.slots])
         ctx = np.array([(prompt[s.rid] + s.gen) if s else 0 for s in rep.slots], np.float32)

@@ -109,3 +109,21 @@ def test_a_full_queue_drops_requests_as_an_overflow_and_a_lost_one_is_still_an_e
     with pytest.raises(LostRequests):  # an overflowed run is checked like any other
         sim.run_grid(_replicas(DropsReplicas, max_queue=1), jax.random.key(0), TOOLBENCH,
                      sim.stack_params([REPLICA_PARAMS]), 2)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_a_done_state_is_a_fixed_point_of_the_engines_step(name):
+    """`Model.holds_when_done` says who keeps a finished run as it is, the model's step or the engine
+    (`sim.held_step`, once for every model that leaves it to the engine); either way one more event changes
+    nothing, so a chunked run that stops early equals the whole run."""
+    model, workload, params = CASES[name](DROPS[name][0])
+
+    def finish_and_step_again(key):
+        state = sim.advance(lambda s: sim.held_step(model, s, workload, params), model.is_done,
+                            model.init(key, workload, params), model.num_steps(workload))
+        return state, sim.held_step(model, state, workload, params)
+
+    state, again = jax.jit(finish_and_step_again)(jax.random.PRNGKey(0))
+    assert bool(model.is_done(state))
+    for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(again), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

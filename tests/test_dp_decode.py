@@ -112,6 +112,52 @@ def test_conservation_midway_and_sticky():
     assert np.all(res.metrics["overflow_steps"]) and np.all(res.overflow)
 
 
+def _rank_lists(model, st):
+    """A state as the reference keeps it: each rank's running requests (oldest first), its local queue, and the
+    tokens each request has generated."""
+    slot_req, slot_seq, slot_gen = (np.asarray(x) for x in (st.slot_req, st.slot_seq, st.slot_gen))
+    ids, ok = (np.asarray(x) for x in model.queue_entries(st, model.n_requests))
+    gen = np.asarray(st.req_gen).copy()
+    running = []
+    for g in range(model.n_workers):
+        order = [s for s in np.argsort(slot_seq[g], kind="stable") if slot_req[g, s] >= 0]
+        running.append([int(slot_req[g, s]) for s in order])
+        gen[slot_req[g, order]] = slot_gen[g, order]
+    return running, [[int(i) for i, o in zip(ids[g], ok[g], strict=True) if o] for g in range(model.n_workers)], \
+        gen.tolist()
+
+
+def test_preemption_and_local_admission_phases_match_their_slices_of_the_reference():
+    """The decode step's phases one at a time, on the states of a run that preempts: `_preempt` against the
+    reference's `preempt_rank`, `_admit_local` against its `admit_rank`, rank by rank."""
+    req = _growing_requests()
+    wl = dd.make_workload(req, COST)
+    model = _model(max_steps=600, kv_capacity=TIGHT, block_size=BLOCK)
+    params = dd.make_params("rr", n_workers=G, arrival="saturated")
+    step = jax.jit(lambda s: sim.held_step(model, s, wl, params))
+    preempt = jax.jit(model._preempt)
+    admit = jax.jit(model._admit_local)
+    st = jax.jit(lambda k: model.init(k, wl, params))(jax.random.PRNGKey(3))
+    prompt = np.asarray(st.prompt).tolist()  # this seed's requests (the saturated replay orders them per seed)
+    evicted = admitted_total = 0
+    for _ in range(80):
+        st = step(st)
+        running, queues, gen = _rank_lists(model, st)
+        after, preempted, free_blocks = preempt(st)
+        running2, queues2, gen2 = _rank_lists(model, after)
+        after2, local = admit(after, preempted, free_blocks)
+        running3, queues3, _ = _rank_lists(model, after2)
+        for g in range(G):
+            keep, queue, n_ev = ref.preempt_rank(running[g], queues[g], gen, prompt, model.n_blocks, BLOCK)
+            assert (running2[g], queues2[g], bool(preempted[g])) == (keep, queue, n_ev > 0)
+            admitted, slots_left, blocks_left = ref.admit_rank(keep, queue, gen2, prompt, n_ev > 0, model.n_blocks,
+                                                               BLOCK, S, R)
+            assert queues3[g] == queue[len(admitted):] and running3[g] == keep + admitted
+            assert (int(local.free[g]), int(local.free_blocks[g])) == (slots_left, blocks_left)
+            evicted, admitted_total = evicted + n_ev, admitted_total + len(admitted)
+    assert evicted > 0 and admitted_total > 0  # both phases did something
+
+
 def test_kv_overflow_flag_without_preemption():
     """With preemption off (the old model), KV growth past a rank's blocks is only flagged."""
     req = _requests(2)
@@ -249,11 +295,12 @@ def test_done_run_stops_early_in_chunks_and_equals_the_full_run(grid):
                            progress="chunks")
     for name, v in whole.metrics.items():  # stopped well before 400 steps, the same numbers
         np.testing.assert_array_equal(v, chunked.metrics[name], err_msg=name)
-    # a finished state is a fixed point of step
+    # a finished state is a fixed point of the engine's step (the decode model's step leaves it to the engine)
+    assert not dd.DecodeModel.holds_when_done
     params = dd.make_params("jsq", n_workers=G)
     st = jax.jit(lambda k: sim.scan_steps(model, model.init(k, wl, params), wl, params, 400))(jax.random.PRNGKey(0))
     assert bool(model.is_done(st))
-    again = jax.jit(lambda s: model.step(s, wl, params))(st)
+    again = jax.jit(lambda s: sim.held_step(model, s, wl, params))(st)
     for a, b in zip(jax.tree.leaves(st), jax.tree.leaves(again), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 

@@ -454,3 +454,48 @@ def test_fully_cached_prompts_still_get_a_first_token(policy, admission):
     assert full.sum() > 10  # the path is exercised
     first = rec["first_token_s"][done]
     assert np.all(np.isfinite(first)) and np.all(first > rec["admit_s"][done])
+
+
+def test_the_batch_phase_matches_its_slice_of_the_reference():
+    """A replica iteration's batch alone (`iteration._run_batch`), on random running sets: the prefill tokens
+    each slot gets equal the reference's `chunk_allocation` (admission order shares the chunk), and decoding,
+    completed prefills, first tokens and generated counts follow from them."""
+    import types
+
+    from jaxroute.clusters.replicas import iteration
+    from jaxroute.clusters.replicas.types import Replica
+
+    rng = np.random.default_rng(5)
+    B, chunk, n = 8, 96, 40
+    r = types.SimpleNamespace(prompt_tok=jnp.asarray(rng.integers(1, 300, n), jnp.int32),
+                              out_tok=jnp.asarray(rng.integers(1, 20, n), jnp.int32))
+    model = types.SimpleNamespace(chunk=chunk)
+    params = R.make_params("rr")
+    zero = {f.name: jnp.zeros((B,), jnp.int32) for f in dataclasses.fields(Replica)}
+    run = jax.jit(lambda row, active: iteration._run_batch(model, row, r, jnp.float32(1.0), params, active,
+                                                           jnp.float32(0.0)))
+    for trial in range(30):
+        running = rng.random(B) < 0.7
+        rid = np.where(running, rng.choice(n, B, replace=False), -1)
+        tgt = np.where(running, np.asarray(r.prompt_tok)[np.maximum(rid, 0)], 0)
+        pos = np.where(rng.random(B) < 0.4, tgt, (rng.random(B) * tgt).astype(int))  # decoding or prefilling
+        gen = np.where(pos == tgt, rng.integers(1, 5, B), 0)
+        seq = rng.permutation(B)
+        row = Replica(**dict(zero, run_req=jnp.asarray(rid, jnp.int32), run_pos=jnp.asarray(pos, jnp.int32),
+                             run_gen=jnp.asarray(gen, jnp.int32), run_tgt=jnp.asarray(tgt, jnp.int32),
+                             run_seq=jnp.asarray(seq, jnp.int32)))
+        b = run(row, jnp.bool_(True))
+        slots = [ref.Running(int(rid[k]), int(pos[k]), gen=int(gen[k]), seq=int(seq[k]), tgt=int(tgt[k]))
+                 if running[k] else None for k in range(B)]
+        alloc = ref.chunk_allocation(slots, chunk)
+        np.testing.assert_array_equal(np.asarray(b.new_pos) - pos, alloc, err_msg=str(trial))
+        decoding = running & (pos == tgt)
+        done_pre = running & (pos < tgt) & (pos + alloc >= tgt)
+        np.testing.assert_array_equal(np.asarray(b.decoding), decoding)
+        np.testing.assert_array_equal(np.asarray(b.done_pre), done_pre)
+        np.testing.assert_array_equal(np.asarray(b.first), done_pre & (gen == 0))
+        np.testing.assert_array_equal(np.asarray(b.new_gen), gen + (done_pre | decoding))
+        assert float(b.t_end) > 1.0 if running.any() else float(b.t_end) == 1.0
+        idle = run(row, jnp.bool_(False))  # a row that does not iterate runs nothing
+        np.testing.assert_array_equal(np.asarray(idle.new_pos), pos)
+        assert float(idle.t_end) == 1.0

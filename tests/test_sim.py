@@ -133,13 +133,11 @@ def test_check_params_runs_before_tracing():
 
 @dataclasses.dataclass(frozen=True)
 class EarlyModel(ToyModel):
-    """Done after `stop` steps although num_steps allows n: chunked runs stop early, same result."""
+    """Done after `stop` steps although num_steps allows n: chunked runs stop early, same result. Its step
+    does not hold a done state (it counts on): the engine does (`sim.held_step`)."""
 
+    holds_when_done = False
     stop: int = 5
-
-    def step(self, state, workload, params):
-        new = super().step(state, workload, params)
-        return jax.tree.map(lambda a, b: jnp.where(self.is_done(state), a, b), state, new)
 
     def is_done(self, state):
         return state["t"] >= self.stop
@@ -147,6 +145,11 @@ class EarlyModel(ToyModel):
 
 def test_chunked_run_stops_early_and_equals_the_full_run():
     model = EarlyModel(n=100, stop=5)
+    done = dict(model.init(jax.random.PRNGKey(0), None, None), t=jnp.int32(5), x=jnp.float32(2.0))
+    toy = ToyParams(jnp.int32(0), jnp.float32(1.0))
+    held = sim.held_step(model, done, jnp.float32(1.0), toy)
+    assert int(held["t"]) == 5 and float(held["x"]) == 2.0  # the engine holds it
+    assert int(model.step(done, jnp.float32(1.0), toy)["t"]) == 6  # the model's own step goes on
     key = jax.random.PRNGKey(4)
     whole = sim.run_grid(model, key, jnp.float32(1.0), _params([0, 1]), 3)
     sim.clear_compiled(model)
@@ -161,6 +164,7 @@ class RaggedModel(ToyModel):
     batched rows then differ in both."""
 
     cpu_rows_together = 4  # groups of at most 4 rows on a CPU
+    holds_when_done = False  # the engine holds a row once it is done
 
     def init(self, key, workload, params):
         return dict(super().init(key, workload, params), stop=3 + jax.random.randint(key, (), 0, 20))
@@ -169,8 +173,7 @@ class RaggedModel(ToyModel):
         new = super().step(state, workload, params)
         extra = jax.lax.while_loop(lambda c: c[0] < state["t"] % 5, lambda c: (c[0] + 1, c[1] + 0.5 * c[0]),
                                    (jnp.int32(0), jnp.float32(0.0)))[1]
-        new = dict(new, x=new["x"] + extra, stop=state["stop"])
-        return jax.tree.map(lambda a, b: jnp.where(self.is_done(state), a, b), state, new)
+        return dict(new, x=new["x"] + extra, stop=state["stop"])
 
     def metrics(self, state, workload, params):
         return {"x": state["x"], "t": state["t"]}

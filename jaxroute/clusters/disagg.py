@@ -100,6 +100,7 @@ class PrefillStage(sim.Model):
     """The prefill tier of a disaggregated cluster (static: the replica engine's shapes)."""
 
     cpu_rows_together: ClassVar[int | None] = sim.CPU_ROWS_TOGETHER  # branches and loops: rows in groups
+    holds_when_done: ClassVar[bool] = False  # a done state is held by the engine (sim.held_step)
 
     tier: replicas.ReplicaModel
 
@@ -122,9 +123,7 @@ class PrefillStage(sim.Model):
         return (state.tier.next_req >= state.n_disagg) & jnp.all(jnp.isinf(state.tier.clock))
 
     def step(self, state: PrefillStageState, workload, params: PrefillStageParams) -> PrefillStageState:
-        new = self.tier.step(state.tier, None, params.tier)
-        done = self.is_done(state)
-        return dataclasses.replace(state, tier=jax.tree.map(lambda a, b: jnp.where(done, a, b), state.tier, new))
+        return dataclasses.replace(state, tier=self.tier.step(state.tier, None, params.tier))
 
     def metrics(self, state: PrefillStageState, workload, params: PrefillStageParams) -> dict[str, jax.Array]:
         s = state.tier
@@ -207,6 +206,7 @@ class DecodeStage(sim.Model):
     """The decode tier: one row's handed-off requests (in its params) on the decode DP model."""
 
     cpu_rows_together: ClassVar[int | None] = sim.CPU_ROWS_TOGETHER  # branches and loops: rows in groups
+    holds_when_done: ClassVar[bool] = False  # a done state is held by the engine (sim.held_step)
 
     tier: dd.DecodeModel
 

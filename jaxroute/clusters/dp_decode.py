@@ -56,7 +56,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import ClassVar
+from typing import ClassVar, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -249,11 +249,40 @@ class DecodeState:
     first_prompt_tok: jax.Array  # [] int32 prompt tokens of those admissions
 
 
+class StepContext(NamedTuple):
+    """What every phase of a decode step reads, taken at its start."""
+
+    pooled: jax.Array  # [] bool prompt-pool dispatch (else immediate, to local queues)
+    use: jax.Array  # [G] bool ranks in use
+    g_use: jax.Array  # [] int32 ranks in use
+    a: jax.Array  # [] float32 BalanceRoute score weight alpha
+    b: jax.Array  # [] float32 beta
+    d: jax.Array  # [H + 1] float32 discounts gamma^h
+    loads_h: jax.Array  # [G, H + 1] float32 predicted KV loads over the horizon
+    w_cache: jax.Array  # [] float32 weight of missed prefill tokens (br_cache; others 0)
+
+
+class LocalAdmission(NamedTuple):
+    """What admission from the local queues leaves for the later phases."""
+
+    free: jax.Array  # [G] int32 slots still free for pooled binding this step
+    free_blocks: jax.Array  # [G] int32 KV blocks still free
+    admitted: jax.Array  # [G] int32 admitted from the local queue
+    running_before: jax.Array  # [G] int32 running after preemption, before admission
+    recompute: jax.Array  # [G] int32 tokens recomputed for readmitted preempted requests
+    prefill_first: jax.Array  # [G] int32 prompt tokens prefilled here for first admissions (cache misses)
+    hit_tok: jax.Array  # [] int32 their cache hits
+    prompt_tok: jax.Array  # [] int32 their prompt tokens
+    inserted: jax.Array  # [G, M] bool segments their admissions insert into the caches
+    too_big: jax.Array  # [] bool a request that can never fit a rank's KV
+
+
 @dataclasses.dataclass(frozen=True)
 class DecodeModel(sim.Model):
     """Static configuration (shapes) of the decode DP barrier simulator."""
 
     cpu_rows_together: ClassVar[int | None] = sim.CPU_ROWS_TOGETHER  # branches and loops: rows in groups
+    holds_when_done: ClassVar[bool] = False  # a done state is held by the engine (sim.held_step)
 
     n_workers: int
     n_requests: int
@@ -497,11 +526,6 @@ class DecodeModel(sim.Model):
 
     # ------------------------------------------------------------------ step
 
-    def step(self, st: DecodeState, wl: DecodeWorkload, params: DecodeParams) -> DecodeState:
-        finished = self.is_done(st)  # a no-op once done, so chunked runs that stop early equal full runs
-        new = self._step(st, wl, params)
-        return jax.tree.map(lambda a, b: jnp.where(finished, a, b), st, new)
-
     def blocks(self, tokens: jax.Array) -> jax.Array:
         """KV blocks that hold `tokens` tokens (ceil division by the block size)."""
         return (tokens + self.block_size - 1) // self.block_size
@@ -514,31 +538,45 @@ class DecodeModel(sim.Model):
         ok = j < st.q_len[:, None]
         return jnp.where(ok, ids, -1), ok
 
-    def _step(self, st: DecodeState, wl: DecodeWorkload, params: DecodeParams) -> DecodeState:
-        g, p, n, s_n = self.n_workers, self.pool, self.n_requests, self.slots
+    def step(self, st: DecodeState, wl: DecodeWorkload, params: DecodeParams) -> DecodeState:
+        """One barrier step, in the order of vLLM's scheduler and BalanceRoute's dispatch: intake, preemption of
+        running requests, FCFS admission from the local queues, pooled binding, the caches' insertions, one
+        decode step. Each phase is its own method (a done state is held by the engine, `sim.held_step`)."""
         key, k_in, k_out = jax.random.split(st.key, 3)
         st = dataclasses.replace(st, key=key)
-        pooled = params.dispatch == balance.POOLED
-        n_arrived = jnp.sum(st.arrival_t <= st.t).astype(jnp.int32)
-        use, g_use = self.in_use(params), self.n_in_use(params)
-        a, b, d = balance.score_weights(params.policy, params.alpha, params.beta, params.gamma, g_use, self.horizon)
-        active = st.slot_req >= 0
-        n_active = jnp.sum(active, axis=1)
-        load = self.loads(st, wl)
-        loads_h = self.predicted_loads(st, wl, params)
-        rows = jnp.arange(g)[:, None]
-        # prefix caches (static): hits below are read on the cache at the step's start; this step's
-        # insertions are applied after binding. br_cache weighs missed prefill tokens (others: 0).
-        caching = self.prefix_cache_tokens > 0
-        weight = jnp.float32(1.0) if params.cache_weight is None else params.cache_weight
-        w_cache = jnp.where(params.policy == balance.BR_CACHE, weight, 0.0).astype(jnp.float32)
+        ctx = self._context(st, wl, params)
+        st = self._intake(st, wl, params, ctx, k_in)
+        st, preempted, free_blocks = self._preempt(st)
+        st, local = self._admit_local(st, preempted, free_blocks)
+        st, pooled_tok, pooled_hit, pooled_prompt, ins_p = jax.lax.cond(
+            ctx.pooled, lambda st: self._bind_pooled(st, wl, params, ctx, local, preempted, k_out),
+            self._no_pool, st)
+        st = dataclasses.replace(st, prefill_tok=st.prefill_tok + jnp.sum(local.prefill_first) + jnp.sum(pooled_tok),
+                                 hit_tok=st.hit_tok + local.hit_tok + pooled_hit,
+                                 first_prompt_tok=st.first_prompt_tok + local.prompt_tok + pooled_prompt)
+        if self.prefix_cache_tokens > 0:
+            st = self._fill_caches(st, wl, local.inserted | ins_p)
+        return self._decode(st, wl, params, ctx, local.recompute + local.prefill_first + pooled_tok, local.too_big)
 
-        # ---- 1. intake: pooled mode fills the prompt pool (capacity P; the rest wait in the prefill
-        # tier, which holds their KV); immediate mode routes every prefill-completed request on arrival.
+    def _context(self, st: DecodeState, wl: DecodeWorkload, params: DecodeParams) -> StepContext:
+        """What every phase reads, taken at the step's start."""
+        a, b, d = balance.score_weights(params.policy, params.alpha, params.beta, params.gamma, self.n_in_use(params),
+                                        self.horizon)
+        weight = jnp.float32(1.0) if params.cache_weight is None else params.cache_weight
+        return StepContext(pooled=params.dispatch == balance.POOLED, use=self.in_use(params),
+                           g_use=self.n_in_use(params), a=a, b=b, d=d, loads_h=self.predicted_loads(st, wl, params),
+                           w_cache=jnp.where(params.policy == balance.BR_CACHE, weight, 0.0).astype(jnp.float32))
+
+    def _intake(self, st: DecodeState, wl: DecodeWorkload, params: DecodeParams, ctx: StepContext,
+                key: jax.Array) -> DecodeState:
+        """Pooled mode fills the prompt pool (capacity P; the rest wait in the prefill tier, which holds their
+        KV); immediate mode routes every prefill-completed request to a local queue on arrival."""
+        g, p, n = self.n_workers, self.pool, self.n_requests
+        n_arrived = jnp.sum(st.arrival_t <= st.t).astype(jnp.int32)
         n_pool = jnp.sum(st.pool >= 0)
         backlog = jnp.maximum(n_arrived - st.next_in, 0)
         cap_left = p - n_pool - (jnp.sum(st.q_len) if self.cap_immediate else 0)
-        take = jnp.where(pooled | self.cap_immediate, jnp.clip(jnp.minimum(backlog, cap_left), 0, p), backlog)
+        take = jnp.where(ctx.pooled | self.cap_immediate, jnp.clip(jnp.minimum(backlog, cap_left), 0, p), backlog)
 
         def intake_pooled(st):
             j = jnp.arange(p)
@@ -548,38 +586,44 @@ class DecodeModel(sim.Model):
 
         def intake_immediate(st):
             q_load = st.q_tokens.astype(jnp.float32)
-            counts0 = (n_active + st.q_len).astype(jnp.float32)
-            margins = balance.margins_of(loads_h + q_load[:, None])
+            counts0 = (jnp.sum(st.slot_req >= 0, axis=1) + st.q_len).astype(jnp.float32)
+            margins = balance.margins_of(ctx.loads_h + q_load[:, None])
 
             def body(c):
                 i, queue, qlen, counts, kv, took, rr, k, q_tok = c
                 k, sub = jax.random.split(k)
                 rid = st.next_in + i
                 s_i = st.prompt[rid].astype(jnp.float32)
-                single = jax.vmap(lambda gg: balance.score(s_i, margins, d, gg, took[gg], a, b))(jnp.arange(g))
+                single = jax.vmap(lambda gg: balance.score(s_i, margins, ctx.d, gg, took[gg], ctx.a, ctx.b))(
+                    jnp.arange(g))
                 hit_i = None
-                if caching:
+                if self.prefix_cache_tokens > 0:
                     hit_i = self.prefix_hits(st, rid).astype(jnp.float32)  # [G]
                     miss_i = jnp.where(st.local[rid], s_i - hit_i, 0.0)
-                    single = single - w_cache * miss_i
-                gi = balance.choose_worker(params.policy, sub, counts, kv, rr, use, single, hit_i)
+                    single = single - ctx.w_cache * miss_i
+                gi = balance.choose_worker(params.policy, sub, counts, kv, rr, ctx.use, single, hit_i)
                 queue = queue.at[gi, (st.q_head[gi] + qlen[gi]) % n].set(rid)
                 return (i + 1, queue, qlen.at[gi].add(1), counts.at[gi].add(1.0), kv.at[gi].add(s_i),
-                        took.at[gi].add(s_i), (gi + 1) % g_use, k, q_tok.at[gi].add(st.prompt[rid]))
+                        took.at[gi].add(s_i), (gi + 1) % ctx.g_use, k, q_tok.at[gi].add(st.prompt[rid]))
 
-            init = (jnp.int32(0), st.queue, st.q_len, counts0, load + q_load, jnp.zeros((g,), jnp.float32),
-                    st.rr_next, k_in, st.q_tokens)
+            init = (jnp.int32(0), st.queue, st.q_len, counts0, self.loads(st, wl) + q_load,
+                    jnp.zeros((g,), jnp.float32), st.rr_next, key, st.q_tokens)
             out = jax.lax.while_loop(lambda c: c[0] < take, body, init)
             return dataclasses.replace(st, queue=out[1], q_len=out[2], rr_next=out[6], next_in=st.next_in + take,
                                        q_tokens=out[8])  # exact ints (float32 sums round past 2^24 tokens)
 
-        st = jax.lax.cond(pooled, intake_pooled, intake_immediate, st)
+        return jax.lax.cond(ctx.pooled, intake_pooled, intake_immediate, st)
 
-        # ---- 2. running requests first (vLLM's scheduler): each needs the blocks for its next token;
-        # when a rank runs out, its newest requests are preempted (KV freed, recomputed on readmission)
-        # and go back to the front of its local queue, oldest first.
-        ctx = st.prompt[jnp.maximum(st.slot_req, 0)] + st.slot_gen
-        need = jnp.where(active, self.blocks(ctx + 1), 0)
+    def _preempt(self, st: DecodeState) -> tuple[DecodeState, jax.Array, jax.Array]:
+        """Running requests first (vLLM's scheduler): each needs the blocks for its next token; when a rank runs
+        out, its newest requests are preempted (KV freed, recomputed on readmission) and go back to the front of
+        its local queue, oldest first. Returns (state, [G] ranks that preempted, [G] blocks left free)."""
+        g, n, s_n = self.n_workers, self.n_requests, self.slots
+        rows = jnp.arange(g)[:, None]
+        active = st.slot_req >= 0
+        n_active = jnp.sum(active, axis=1)
+        context = st.prompt[jnp.maximum(st.slot_req, 0)] + st.slot_gen
+        need = jnp.where(active, self.blocks(context + 1), 0)
         order = jnp.argsort(jnp.where(active, st.slot_seq, jnp.iinfo(jnp.int32).max), axis=1)  # oldest first
         cum = jnp.cumsum(jnp.take_along_axis(need, order, axis=1), axis=1)
         keep_sorted = cum <= self.n_blocks
@@ -600,15 +644,18 @@ class DecodeModel(sim.Model):
             slot_req=jnp.where(evict, -1, st.slot_req), slot_gen=jnp.where(evict, 0, st.slot_gen),
             preemptions=st.preemptions + jnp.sum(n_evict),
         )
-        preempted_now = n_evict > 0
-        active = st.slot_req >= 0
-        n_active = jnp.sum(active, axis=1)
         free_blocks = self.n_blocks - jnp.sum(jnp.where(evict, 0, need), axis=1)  # the kept requests' blocks
+        return st, n_evict > 0, free_blocks
 
-        # ---- 3. admission from the local queue: FCFS with head-of-line blocking, at most R_max per
-        # step, into free slots, if the blocks for the prompt (plus tokens already generated before a
-        # preemption, recomputed now) and the next token fit; none on a rank that just preempted.
-        free = jnp.where(preempted_now, 0, jnp.minimum(s_n - n_active, self.r_max))
+    def _admit_local(self, st: DecodeState, preempted: jax.Array, free_blocks: jax.Array
+                     ) -> tuple[DecodeState, LocalAdmission]:
+        """FCFS admission from each local queue with head-of-line blocking, at most R_max per step, into free
+        slots, if the blocks for the prompt (plus tokens generated before a preemption, recomputed now) and the
+        next token fit; none on a rank that just preempted."""
+        g, n, s_n = self.n_workers, self.n_requests, self.slots
+        rows = jnp.arange(g)[:, None]
+        n_active = jnp.sum(st.slot_req >= 0, axis=1)
+        free = jnp.where(preempted, 0, jnp.minimum(s_n - n_active, self.r_max))
         head, ok = self.queue_entries(st, self.r_max)
         hid = jnp.maximum(head, 0)
         h_gen = st.req_gen[hid]
@@ -622,78 +669,84 @@ class DecodeModel(sim.Model):
                    | jnp.any((st.pool >= 0) & (pool_need > self.n_blocks)))
         recompute = jnp.sum(jnp.where(admit & (h_gen > 0), st.prompt[hid] + h_gen, 0), axis=1)
         first_local = admit & st.local[hid] & (st.worker_of[hid] < 0)  # prefilled here, in this step
-        if caching:  # each head entry's hit on its own rank
+        if self.prefix_cache_tokens > 0:  # each head entry's hit on its own rank
             hit_q = jnp.where(first_local, self.hits_from(st, st.cached[rows[:, :, None], st.seg_ids[hid]], hid), 0)
             ins = self.inserted(st, jnp.broadcast_to(rows, hid.shape).reshape(-1), hid.reshape(-1),
                                 first_local.reshape(-1))
         else:
             hit_q = jnp.zeros(hid.shape, jnp.int32)
+            ins = jnp.zeros(st.cached.shape, bool)
         prefill_first = jnp.sum(jnp.where(first_local, st.prompt[hid] - hit_q, 0), axis=1)
-        prefill_now = recompute + prefill_first
-        first_stats = (jnp.sum(hit_q), jnp.sum(jnp.where(first_local, st.prompt[hid], 0)))
         st = self.place(st, jnp.where(admit, head, -1).reshape(-1), jnp.where(admit, rows, -1).reshape(-1))
         st = dataclasses.replace(st, q_head=(st.q_head + n_adm) % n, q_len=st.q_len - n_adm,
                                  q_tokens=st.q_tokens - jnp.sum(jnp.where(admit, st.prompt[hid], 0), axis=1),
                                  recomputed_tokens=st.recomputed_tokens + jnp.sum(recompute))
-        free = free - n_adm
-        free_blocks = free_blocks - jnp.sum(jnp.where(admit, h_need, 0), axis=1)
+        return st, LocalAdmission(
+            free=free - n_adm, free_blocks=free_blocks - jnp.sum(jnp.where(admit, h_need, 0), axis=1),
+            admitted=n_adm, running_before=n_active, recompute=recompute, prefill_first=prefill_first,
+            hit_tok=jnp.sum(hit_q), prompt_tok=jnp.sum(jnp.where(first_local, st.prompt[hid], 0)), inserted=ins,
+            too_big=too_big)
 
-        # ---- 4. pooled binding (BalanceRoute's two stages, or a baseline's worker choice, oldest first)
-        # into what the local queues left: only ranks whose local queue is empty may take new requests.
-        def admit_pooled(st):
-            free_p = jnp.where((st.q_len == 0) & ~preempted_now & use, free, 0)
-            valid = st.pool >= 0
-            pid = jnp.maximum(st.pool, 0)
-            pool_s = jnp.where(valid, st.prompt[pid], 0).astype(jnp.float32)
-            pool_need = jnp.where(valid, self.blocks(st.prompt[pid] + 1) * self.block_size, 0).astype(jnp.float32)
-            room = (free_blocks * self.block_size).astype(jnp.float32)
-            is_br = (params.policy == balance.BR0) | (params.policy == balance.BRH) | (params.policy == balance.BR_CACHE)
-            counts = n_active.astype(jnp.float32) + n_adm
-            first_p = valid & st.local[pid] & (st.worker_of[pid] < 0)
-            if caching:
-                hit_p = self.prefix_hits(st, pid).T  # [P, G] on the cache at the step's start
-                miss = jnp.where(first_p[:, None], st.prompt[pid][:, None] - hit_p, 0).astype(jnp.float32)
-            else:
-                hit_p = miss = None
+    def _bind_pooled(self, st: DecodeState, wl: DecodeWorkload, params: DecodeParams, ctx: StepContext,
+                     local: LocalAdmission, preempted: jax.Array, key: jax.Array):
+        """Pooled binding (BalanceRoute's two stages, or a baseline's worker choice, oldest first) into what the
+        local queues left: only ranks whose local queue is empty may take new requests. Returns (state, [G]
+        prompt tokens prefilled here, hit tokens, their prompt tokens, [G, M] cache insertions)."""
+        g, p = self.n_workers, self.pool
+        caching = self.prefix_cache_tokens > 0
+        free_p = jnp.where((st.q_len == 0) & ~preempted & ctx.use, local.free, 0)
+        valid = st.pool >= 0
+        pid = jnp.maximum(st.pool, 0)
+        pool_s = jnp.where(valid, st.prompt[pid], 0).astype(jnp.float32)
+        pool_need = jnp.where(valid, self.blocks(st.prompt[pid] + 1) * self.block_size, 0).astype(jnp.float32)
+        room = (local.free_blocks * self.block_size).astype(jnp.float32)
+        is_br = (params.policy == balance.BR0) | (params.policy == balance.BRH) | (params.policy == balance.BR_CACHE)
+        counts = local.running_before.astype(jnp.float32) + local.admitted
+        first_p = valid & st.local[pid] & (st.worker_of[pid] < 0)
+        if caching:
+            hit_p = self.prefix_hits(st, pid).T  # [P, G] on the cache at the step's start
+            miss = jnp.where(first_p[:, None], st.prompt[pid][:, None] - hit_p, 0).astype(jnp.float32)
+        else:
+            hit_p = miss = None
 
-            def br(_):
-                return balance.balance_dispatch(pool_s, valid, loads_h, free_p, room, a, b, d, self.window,
-                                                g * self.r_max, pool_need=pool_need, miss=miss,
-                                                miss_weight=w_cache), st.rr_next
+        def br(_):
+            return balance.balance_dispatch(pool_s, valid, ctx.loads_h, free_p, room, ctx.a, ctx.b, ctx.d, self.window,
+                                            g * self.r_max, pool_need=pool_need, miss=miss,
+                                            miss_weight=ctx.w_cache), st.rr_next
 
-            def fifo(_):
-                return balance.fifo_dispatch(params.policy, k_out, pool_s, valid, counts, self.loads(st, wl),
-                                             st.rr_next, free_p, room, g * self.r_max, pool_need=pool_need,
-                                             cached=None if hit_p is None else hit_p.astype(jnp.float32))
+        def fifo(_):
+            return balance.fifo_dispatch(params.policy, key, pool_s, valid, counts, self.loads(st, wl),
+                                         st.rr_next, free_p, room, g * self.r_max, pool_need=pool_need,
+                                         cached=None if hit_p is None else hit_p.astype(jnp.float32))
 
-            assign, rr = jax.lax.cond(is_br, br, fifo, None)
-            bound_local = (assign >= 0) & first_p
-            hit_b = (jnp.where(bound_local, hit_p[jnp.arange(p), jnp.maximum(assign, 0)], 0) if caching
-                     else jnp.zeros((p,), jnp.int32))
-            local_tok = jnp.zeros((g,), jnp.int32).at[jnp.where(bound_local, assign, g)].add(
-                st.prompt[pid] - hit_b, mode="drop")
-            stats = (jnp.sum(hit_b), jnp.sum(jnp.where(bound_local, st.prompt[pid], 0)))
-            ins_p = self.inserted(st, assign, pid, bound_local) if caching else None
-            st = self.place(st, jnp.where(assign >= 0, st.pool, -1), assign)
-            left = jnp.where(assign >= 0, -1, st.pool)
-            return dataclasses.replace(st, pool=compact(left), rr_next=rr), local_tok, stats, ins_p
+        assign, rr = jax.lax.cond(is_br, br, fifo, None)
+        bound_local = (assign >= 0) & first_p
+        hit_b = (jnp.where(bound_local, hit_p[jnp.arange(p), jnp.maximum(assign, 0)], 0) if caching
+                 else jnp.zeros((p,), jnp.int32))
+        local_tok = jnp.zeros((g,), jnp.int32).at[jnp.where(bound_local, assign, g)].add(
+            st.prompt[pid] - hit_b, mode="drop")
+        ins_p = self.inserted(st, assign, pid, bound_local) if caching else jnp.zeros(st.cached.shape, bool)
+        hit_tok, prompt_tok = jnp.sum(hit_b), jnp.sum(jnp.where(bound_local, st.prompt[pid], 0))
+        st = self.place(st, jnp.where(assign >= 0, st.pool, -1), assign)
+        left = jnp.where(assign >= 0, -1, st.pool)
+        return dataclasses.replace(st, pool=compact(left), rr_next=rr), local_tok, hit_tok, prompt_tok, ins_p
 
-        def no_pool(st):
-            zero = jnp.int32(0)
-            return st, jnp.zeros((g,), jnp.int32), (zero, zero), jnp.zeros(st.cached.shape, bool) if caching else None
+    def _no_pool(self, st: DecodeState):
+        """`_bind_pooled`'s result in immediate mode: nothing bound."""
+        zero = jnp.int32(0)
+        return st, jnp.zeros((self.n_workers,), jnp.int32), zero, zero, jnp.zeros(st.cached.shape, bool)
 
-        st, pooled_local, pooled_stats, ins_p = jax.lax.cond(pooled, admit_pooled, no_pool, st)
-        prefill_now = prefill_now + pooled_local
-        st = dataclasses.replace(st, prefill_tok=st.prefill_tok + jnp.sum(prefill_first) + jnp.sum(pooled_local),
-                                 hit_tok=st.hit_tok + first_stats[0] + pooled_stats[0],
-                                 first_prompt_tok=st.first_prompt_tok + first_stats[1] + pooled_stats[1])
-        if caching:  # this step's admissions fill their ranks' caches, then LRU eviction to the budget
-            ins = ins | ins_p
-            last_use = jnp.where(ins, st.t, st.last_use)
-            cached, n_ev = self.evict(st.cached | ins, last_use, ins, wl.seg_len)
-            st = dataclasses.replace(st, cached=cached, last_use=last_use, cache_evictions=st.cache_evictions + n_ev)
+    def _fill_caches(self, st: DecodeState, wl: DecodeWorkload, ins: jax.Array) -> DecodeState:
+        """This step's admissions fill their ranks' caches, then LRU eviction to the budget."""
+        last_use = jnp.where(ins, st.t, st.last_use)
+        cached, n_ev = self.evict(st.cached | ins, last_use, ins, wl.seg_len)
+        return dataclasses.replace(st, cached=cached, last_use=last_use, cache_evictions=st.cache_evictions + n_ev)
 
-        # ---- 5. one decode step (or a jump to the next arrival when idle)
+    def _decode(self, st: DecodeState, wl: DecodeWorkload, params: DecodeParams, ctx: StepContext,
+                prefill_now: jax.Array, too_big: jax.Array) -> DecodeState:
+        """One decode step behind the barrier (or a jump to the next arrival when idle), and its statistics."""
+        n = self.n_requests
+        use, g_use = ctx.use, ctx.g_use
         active = st.slot_req >= 0
         n_act = jnp.sum(active, axis=1)
         load = self.loads(st, wl)

@@ -315,7 +315,7 @@ class DispatchModel(sim.Model):
             state.server_of, jnp.where(done, state.server_of[row], servers)[None], (row, 0))
         return DispatchState(
             key=state.key,
-            block=state.block + 1,
+            block=jnp.where(done, state.block, state.block + 1),  # a done state stays as it is (the engine's contract)
             arrivals=carry["arrivals"],
             free=carry["free"],
             ring=carry["ring"],
@@ -325,7 +325,8 @@ class DispatchModel(sim.Model):
             board_age=carry["age"],
             # Drawn a step ahead: the routing loop then reads the draws from memory (drawn in the
             # same step, XLA fuses the uniform-to-draw arithmetic into every per-arrival kernel).
-            draws=self.block_draws(state.key, state.block + 1, params),
+            draws=jax.tree.map(lambda a, b: jnp.where(done, a, b), state.draws,
+                               self.block_draws(state.key, state.block + 1, params)),
             response=response,
             server_of=server_of,
             overflow=state.overflow | overrun,

@@ -1,6 +1,7 @@
 """One replica iteration (continuous batching with chunked prefill) and the exact event leap.
 
-One iteration on replica g at time t:
+One iteration on replica g at time t, in phases (`iterate_row` calls each in turn: `_allocate_running` (on-demand),
+`_priority_turn`, `_admit_queued`, `_run_batch`, `_leap`, `_complete_segments`):
 1. Admission, at most `max_admit` requests, in local order (fcfs = arrival order; lpm = most
    cached prompt tokens first, ties by arrival; priority = Preble's priority groups, below). It
    stops at the first request that does not fit, when the running set is full, or once the
@@ -72,6 +73,7 @@ would need either.
 from __future__ import annotations
 
 import dataclasses
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -194,34 +196,70 @@ def iterate_row(model, row: Replica, ring: Ring, entries: Entries, cache: SlotTa
     side["kv_area"] is the integral of this row's `kv_in_use` over the iteration(s): KV is taken at
     an iteration's start (admission, allocation) and released at its end, so it is constant within one.
     """
-    m1 = r.seg_len.shape[0]
+    seg_len = r.seg_len
+    on_demand = model.admission == "on-demand"
+    cache0 = cache
+    if model.local_order in ("lpm", "priority"):  # before a preempted request is put in front of the head
+        ring = ring.skip_holes(entries)
+    if on_demand:
+        row, ring, cache, n_pre, q_refused = _allocate_running(model, row, ring, cache, index, g, r, t,
+                                                               params.kv_capacity, active)
+    else:
+        n_pre, q_refused = jnp.int32(0), jnp.int32(0)
+    row, turn = _priority_turn(model, row, ring, entries, groups, n_pre, active)
+    adm = _admit_queued(model, row, ring, entries, cache, index, g, r, t, params, n_admitted, n_pre, active, groups,
+                        turn)
+    rw, ring, cache = adm["row"], adm["ring"], adm["cache"]
+    acct = settle_evictions(cache0, cache, acct, seg_len)  # evictions only so far; insertions below
+    kv_start = (cache.tokens - adm["unlocked_tok"] + jnp.sum(rw.run_res)).astype(jnp.float32)  # locked + private
+    b = _run_batch(model, rw, r, t, params, active, kv_start)
+    if model.leap > 0:
+        b = _leap(model, b, rw, ring, cache, params, adm["blocked"], n_pre, next_arrival, kv_start)
+    return _complete_segments(rw, ring, cache, index, acct, g, r, b, adm, n_pre, q_refused)
+
+
+class PriorityTurn(NamedTuple):
+    """Preble's priority groups: which group admits in this iteration, and how many it may admit."""
+
+    group: jax.Array | None  # [] int32 the group whose turn it is (None: not local order "priority")
+    quota: jax.Array  # [] int32 admissions allowed this iteration
+
+
+def _priority_turn(model, row: Replica, ring: Ring, entries: Entries, groups: jax.Array, n_pre: jax.Array,
+                   active: jax.Array) -> tuple[Replica, PriorityTurn]:
+    """With local order "priority", this iteration's group: the first non-empty one at or below the cursor,
+    cyclically (else every request may be admitted, up to max_admit)."""
+    A = model.max_admit
+    if model.local_order != "priority":
+        return row, PriorityTurn(None, jnp.int32(A))
+    P = model.priority_groups
+    ids = entries.row()
+    waiting = ring.in_span() & (ids >= 0)
+    group_of = groups[jnp.maximum(ids, 0)]  # [Q]
+    nonempty = jnp.zeros((P,), bool).at[group_of].max(waiting)
+    order = (row.q_cursor - jnp.arange(P)) % P
+    chosen_group = order[jnp.argmax(nonempty[order])]
+    remaining0 = jnp.where(row.run_req >= 0, row.run_tgt - row.run_pos, 0)
+    attempt = (active & (n_pre == 0) & jnp.any(nonempty) & (jnp.sum(remaining0) < model.chunk)
+               & jnp.any(row.run_req < 0))
+    row = dataclasses.replace(row, q_cursor=jnp.where(attempt, (chosen_group - 1) % P, row.q_cursor))
+    quota = jnp.minimum(A, (chosen_group + 1) * PRIORITY_QUOTA)
+    return row, PriorityTurn(chosen_group, quota)
+
+
+def _admit_queued(model, row: Replica, ring: Ring, entries: Entries, cache: SlotTable, index: jax.Array,
+                  g: jax.Array, r: RequestTable, t: jax.Array, params: ReplicaParams, n_admitted: jax.Array,
+                  n_pre: jax.Array, active: jax.Array, groups: jax.Array, turn: PriorityTurn) -> dict:
+    """Admission from the local queue (vLLM's WAITING loop; "reserve": the whole prompt and output at once),
+    one request a trip while one can be admitted: its cached prefix is locked and stamped, evictions make room.
+    Returns the loop's carry (row, ring, cache, admissions made, whether the queue was blocked or full, ...)."""
     seg_len = r.seg_len
     cap = params.kv_capacity
     A = model.max_admit
     on_demand = model.admission == "on-demand"
-    cache0 = cache
     priority = model.local_order == "priority"
-    if model.local_order in ("lpm", "priority"):  # before a preempted request is put in front of the head
-        ring = ring.skip_holes(entries)
-    if on_demand:
-        row, ring, cache, n_pre, q_refused = _allocate_running(model, row, ring, cache, index, g, r, t, cap, active)
-    else:
-        n_pre, q_refused = jnp.int32(0), jnp.int32(0)
+    quota, chosen_group = turn.quota, turn.group
     unlocked_tok = cache.tokens - cache.locked_tokens(seg_len)
-    quota = jnp.int32(A)
-    if priority:  # this iteration's group: the first non-empty one at or below the cursor, cyclically
-        P = model.priority_groups
-        ids = entries.row()
-        waiting = ring.in_span() & (ids >= 0)
-        group_of = groups[jnp.maximum(ids, 0)]  # [Q]
-        nonempty = jnp.zeros((P,), bool).at[group_of].max(waiting)
-        order = (row.q_cursor - jnp.arange(P)) % P
-        chosen_group = order[jnp.argmax(nonempty[order])]
-        remaining0 = jnp.where(row.run_req >= 0, row.run_tgt - row.run_pos, 0)
-        attempt = (active & (n_pre == 0) & jnp.any(nonempty) & (jnp.sum(remaining0) < model.chunk)
-                   & jnp.any(row.run_req < 0))
-        row = dataclasses.replace(row, q_cursor=jnp.where(attempt, (chosen_group - 1) % P, row.q_cursor))
-        quota = jnp.minimum(A, (chosen_group + 1) * PRIORITY_QUOTA)
 
     def may_admit(c):
         """Another admission is possible: not stopped, a request waits, the chunk has room (cheap,
@@ -312,13 +350,30 @@ def iterate_row(model, row: Replica, ring: Ring, entries: Entries, cache: SlotTa
               blocked=jnp.bool_(False), full=jnp.bool_(False), unlocked_tok=unlocked_tok,
               adm_go=jnp.zeros(A, bool), adm_id=jnp.zeros(A, jnp.int32), adm_tok=jnp.zeros(A, jnp.int32),
               adm_new=jnp.zeros(A, bool))
-    c = jax.lax.while_loop(may_admit, admit, c0)
-    rw, ring, cache = c["row"], c["ring"], c["cache"]
-    acct = settle_evictions(cache0, cache, acct, seg_len)  # evictions only so far; insertions below
-    kv_start = (cache.tokens - c["unlocked_tok"] + jnp.sum(rw.run_res)).astype(jnp.float32)  # locked + private
+    return jax.lax.while_loop(may_admit, admit, c0)
 
-    # ---- the batch: prefill chunks in admission order share `chunk`; finished prefills decode. An inactive
-    # row runs nothing, so its cache comes back unchanged
+
+class Batch(NamedTuple):
+    """One iteration's batch (and the iterations leaped after it): [B] per running-set slot."""
+
+    running: jax.Array  # [B] bool a request runs in the slot (and the row iterates)
+    rid: jax.Array  # [B] int32 its request (0 where none)
+    prompt: jax.Array  # [B] int32 its prompt tokens
+    decoding: jax.Array  # [B] bool it decodes (its prefill was done before the iteration)
+    done_pre: jax.Array  # [B] bool its prefill (or recompute) completes in the iteration: a token is sampled
+    first: jax.Array  # [B] bool that token is its first
+    out: jax.Array  # [B] int32 its output tokens
+    new_pos: jax.Array  # [B] int32 prompt tokens computed after the iteration(s)
+    new_gen: jax.Array  # [B] int32 output tokens after the iteration(s)
+    run_res: jax.Array  # [B] int32 private KV held (on-demand grows with the leaped iterations)
+    t_end: jax.Array  # [] float32 when the iteration(s) end
+    kv_area: jax.Array  # [] float32 integral of the KV in use over the iteration(s)
+
+
+def _run_batch(model, rw: Replica, r: RequestTable, t: jax.Array, params: ReplicaParams, active: jax.Array,
+               kv_start: jax.Array) -> Batch:
+    """The batch: prefill chunks in admission order share `chunk`; finished prefills decode. An inactive row
+    runs nothing, so its cache comes back unchanged."""
     running = (rw.run_req >= 0) & active
     rid = jnp.maximum(rw.run_req, 0)
     prompt = jnp.where(running, r.prompt_tok[rid], 0)
@@ -341,55 +396,71 @@ def iterate_row(model, row: Replica, ring: Ring, entries: Entries, cache: SlotTa
     new_gen = gen + (done_pre | decoding)
     out = r.out_tok[rid]
     run_res = rw.run_res
+    return Batch(running=running, rid=rid, prompt=prompt, decoding=decoding, done_pre=done_pre, first=first, out=out,
+                 new_pos=new_pos, new_gen=new_gen, run_res=run_res, t_end=t_end, kv_area=kv_area)
 
+
+def _leap(model, b: Batch, rw: Replica, ring: Ring, cache: SlotTable, params: ReplicaParams, queue_blocked: jax.Array,
+          n_pre: jax.Array, next_arrival: jax.Array, kv_start: jax.Array) -> Batch:
+    """Event leap: up to `model.leap` further iterations in which nothing but token counts change (see
+    `iterate_row`)."""
+    on_demand = model.admission == "on-demand"
+    cap = params.kv_capacity
+    running, decoding, done_pre, out, prompt = b.running, b.decoding, b.done_pre, b.out, b.prompt
+    new_pos, new_gen, run_res, t_end, kv_area = b.new_pos, b.new_gen, b.run_res, b.t_end, b.kv_area
+    pos, tgt = rw.run_pos, jnp.where(running, rw.run_tgt, 0)
     nend = rw.run_nend  # a running request completes a segment when its prefill reaches this
+    big = jnp.iinfo(jnp.int32).max
+    left = jnp.where(decoding, out - new_gen, big)  # iterations until each decoder finishes
+    first_fin = jnp.min(left)
+    pre = running & (new_pos < tgt)  # still prefilling
+    has_f = jnp.any(pre)
+    f = jnp.argmin(jnp.where(pre, rw.run_seq, big))  # the one that gets the whole chunk
+    rem_f = tgt[f] - new_pos[f]
+    # f's next segment end (none when recomputing output tokens); used only when f completed none
+    j_seg = jnp.where(nend[f] < NO_SEGMENT_END, (nend[f] - new_pos[f] + model.chunk - 1) // model.chunk,
+                      model.leap + 1)  # iteration completing a segment
+    eventless = (~jnp.any(done_pre) & ~jnp.any(running & (new_pos >= nend))
+                 & (first_fin > 0) & (n_pre == 0))
+    # admission stays impossible: the chunk is full (rem_f > chunk), or the queue is empty or
+    # blocked by memory/slots (which only a finish can free)
+    # (priority: a blocked group leaves the others to the next iteration's turn, so only an empty queue)
+    blocked = queue_blocked & (model.local_order != "priority")
+    quiet = eventless & (has_f | (jnp.any(decoding) & ((ring.count == 0) | blocked)))
+    j = jnp.arange(1, model.leap + 1)
+    is_f = (jnp.arange(pos.shape[0]) == f) & has_f
+    # leaped iteration jj: f's chunk on a context grown by (jj - 1) chunks, every decoder one token longer
+    dec_ctx = jnp.sum(jnp.where(decoding, prompt + new_gen, 0)).astype(jnp.float32)
+    stats = cost_models.leap_stats(model.chunk, new_pos[f], has_f, dec_ctx, jnp.sum(decoding), j - 1)
+    dts = jax.vmap(lambda st: cost_models.time_from_stats(params.cost, st))(stats)
+    ends = t_end + jnp.cumsum(dts)
+    prefill_ok = ~has_f | ((rem_f - (j - 1) * model.chunk > model.chunk) & (j <= j_seg))
+    ok = quiet & (j <= first_fin) & (ends - dts < next_arrival) & prefill_ok
+    if on_demand:  # each leaped iteration takes its tokens from free KV: no eviction, no preemption
+        per_it = jnp.sum(decoding) + jnp.where(has_f, model.chunk, 0)
+        ok = ok & (j * per_it <= cap - cache.tokens - jnp.sum(rw.run_res))
+    else:
+        per_it = jnp.int32(0)
+    k = jnp.sum(ok)  # ok is a prefix of j
+    t_end = jnp.where(k > 0, ends[jnp.maximum(k - 1, 0)], t_end)
+    kv_area = kv_area + jnp.sum(jnp.where(ok, (kv_start + (j * per_it).astype(jnp.float32)) * dts, 0.0))
+    new_gen = new_gen + jnp.where(decoding, k, 0)
+    new_pos = new_pos + jnp.where(is_f, k * model.chunk, 0)
+    if on_demand:
+        run_res = run_res + jnp.where(decoding, k, 0) + jnp.where(is_f, k * model.chunk, 0)
+    return b._replace(new_pos=new_pos, new_gen=new_gen, run_res=run_res, t_end=t_end, kv_area=kv_area)
 
-    # ---- event leap: further iterations in which nothing but token counts change
-    if model.leap > 0:
-        big = jnp.iinfo(jnp.int32).max
-        left = jnp.where(decoding, out - new_gen, big)  # iterations until each decoder finishes
-        first_fin = jnp.min(left)
-        pre = running & (new_pos < tgt)  # still prefilling
-        has_f = jnp.any(pre)
-        f = jnp.argmin(jnp.where(pre, rw.run_seq, big))  # the one that gets the whole chunk
-        rem_f = tgt[f] - new_pos[f]
-        # f's next segment end (none when recomputing output tokens); used only when f completed none
-        j_seg = jnp.where(nend[f] < NO_SEGMENT_END, (nend[f] - new_pos[f] + model.chunk - 1) // model.chunk,
-                          model.leap + 1)  # iteration completing a segment
-        eventless = (~jnp.any(done_pre) & ~jnp.any(running & (new_pos >= nend))
-                     & (first_fin > 0) & (n_pre == 0))
-        # admission stays impossible: the chunk is full (rem_f > chunk), or the queue is empty or
-        # blocked by memory/slots (which only a finish can free)
-        # (priority: a blocked group leaves the others to the next iteration's turn, so only an empty queue)
-        blocked = c["blocked"] & (model.local_order != "priority")
-        quiet = eventless & (has_f | (jnp.any(decoding) & ((ring.count == 0) | blocked)))
-        j = jnp.arange(1, model.leap + 1)
-        is_f = (jnp.arange(pos.shape[0]) == f) & has_f
-        # leaped iteration jj: f's chunk on a context grown by (jj - 1) chunks, every decoder one token longer
-        dec_ctx = jnp.sum(jnp.where(decoding, prompt + new_gen, 0)).astype(jnp.float32)
-        stats = cost_models.leap_stats(model.chunk, new_pos[f], has_f, dec_ctx, jnp.sum(decoding), j - 1)
-        dts = jax.vmap(lambda st: cost_models.time_from_stats(params.cost, st))(stats)
-        ends = t_end + jnp.cumsum(dts)
-        prefill_ok = ~has_f | ((rem_f - (j - 1) * model.chunk > model.chunk) & (j <= j_seg))
-        ok = quiet & (j <= first_fin) & (ends - dts < next_arrival) & prefill_ok
-        if on_demand:  # each leaped iteration takes its tokens from free KV: no eviction, no preemption
-            per_it = jnp.sum(decoding) + jnp.where(has_f, model.chunk, 0)
-            ok = ok & (j * per_it <= cap - cache.tokens - jnp.sum(rw.run_res))
-        else:
-            per_it = jnp.int32(0)
-        k = jnp.sum(ok)  # ok is a prefix of j
-        t_end = jnp.where(k > 0, ends[jnp.maximum(k - 1, 0)], t_end)
-        kv_area = kv_area + jnp.sum(jnp.where(ok, (kv_start + (j * per_it).astype(jnp.float32)) * dts, 0.0))
-        new_gen = new_gen + jnp.where(decoding, k, 0)
-        new_pos = new_pos + jnp.where(is_f, k * model.chunk, 0)
-        if on_demand:
-            run_res = run_res + jnp.where(decoding, k, 0) + jnp.where(is_f, k * model.chunk, 0)
 
-    # ---- segments completed by this iteration enter the cache (locked), prefix touched; a finished request
-    # unlocks and touches its segments and leaves its output in the cache when the workload keeps it. Only
-    # the requests that complete a segment or finish read their [S] segments: a loop over them in row order
-    # (the inserts first, all of them, in row order: the slots they take are those of one insert of the
-    # [B, S] table in row-major order; the locks and stamps after them add up in any order)
+def _complete_segments(rw: Replica, ring: Ring, cache: SlotTable, index: jax.Array, acct: Replication,
+                       g: jax.Array, r: RequestTable, b: Batch, c: dict, n_pre: jax.Array, q_refused: jax.Array):
+    """Segments completed by the iteration(s) enter the cache (locked), their prefix touched; a finished
+    request unlocks and touches its segments and leaves its output in the cache when the workload keeps it.
+    Returns what `iterate_row` returns."""
+    seg_len = r.seg_len
+    m1 = seg_len.shape[0]
+    running, rid, prompt, first, out = b.running, b.rid, b.prompt, b.first, b.out
+    new_pos, new_gen, run_res, t_end, kv_area = b.new_pos, b.new_gen, b.run_res, b.t_end, b.kv_area
+    nend = rw.run_nend
     completes = running & (new_pos >= nend)
     finished = running & (new_gen >= out)
     spos = jnp.arange(r.seg_ids.shape[1])
