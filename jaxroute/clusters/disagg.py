@@ -206,7 +206,7 @@ class DecodeStage(sim.Model):
     """The decode tier: one row's handed-off requests (in its params) on the decode DP model."""
 
     cpu_rows_together: ClassVar[int | None] = sim.CPU_ROWS_TOGETHER  # branches and loops: rows in groups
-    holds_when_done: ClassVar[bool] = False  # a done state is held by the engine (sim.held_step)
+    holds_when_done: ClassVar[bool] = dd.DecodeModel.holds_when_done  # its step is the decode model's
 
     tier: dd.DecodeModel
 

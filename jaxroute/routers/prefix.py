@@ -166,8 +166,9 @@ def router_params(policy: str = "weighted", *, theta=DEFAULT_THETA, guard_abs=8.
         raise JaxrouteError(f"the load-aware threshold must be > 0 waiting requests, got {load_threshold}")
     own = {}
     for name, m in MODULES.items():
-        kw = {k: v for k, v in d.items() if k in set(m.settings)} if preset.module is m else {}
-        kw.update({k: v for k, v in own_kw.items() if k in set(m.settings)})
+        settings = set(m.settings)
+        kw = {k: v for k, v in d.items() if k in settings} if preset.module is m else {}
+        kw.update({k: v for k, v in own_kw.items() if k in settings})
         own[name] = m.make_params(**kw)
     f = lambda x: jnp.asarray(x, jnp.float32)
     return RouterParams(f(theta), f(guard_abs), f(guard_rel), weight_vector(weights),

@@ -359,6 +359,7 @@ class Batch(NamedTuple):
     running: jax.Array  # [B] bool a request runs in the slot (and the row iterates)
     rid: jax.Array  # [B] int32 its request (0 where none)
     prompt: jax.Array  # [B] int32 its prompt tokens
+    tgt: jax.Array  # [B] int32 its prefill target (0 where none runs)
     decoding: jax.Array  # [B] bool it decodes (its prefill was done before the iteration)
     done_pre: jax.Array  # [B] bool its prefill (or recompute) completes in the iteration: a token is sampled
     first: jax.Array  # [B] bool that token is its first
@@ -396,7 +397,7 @@ def _run_batch(model, rw: Replica, r: RequestTable, t: jax.Array, params: Replic
     new_gen = gen + (done_pre | decoding)
     out = r.out_tok[rid]
     run_res = rw.run_res
-    return Batch(running=running, rid=rid, prompt=prompt, decoding=decoding, done_pre=done_pre, first=first, out=out,
+    return Batch(running=running, rid=rid, prompt=prompt, tgt=tgt, decoding=decoding, done_pre=done_pre, first=first, out=out,
                  new_pos=new_pos, new_gen=new_gen, run_res=run_res, t_end=t_end, kv_area=kv_area)
 
 
@@ -408,7 +409,7 @@ def _leap(model, b: Batch, rw: Replica, ring: Ring, cache: SlotTable, params: Re
     cap = params.kv_capacity
     running, decoding, done_pre, out, prompt = b.running, b.decoding, b.done_pre, b.out, b.prompt
     new_pos, new_gen, run_res, t_end, kv_area = b.new_pos, b.new_gen, b.run_res, b.t_end, b.kv_area
-    pos, tgt = rw.run_pos, jnp.where(running, rw.run_tgt, 0)
+    pos, tgt = rw.run_pos, b.tgt
     nend = rw.run_nend  # a running request completes a segment when its prefill reaches this
     big = jnp.iinfo(jnp.int32).max
     left = jnp.where(decoding, out - new_gen, big)  # iterations until each decoder finishes
