@@ -241,6 +241,7 @@ def simulate(key, prompt, output, trace_arrival, *, n_workers, slots, pool, wind
     done, worker_of = [False] * n, [-1] * n
     tokens_out = steps = preemptions = recomputed = 0
     sum_imb = sum_idle = 0.0
+    sum_running, kv_seconds, step_seconds = 0, 0.0, 0.0
     kv_overflow = False
     pooled = dispatch == balance.POOLED
     w_cache = float(F32(cache_weight)) if policy == balance.BR_CACHE else 0.0
@@ -418,6 +419,11 @@ def simulate(key, prompt, output, trace_arrival, *, n_workers, slots, pool, wind
             m = max(load)
             sum_imb += m - min(load)
             sum_idle += g_n * m - sum(load)
+            sum_running += sum(n_act)
+            prefill_all = [x + y for x, y in zip(recompute, prefill, strict=True)]
+            kv_seconds += float(cost_models.kv_step_fraction(cost, np.asarray(n_act, F32), np.asarray(load, F32),
+                                                             np.asarray(prefill_all, F32))) * float(barrier)
+            step_seconds += float(dt)
             steps += 1
             for g in range(g_n):
                 keep = []
@@ -443,6 +449,7 @@ def simulate(key, prompt, output, trace_arrival, *, n_workers, slots, pool, wind
         "first_t": np.array(first_t),
         "done": np.array(done), "imbalance_tokens": sum_imb / max(steps, 1),
         "barrier_idle_tokens": sum_idle / max(steps, 1), "steps": steps, "tokens_out": tokens_out,
+        "running_per_worker": sum_running / max(steps, 1) / g_n, "kv_share_of_step": kv_seconds / max(step_seconds, 1e-12),
         "tpot_p95_s": float(np.percentile(tp, 95)) if len(tp) else 0.0,
         "throughput_tok_s": tokens_out / max(makespan, 1e-9), "kv_overflow": kv_overflow,
         "preemptions": preemptions, "recomputed_tokens": recomputed,

@@ -90,6 +90,11 @@ def test_jitted_equals_reference(grid, case):
         assert int(m["steps"]) == out["steps"]
         np.testing.assert_allclose(m["imbalance_tokens"], out["imbalance_tokens"], rtol=1e-5)
         np.testing.assert_allclose(m["barrier_idle_tokens"], out["barrier_idle_tokens"], rtol=1e-5)
+        # concurrency and the step's KV share come out of the run (issue 36: not set, measured)
+        np.testing.assert_allclose(m["running_per_worker"], out["running_per_worker"], rtol=1e-5)
+        np.testing.assert_allclose(m["slots_in_use"], out["running_per_worker"] / S, rtol=1e-5)
+        np.testing.assert_allclose(m["kv_share_of_step"], out["kv_share_of_step"], rtol=1e-4)
+        assert 0.0 < float(m["kv_share_of_step"]) < 1.0 and 0.0 < float(m["slots_in_use"]) <= 1.0
         np.testing.assert_allclose(m["tpot_p95_s"], out["tpot_p95_s"], rtol=1e-4)
         np.testing.assert_allclose(m["throughput_tok_s"], out["throughput_tok_s"], rtol=1e-4)
         assert int(m["conservation_error"]) == 0 and not bool(m["overflow"])

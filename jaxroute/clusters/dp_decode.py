@@ -232,6 +232,9 @@ class DecodeState:
     sum_load: jax.Array  # [] float32 Σ over steps of mean load
     sum_imb_loaded: jax.Array  # [] float32 Σ of max - min over the loaded phase (requests still to admit)
     steps_loaded: jax.Array  # [] int32 barrier steps in the loaded phase
+    sum_running: jax.Array  # [] float32 Σ over steps of the requests running on all ranks
+    sum_running_loaded: jax.Array  # [] float32 the same over the loaded phase
+    kv_step_s: jax.Array  # [] float32 Σ over steps of the barrier's KV-proportional seconds (d barrier / d s, KV x s)
     busy_s: jax.Array  # [G] float32 Σ of each worker's own compute time
     barrier_s: jax.Array  # [] float32 Σ of barrier step times
     kv_overflow: jax.Array  # [] bool KV blocks exceeded (no preemption) or a request that can never fit
@@ -395,6 +398,7 @@ class DecodeModel(sim.Model):
             finish_t=jnp.zeros((n,), jnp.float32),
             done=jnp.zeros((n,), bool), worker_of=jnp.full((n,), -1, jnp.int32), tokens_out=i0,
             sum_imb=f0, sum_idle=f0, sum_load=f0, sum_imb_loaded=f0, steps_loaded=i0,
+            sum_running=f0, sum_running_loaded=f0, kv_step_s=f0,
             busy_s=jnp.zeros((g,), jnp.float32), barrier_s=f0,
             kv_overflow=jnp.bool_(False), all_admitted_t=f0, tokens_loaded=i0,
             trace_kv=jnp.zeros((self.trace_points, g), jnp.float32),
@@ -751,11 +755,17 @@ class DecodeModel(sim.Model):
         n_act = jnp.sum(active, axis=1)
         load = self.loads(st, wl)
         any_active = jnp.any(active)
-        barrier, per_worker = cost_models.dp_step_times(wl.cost, n_act.astype(jnp.float32), load,
-                                                        prefill_now.astype(jnp.float32))
-        per_worker = jnp.where(use, per_worker, 0.0)
-        if params.n_active is not None:  # independent ranks (check_params): the barrier of the ranks in use
-            barrier = jnp.max(per_worker)
+
+        def step_times(kv):
+            barrier, per_worker = cost_models.dp_step_times(wl.cost, n_act.astype(jnp.float32), kv,
+                                                            prefill_now.astype(jnp.float32))
+            per_worker = jnp.where(use, per_worker, 0.0)
+            if params.n_active is not None:  # independent ranks (check_params): the barrier of the ranks in use
+                barrier = jnp.max(per_worker)
+            return barrier, per_worker
+
+        # the step and its KV-proportional part: d barrier / d s with every rank's KV scaled by s, at s = 1
+        (barrier, per_worker), (kv_part, _) = jax.jvp(step_times, (load,), (load,))
         dt = jnp.where(any_active, barrier + wl.collective_s, 0.0)
         t_end = st.t + dt
         gen = st.slot_gen + active
@@ -797,6 +807,9 @@ class DecodeModel(sim.Model):
             first_t=st.first_t.at[first_ids].set(t_end, mode="drop"),
             sum_imb_loaded=st.sum_imb_loaded + jnp.where(all_in, 0.0, w * imb),
             steps_loaded=st.steps_loaded + (any_active & ~all_in).astype(jnp.int32),
+            sum_running=st.sum_running + w * jnp.sum(n_act),
+            sum_running_loaded=st.sum_running_loaded + jnp.where(all_in, 0.0, w * jnp.sum(n_act)),
+            kv_step_s=st.kv_step_s + w * kv_part,
             busy_s=st.busy_s + jnp.where(any_active, per_worker, 0.0),
             barrier_s=st.barrier_s + dt,
             kv_overflow=st.kv_overflow | too_big | jnp.any(blocks_after > self.n_blocks),
@@ -833,6 +846,14 @@ class DecodeModel(sim.Model):
             "barrier_idle_tokens": st.sum_idle / steps,
             "imbalance_loaded_tokens": st.sum_imb_loaded / jnp.maximum(st.steps_loaded, 1).astype(jnp.float32),
             "mean_load_tokens": st.sum_load / steps,
+            # concurrency and the step's make-up, from the run: requests running per rank in use (mean over
+            # barrier steps; loaded: until the last request is admitted), the share of slots they fill, and the
+            # share of decode time that scales with KV (the barrier's KV-proportional seconds over all step seconds)
+            "running_per_worker": st.sum_running / (steps * self.n_in_use(params)),
+            "running_per_worker_loaded": st.sum_running_loaded
+            / (jnp.maximum(st.steps_loaded, 1).astype(jnp.float32) * self.n_in_use(params)),
+            "slots_in_use": st.sum_running / (steps * self.n_in_use(params) * self.slots),
+            "kv_share_of_step": st.kv_step_s / jnp.maximum(st.barrier_s, 1e-12),
             "tpot_p95_s": metrics.masked_quantile(tpot, done, 0.95),
             "tpot_mean_s": metrics.masked_mean(tpot, done),
             "tpot_p90_s": metrics.masked_quantile(tpot, done, 0.9),

@@ -30,7 +30,8 @@ from jaxroute.workloads.decode import DecodeRequests
 METRICS = ("imbalance_tokens", "barrier_idle_tokens", "tpot_p95_s", "throughput_tok_s")
 EXTRA_METRICS = ("imbalance_loaded_tokens", "throughput_loaded_tok_s", "tpot_p95_loaded_s", "tokens_per_step",
                  "tokens_per_step_loaded", "completed_loaded", "preemptions", "recomputed_tokens", "mean_step_s", "util_mean", "util_min",
-                 "makespan_s", "steps", "mean_load_tokens", "completed")
+                 "makespan_s", "steps", "mean_load_tokens", "completed", "running_per_worker",
+                 "running_per_worker_loaded", "slots_in_use", "kv_share_of_step")
 # Direction of "better" for the relative columns: LOWER_IS_BETTER (experiments/names.py).
 
 
@@ -175,6 +176,8 @@ def comparison_columns() -> dict:
              "loaded vs best": lambda r: _pct(r, "throughput_loaded_tok_s"),
              "loaded tpot vs best": lambda r: _pct(r, "tpot_p95_loaded_s"),
              "loaded tok/step": lambda r: f"{r.metrics['tokens_per_step_loaded'].mean:.1f}",
+             "loaded run/rank": lambda r: f"{r.metrics['running_per_worker_loaded'].mean:.1f}",
+             "KV share": lambda r: f"{r.metrics['kv_share_of_step'].mean:.0%}",
              "preempt": lambda r: f"{r.metrics['preemptions'].mean:.0f}",
              "recomputed tok": lambda r: f"{r.metrics['recomputed_tokens'].mean:,.0f}"}
 
