@@ -137,6 +137,10 @@ class CostParams:
     tp_replicated_bytes: jax.Array  # [] float32 non-expert weights each TP rank reads whole (dp_ep)
     tp_replicated_flops_per_token: jax.Array  # [] float32 2 * those params (not split by TP)
     decode_attn_flops_per_pair: jax.Array  # [] float32 dp_ep: FLOPs per (decode query, cached token), all layers
+    # calibration terms (0 from `cost_params`; `calibrate.py` fits them): seconds an iteration of a replica or
+    # DP rank adds per token it computes and per cached token it reads, beyond the roofline
+    token_s: jax.Array  # [] float32
+    kv_token_s: jax.Array  # [] float32
 
 
 def _mla_decode_pair_flops(m: ModelSpec) -> float:
@@ -203,6 +207,8 @@ def cost_params(gpu: str | GPUSpec, model: str | ModelSpec, tp: int = 1, kind: s
         tp_replicated_bytes=f32(m.tp_replicated_params * m.weight_bytes_per_param),
         tp_replicated_flops_per_token=f32(2.0 * m.tp_replicated_params),
         decode_attn_flops_per_pair=f32(_mla_decode_pair_flops(m)),
+        token_s=f32(0.0),
+        kv_token_s=f32(0.0),
     )
 
 
@@ -313,7 +319,7 @@ def preble_time(cp: CostParams, s: IterationStats) -> jax.Array:
 def time_from_stats(cp: CostParams, s: IterationStats) -> jax.Array:
     """Iteration time (s) under the cost model selected by cp.kind; 0 for an empty iteration."""
     t = jax.lax.switch(jnp.clip(cp.kind, 0, 1), [roofline_time, preble_time], cp, s)
-    return jnp.where(s.tokens > 0, t, 0.0)
+    return jnp.where(s.tokens > 0, t + cp.token_s * s.tokens + cp.kv_token_s * s.kv_read, 0.0)
 
 
 def step_time(cp: CostParams, prefill_tokens, prefill_context, prefill_mask, decode_context, decode_mask) -> jax.Array:
@@ -414,7 +420,7 @@ def dp_ep_terms(cp: CostParams, batch: jax.Array, kv_tokens: jax.Array,
     memory = (weights + cp.kv_bytes_per_token_gpu * n) / cp.mem_bw + kv_read_s
     allreduce = cp.allreduce_latency_s + 2.0 * (tp - 1.0) / tp * n * cp.hidden * 2.0 / cp.link_bw
     comm = jnp.where(tp > 1.0, 2.0 * cp.n_layers * allreduce, 0.0)
-    attention = jnp.maximum(compute, memory) + comm
+    attention = jnp.maximum(compute, memory) + comm + cp.token_s * n + cp.kv_token_s * kv
 
     total = jnp.sum(n, axis=-1)
     hit = 1.0 - jnp.power(1.0 - cp.expert_hit_prob, total)

@@ -186,7 +186,7 @@ def test_an_undone_request_is_excused_only_in_the_seed_that_overflowed():
     rec = {"arrival_s": np.array([[[0.0, 1.0], [0.0, 1.0]]]), "output": np.full((1, 2, 2), 4.0),
            "prompt": np.full((1, 2, 2), 100.0), "first_token_s": np.array([[[0.5, inf], [0.5, inf]]]),
            "finish_s": np.array([[[2.0, inf], [2.0, inf]]]), "overflow": np.array([[True, False]]),
-           "conservation_error": np.zeros((1, 2)), "admit_s": np.zeros((1, 2, 2)), "n_groups": np.ones((1, 2)),
+           "conservation_error": np.zeros((1, 2)), "admit_s": np.zeros((1, 2, 2)), "n_groups": np.ones((1, 2)), "slots": np.ones((1, 2)),
            "busy_s": np.ones((1, 2, 2)), "cached": np.zeros((1, 2, 2)),  # a colocated run's records
            "row_overflow": np.array([True])}  # a row's flag (the pipeline kept one, read first) excuses no seed
     books = [pd.request_metrics(rec, 0, s, 10.0, 10.0, True)["conservation_error"] for s in range(2)]

@@ -41,7 +41,7 @@ def test_pd_threshold_keeps_short_prompts_on_the_decode_tier(capsys):
     assert rc == 0
     text = capsys.readouterr().out
     lines = [ln for ln in text.splitlines() if ln.startswith("2:2 rr > rr")]
-    assert len(lines) == 4 and any("th=100000" in ln for ln in lines)  # both tables, two rows each
+    assert len(lines) == 6 and any("th=100000" in ln for ln in lines)  # three tables, two rows each
 
 
 def test_pd_brh_with_a_fitted_predictor(tmp_path, capsys):

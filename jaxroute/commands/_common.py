@@ -8,6 +8,7 @@ what they need when called.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
 from collections.abc import Callable, Sequence
@@ -245,6 +246,11 @@ def save_outputs(args, command: str, config: dict, records, plot: Callable[[str]
 
 # ----------------------------------------------------------------- shared by capacity, tune and pd
 
+def rate_or_max(text: str) -> float:
+    """argparse type of pd's --rate: a positive number of requests/s, or max (every request at t = 0: inf)."""
+    return math.inf if text.strip().lower() == "max" else positive_float(text)
+
+
 def rate_range(text: str) -> tuple[float, float]:
     """argparse type of --rate-range: LO:HI with 0 < LO < HI < inf."""
     try:
@@ -281,8 +287,13 @@ def add_pd_args(p) -> None:
                    help=f"one of: {', '.join(CLUSTER_WORKLOADS)} (default shared-prefix); mooncake and azure-conv read --trace")
     p.add_argument("--trace", default=None, metavar="PATH",
                    help="trace file for mooncake (JSONL) or azure-conv (CSV) (default: ../shared/data/<the public trace>)")
-    p.add_argument("--prefill", type=positive_int, default=4, metavar="P", help="prefill groups (default 4)")
-    p.add_argument("--decode", type=positive_int, default=4, metavar="D", help="decode groups (default 4)")
+    p.add_argument("--deployment", default="default", metavar="NAME",
+                   help="hardware and topology preset: default (Llama-3.1-70B on H200, groups of TP 4, 4:4) or paper "
+                   "(BalanceRoute's 4P1D: DeepSeek-V3-W8A8 on Ascend 910C, 4 prefill instances of 16 devices, 8 decode "
+                   "DP ranks of TP 4 stepping as DP attention + expert parallelism, prefill chunks of 8,192 tokens); "
+                   "--gpu, --model, --tp, --prefill-tp, --chunk, --prefill and --decode override it (default default)")
+    p.add_argument("--prefill", type=positive_int, default=None, metavar="P", help="prefill groups (default: the deployment's, 4)")
+    p.add_argument("--decode", type=positive_int, default=None, metavar="D", help="decode groups (default: the deployment's, 4)")
     p.add_argument("--ratios", type=_ratios, default=None, metavar="P:D,...",
                    help="P:D ratios to compare in one grid, e.g. 2:6,3:5,4:4,5:3,6:2 (default: --prefill:--decode)")
     p.add_argument("--prefill-router", default="llmd_precise", metavar="LIST",
@@ -318,13 +329,17 @@ def add_pd_args(p) -> None:
                    help=f"TTFT SLO in seconds for goodput (default {ex_names.DEFAULT_SLO_TTFT_S:g})")
     p.add_argument("--slo-tpot", type=positive_float, default=ex_names.DEFAULT_SLO_TPOT_S, metavar="S",
                    help=f"TPOT SLO in seconds for goodput (default {ex_names.DEFAULT_SLO_TPOT_S:g})")
-    p.add_argument("--gpu", default="H200", metavar="NAME", help=f"GPU: {', '.join(catalog.GPUS)} (default H200)")
-    p.add_argument("--model", default="Llama-3.1-70B", metavar="NAME",
-                   help=f"model: {', '.join(catalog.MODELS)} (default Llama-3.1-70B)")
-    p.add_argument("--tp", type=positive_int, default=4, metavar="T", help="GPUs per group (tensor parallel) (default 4)")
+    p.add_argument("--gpu", default=None, metavar="NAME", help=f"GPU: {', '.join(catalog.GPUS)} (default: the deployment's, H200)")
+    p.add_argument("--model", default=None, metavar="NAME",
+                   help=f"model: {', '.join(catalog.MODELS)} (default: the deployment's, Llama-3.1-70B)")
+    p.add_argument("--tp", type=positive_int, default=None, metavar="T",
+                   help="GPUs per decode group (tensor parallel), and per prefill group unless --prefill-tp (default: "
+                   "the deployment's, 4)")
+    p.add_argument("--prefill-tp", type=positive_int, default=None, metavar="T",
+                   help="GPUs per prefill group (default: the deployment's; default: --tp)")
     p.add_argument("--cost-model", default="roofline", metavar="KIND", help="iteration time: roofline or preble (default roofline)")
-    p.add_argument("--chunk", type=positive_int, default=512, metavar="TOKENS",
-                   help="prefill tokens per iteration on a prefill replica (default 512)")
+    p.add_argument("--chunk", type=positive_int, default=None, metavar="TOKENS",
+                   help="prefill tokens per iteration on a prefill replica (default: the deployment's, 512)")
     p.add_argument("--max-running", type=positive_int, default=64, metavar="B",
                    help="running requests per prefill replica (default 64)")
     p.add_argument("--decode-slots", type=positive_int, default=64, metavar="S",
@@ -342,21 +357,27 @@ def pd_setup(args) -> tuple[str, list[pd.PDRow], object, pd.Deployment]:
     default_decode = "br0" if tier == "dp" else "least_load"
     decode_routers = choose(csv_list(args.decode_router or default_decode), ex_names.decode_routers(tier),
                             "decode router")
-    ratios = args.ratios or [(args.prefill, args.decode)]
-    if args.ratios and (args.prefill != 4 or args.decode != 4):
+    preset = choose([args.deployment], ex_names.PD_DEPLOYMENTS, "deployment")[0]
+    if args.ratios and (args.prefill is not None or args.decode is not None):
         raise JaxrouteError("give either --ratios or --prefill/--decode, not both")
-    gpu, model = catalog.get_gpu(args.gpu).name, catalog.get_model(args.model).name
     from jaxroute.experiments import pd
     from jaxroute.experiments.cluster import build_workload
+
+    base = pd.DEPLOYMENTS[preset]
+    ratios = args.ratios or [(args.prefill or base.ratio[0], args.decode or base.ratio[1])]
+    given = {k: v for k, v in dict(gpu=args.gpu, model=args.model, tp=args.tp, prefill_tp=args.prefill_tp,
+                                   chunk=args.chunk).items() if v is not None}
+    base = dataclasses.replace(base, **given)
+    gpu, model = catalog.get_gpu(base.gpu).name, catalog.get_model(base.model).name
 
     bank, predictor = (), 1
     if "brh" in decode_routers and tier == "dp":
         train = pd.train_lengths(name, args.requests, args.trace, shared_prefix_settings(args), args.seed)
         bank, predictor = pd.predictor_bank(args.predictor, train)
-    dep = pd.Deployment(predictor=predictor, bank=bank, gpu=gpu, model=model, tp=args.tp, cost_model=cost_model, chunk=args.chunk,
-                        max_running=args.max_running, decode_slots=args.decode_slots, link_gbps=args.kv_link_gbps,
-                        link_latency_ms=args.kv_link_latency_ms, decode_tier=tier)
+    dep = dataclasses.replace(base, predictor=predictor, bank=bank, gpu=gpu, model=model, cost_model=cost_model,
+                              max_running=args.max_running, decode_slots=args.decode_slots, link_gbps=args.kv_link_gbps,
+                              link_latency_ms=args.kv_link_latency_ms, decode_tier=tier)
     rows = pd.rows_for(prefill_routers, decode_routers, ratios, thresholds=args.pd_threshold, colocated=args.colocated)
-    pd.check_rows(rows, tier)
+    pd.check_rows(rows, tier, dep)
     workload = build_workload(name, args.requests, args.trace, shared_prefix=shared_prefix_settings(args))
     return name, rows, workload, dep

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 
 from jaxroute.commands._common import (
@@ -10,18 +11,21 @@ from jaxroute.commands._common import (
     add_pd_args,
     check_conservation,
     pd_setup,
-    positive_float,
+    rate_or_max,
     requests_held,
     save_outputs,
     shared_prefix_settings,
     show_progress,
     warn,
 )
+from jaxroute.experiments.names import LENGTH_WORKLOADS
 from jaxroute.workloads.names import SP_DEFAULTS, TRACE_WORKLOADS
 
 DEFAULT_REQUESTS = PD_DEFAULT_REQUESTS
 TABLE = ("goodput_rps", "slo_attainment", "ttft_p90_s", "tpot_p90_s", "e2e_mean_s", "output_tokens_per_s",
-         "prefill_hit_rate", "util_prefill", "util_decode", "util_link", "decode_imbalance_tokens")
+         "prefill_hit_rate", "util_prefill", "util_decode", "util_link")
+DECODE = ("tpot_p95_s", "output_tokens_per_s", "decode_imbalance_tokens", "decode_running_per_group",
+          "decode_slots_in_use", "decode_kv_share")
 SPLIT = ("ttft_mean_s", "prefill_queue_s", "prefill_s", "link_queue_s", "transfer_s", "decode_wait_s", "disagg_fraction")
 
 
@@ -38,13 +42,17 @@ def register(subparsers) -> None:
         "The table gives means with 95 %% CIs over seeds: goodput (requests meeting both SLOs per second, "
         "first arrival to last finish), SLO attainment, TTFT p90 (arrival to the decode tier's first token), "
         "TPOT p90 ((finish - first token) / (output - 1)), end-to-end mean, output tokens/s, the prefill "
-        "tier's hit rate, busy fractions of each tier and of the links, and the decode tier's mean "
-        "max - min KV load per barrier step; a second table splits the mean TTFT into prefill queueing, "
-        "prefill, link queueing, transfer (busy + latency) and the wait on the decode tier. Model: "
-        "jaxroute/clusters/disagg.py.")
-    p.add_argument("--rate", type=positive_float, default=None, metavar="REQ_PER_S",
-                   help="Poisson arrival rate in requests/s (default 4); for traces it rescales the recorded times "
-                   "to this mean rate (default: replay as recorded)")
+        "tier's hit rate and busy fractions of each tier and of the links; a second table splits the mean TTFT "
+        "into prefill queueing, prefill, link queueing, transfer (busy + latency) and the wait on the decode "
+        "tier; a third gives the decode tier's TPOT p95, output tokens/s, mean max - min KV load per barrier step, "
+        "requests running per decode group (Little's law over the run), the share of its slots they fill and the "
+        "share of a step that scales with KV (DP ranks; 0 for other tiers). --deployment paper is BalanceRoute's "
+        "4P1D: `jaxroute pd --deployment paper --workload synthetic-prod --rate max --decode-router "
+        "random,rr,p2c,jsq,br0,brh`. Model: jaxroute/clusters/disagg.py.")
+    p.add_argument("--rate", type=rate_or_max, default=None, metavar="REQ_PER_S",
+                   help="Poisson arrival rate in requests/s (default 4); for traces and synthetic-prod / "
+                   "synthetic-azure24 it rescales their arrival times to this mean rate (default: as recorded, "
+                   "2 req/s for those two); max: every request at t = 0, so the prefill tier paces the decode tier")
     add_pd_args(p)
     add_grid_args(p, seeds=8, requests=DEFAULT_REQUESTS)
     p.set_defaults(func=run)
@@ -57,7 +65,7 @@ def run(args) -> int:
     from jaxroute.experiments import pd
 
     tier, gpu, model = dep.decode_tier, dep.gpu, dep.model
-    is_trace = name in TRACE_WORKLOADS
+    is_trace = name in TRACE_WORKLOADS or name in LENGTH_WORKLOADS  # replayed: the same requests on every seed
     rate = args.rate if args.rate is not None else (0.0 if is_trace else 4.0)
     if args.seeds < 2:
         warn("one seed gives no confidence interval")
@@ -69,14 +77,17 @@ def run(args) -> int:
                            allow_overflow=args.allow_overflow)
     elapsed = time.perf_counter() - start
     check_conservation(results)
-    rate_txt = "recorded times" if rate <= 0 else f"{rate:g} req/s"
-    title = (f"pd: {name}, {rate_txt}, decode tier {tier}, {model} on {args.tp}x{gpu} per group, KV link {args.kv_link_gbps:g} Gb/s + "
+    rate_txt = "recorded times" if rate <= 0 else "all at t = 0" if math.isinf(rate) else f"{rate:g} req/s"
+    groups = f"{dep.tp}x{gpu}" if dep.prefill_group_tp == dep.tp else f"{dep.prefill_group_tp}x{gpu} (prefill), {dep.tp}x{gpu} (decode, {dep.parallel})"
+    title = (f"pd: {name}, {rate_txt}, decode tier {tier}, {model} on {groups} per group, KV link {args.kv_link_gbps:g} Gb/s + "
              f"{args.kv_link_latency_ms:g} ms; SLOs TTFT {args.slo_ttft:g} s, TPOT {args.slo_tpot:g} s; "
              f"{args.seeds} seeds x {requests} requests")
     print(title)
     print(report.format_table(results.records, TABLE))
     print("TTFT split (means, s): prefill queueing + prefill + link queueing + transfer + decode wait = TTFT")
     print(report.format_table(results.records, SPLIT))
+    print("decode tier: running per group = request-seconds from decode admission to finish / (groups x span)")
+    print(report.format_table(results.records, DECODE))
     n_sim = len(rows) * args.seeds * requests
     print(f"simulated {n_sim:,} requests in {elapsed:.1f} s ({n_sim / elapsed:,.0f} requests/s, compilation included)")
     config = {"workload": name, "trace": args.trace, "rate": rate, "seeds": args.seeds, "requests": requests,
@@ -84,7 +95,9 @@ def run(args) -> int:
               "ratios": list(dict.fromkeys(f"{r.n_prefill}:{r.n_decode}" for r in rows if not r.colocated)),
               "prefill_routers": list(dict.fromkeys(r.prefill_router for r in rows)),
               "decode_routers": list(dict.fromkeys(r.decode_router for r in rows if not r.colocated)), "decode_tier": tier, "predictor": args.predictor, "pd_thresholds": args.pd_threshold, "colocated": args.colocated,
-              "gpu": gpu, "model": model, "tp": args.tp, "cost_model": dep.cost_model, "chunk": args.chunk,
+              "deployment": args.deployment, "gpu": gpu, "model": model, "tp": dep.tp,
+              "prefill_tp": dep.prefill_group_tp, "decode_parallel": dep.parallel, "cost_model": dep.cost_model,
+              "chunk": dep.chunk,
               "max_running": args.max_running, "decode_slots": args.decode_slots, "kv_link_gbps": args.kv_link_gbps,
               "kv_link_latency_ms": args.kv_link_latency_ms, "slo_ttft_s": args.slo_ttft, "slo_tpot_s": args.slo_tpot,
               "seed": args.seed, "elapsed_s": elapsed}

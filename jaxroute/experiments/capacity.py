@@ -268,7 +268,7 @@ class PDEvaluator(Evaluator):
 
     def __init__(self, rows, workload, *, seeds: int, dep, slo_ttft: float, slo_tpot: float, seed: int = 0,
                  progress: bool = False):
-        pd.check_rows(rows, dep.decode_tier)
+        pd.check_rows(rows, dep.decode_tier, dep)
         pd.check_slos(slo_ttft, slo_tpot)
         self.rows, self.workload, self.seeds, self.dep, self.seed, self.progress = rows, workload, seeds, dep, seed, progress
         self.slo_ttft, self.slo_tpot = slo_ttft, slo_tpot

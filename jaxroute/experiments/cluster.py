@@ -10,7 +10,7 @@ from jaxroute.clusters import replicas
 from jaxroute.clusters.names import REPLICA_GPU, REPLICA_MODEL
 from jaxroute.errors import JaxrouteError
 from jaxroute.experiments.comparison import Comparison, Results, Row, run_with_retry
-from jaxroute.experiments.names import CLUSTER_WORKLOADS
+from jaxroute.experiments.names import CLUSTER_WORKLOADS, LENGTH_WORKLOADS
 from jaxroute.routers import preble
 from jaxroute.routers.names import DEFAULT_E2_TH_BAL, DEFAULT_E2_WINDOW_S, DEFAULT_THETA
 from jaxroute.routers.parts import SCORERS
@@ -51,6 +51,11 @@ def build_workload(name: str, requests: int, trace: str | None = None, hot_tool:
                                 f"choose from: {', '.join(wl_prefix.SP_DEFAULTS)}")
         wl = wl_prefix.synthetic(name, requests, **kw)
         return wl_prefix.with_rate_stages(wl, rate_stages) if rate_stages else wl
+    if name in LENGTH_WORKLOADS:
+        if hot_tool or rate_stages or trace is not None:
+            raise JaxrouteError(f"'{name}' draws its own lengths and Poisson arrivals: --hot-tool, --rate-stages "
+                                "and --trace do not apply (--rate rescales its arrivals)")
+        return lengths_workload(name, requests)
     if rate_stages:
         raise JaxrouteError(f"--rate-stages is for the synthetic workloads; the trace '{name}' replays its "
                             "recorded arrival times (--rate rescales them to a mean rate)")
@@ -58,6 +63,15 @@ def build_workload(name: str, requests: int, trace: str | None = None, hot_tool:
     if name == "mooncake":
         return wl_prefix.from_mooncake(traces.load_mooncake_jsonl(path).head(requests))
     return wl_prefix.from_azure(traces.load_azure_csv(path).head(requests))
+
+
+def lengths_workload(name: str, requests: int, seed: int = 0) -> wl_prefix.TracePrefixWorkload:
+    """A decode workload's lengths (numpy `seed`) as a replayed trace of private prompts: its Poisson arrivals
+    at `workloads.decode.SYNTHETIC_RATE_PER_S`, rescaled by the run's rate (an infinite rate: all at once)."""
+    from jaxroute.workloads.decode import make_decode_requests
+
+    req = make_decode_requests(name, requests, seed=seed)
+    return wl_prefix.from_azure(traces.Trace(name, req.arrival_s, req.prompt_tokens, req.output_tokens), name=name)
 
 
 def uses_weights(policy: str) -> bool:

@@ -40,7 +40,9 @@ def check_load(load: float, allow_unstable: bool) -> None:
         raise JaxrouteError(unstable_reason(load) + "; pass --allow-unstable to run it once anyway")
 
 # ----------------------------------------------------------------- replica cluster (cluster.py)
-CLUSTER_WORKLOADS: tuple[str, ...] = PREFIX_WORKLOADS + TRACE_WORKLOADS
+# The synthetic decode workloads' lengths with one private prompt per request (no sharing; BalanceRoute's datasets)
+LENGTH_WORKLOADS: tuple[str, ...] = ("synthetic-prod", "synthetic-azure24")
+CLUSTER_WORKLOADS: tuple[str, ...] = PREFIX_WORKLOADS + TRACE_WORKLOADS + LENGTH_WORKLOADS
 
 # ----------------------------------------------------------------- P/D disaggregation (pd.py)
 # A DGX H100/H200 pairs each GPU with its own ConnectX-7 port on the compute fabric (NVIDIA DGX H100 User Guide,
@@ -52,6 +54,7 @@ DEFAULT_LINK_LATENCY_MS = 0.1
 DEFAULT_SLO_TTFT_S = 2.0
 DEFAULT_SLO_TPOT_S = 0.1
 DECODE_TIERS: tuple[str, ...] = ("dp", "replicas")
+PD_DEPLOYMENTS: tuple[str, ...] = ("default", "paper")  # the keys of `pd.DEPLOYMENTS`, in this order
 
 
 def decode_routers(tier: str) -> tuple[str, ...]:

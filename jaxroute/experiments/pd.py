@@ -29,6 +29,7 @@ from jaxroute.experiments.names import (  # noqa: F401  (pd.DEFAULT_*, pd.parse_
     DEFAULT_LINK_LATENCY_MS,
     DEFAULT_SLO_TPOT_S,
     DEFAULT_SLO_TTFT_S,
+    PD_DEPLOYMENTS,
     decode_routers,
     parse_ratios,
 )
@@ -37,9 +38,11 @@ from jaxroute.workloads import prefix as wl_prefix
 
 # The KV link and SLO defaults (DEFAULT_LINK_GBPS: one ConnectX-7 NIC per GPU, ...) are in experiments/names.py.
 METRICS = ("goodput_rps", "slo_attainment", "ttft_mean_s", "ttft_p90_s", "ttft_p99_s", "tpot_mean_s", "tpot_p90_s",
-           "e2e_mean_s", "e2e_p99_s", "output_tokens_per_s", "prefill_queue_s", "prefill_s", "link_queue_s",
-           "transfer_s", "decode_wait_s", "prefill_hit_rate", "util_prefill", "util_decode", "util_link",
-           "decode_imbalance_tokens", "disagg_fraction", "completed")
+           "tpot_p95_s", "e2e_mean_s", "e2e_p99_s", "output_tokens_per_s", "prefill_queue_s", "prefill_s",
+           "link_queue_s", "transfer_s", "decode_wait_s", "prefill_hit_rate", "util_prefill", "util_decode",
+           "util_link", "decode_imbalance_tokens", "decode_running_per_group", "decode_slots_in_use",
+           "decode_kv_share", "disagg_fraction",
+           "completed")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,6 +55,9 @@ class PDRow:
     n_decode: int
     threshold: float = 0.0  # P/D decider: disaggregate when the uncached prompt >= threshold tokens (0 = always)
     colocated: bool = False
+    # cost-model terms of this row replacing the deployment's: ("prefill.<CostParams field>" or "decode.<field>",
+    # value), e.g. a calibration's (`calibrate.py`); traced, so rows that differ only here share a compilation
+    cost_terms: tuple[tuple[str, float], ...] = ()
 
     @property
     def label(self) -> str:
@@ -64,11 +70,13 @@ class PDRow:
 
 @dataclasses.dataclass(frozen=True)
 class Deployment:
-    """Hardware, model and engine sizes shared by every row (each group = tp GPUs)."""
+    """Hardware, model and engine sizes shared by every row (a decode group = tp GPUs, a prefill group prefill_tp)."""
 
     gpu: str = "H200"
     model: str = "Llama-3.1-70B"
     tp: int = 4
+    prefill_tp: int = 0  # GPUs per prefill group (0: tp)
+    parallel: str = "independent"  # decode ranks' step: "independent", or "dp_ep" (DP attention + EP over all D)
     cost_model: str = "roofline"
     chunk: int = 512  # prefill chunk per iteration (prefill tier and colocated replicas)
     max_running: int = 64
@@ -84,12 +92,36 @@ class Deployment:
     decode_tier: str = "dp"  # "dp": ranks behind a barrier (dp_decode); "replicas": independent, continuous batching
     predictor: int = 1  # BR-H's predictor kind id (`predictors.base.kind_names()`; 1 = oracle); its table is in `bank`
     bank: tuple = ()  # fitted predictor tables (`predictor_bank`)
+    ratio: tuple[int, int] = (4, 4)  # the command line's P:D when none is given
+
+    @property
+    def prefill_group_tp(self) -> int:
+        return self.prefill_tp or self.tp
 
     def kv_capacity(self) -> int:
-        return cost_models.kv_capacity_tokens(self.gpu, self.model, self.tp)
+        """KV tokens of one prefill replica (and of a colocated or decode replica: the same groups)."""
+        return cost_models.kv_capacity_tokens(self.gpu, self.model, self.prefill_group_tp)
 
-    def cost(self) -> cost_models.CostParams:
-        return cost_models.cost_params(self.gpu, self.model, self.tp, kind=self.cost_model)
+    def decode_kv_capacity(self, n_decode: int) -> int:
+        """KV tokens of one decode DP rank of n_decode (dp_ep spreads the experts' weights over all of them)."""
+        return cost_models.kv_capacity_tokens(self.gpu, self.model, self.tp, parallel=self.parallel,
+                                              dp_ranks=n_decode)
+
+    def cost(self, n_decode: int = 1) -> cost_models.CostParams:
+        """The decode ranks' step cost (n_decode of them: dp_ep's expert spread); the prefill tier's is
+        `_tier_params`'."""
+        return cost_models.cost_params(self.gpu, self.model, self.tp, kind=self.cost_model, parallel=self.parallel,
+                                       dp_ranks=n_decode)
+
+
+# BalanceRoute's 4P1D (write-up section 10): DeepSeek-V3 W8A8 on Ascend 910C with vllm-ascend; 4 prefill nodes, one
+# instance each (vllm-ascend's P/D tutorial, docs/source/tutorials/multi_node_pd_disaggregation_mooncake.md: "use 8
+# NPUs 16 chips to deploy one service instance" per Atlas 800T A3 server -> 16 devices), and a decode tier of G = 8
+# DP ranks x TP 4 with DP attention + expert parallelism (as `decode.PAPER_DEPLOYMENT`). The prefill chunk of 8,192
+# tokens is an assumption (the seed gives none).
+PAPER_DEPLOYMENT = Deployment(gpu="Ascend-910C", model="DeepSeek-V3-W8A8", tp=4, prefill_tp=16, parallel="dp_ep",
+                              chunk=8192, ratio=(4, 8))
+DEPLOYMENTS = dict(zip(PD_DEPLOYMENTS, (Deployment(), PAPER_DEPLOYMENT), strict=True))
 
 
 def _check_partial(router: str, size: int, tier_size: int, what: str) -> None:
@@ -98,10 +130,14 @@ def _check_partial(router: str, size: int, tier_size: int, what: str) -> None:
                             f"run its P:D ratios one at a time, or choose from: {', '.join(prefix_routers.PARTIAL_OK)}")
 
 
-def check_rows(rows: list[PDRow], decode_tier: str = "dp") -> None:
-    """Refuse unknown routers and replica routers that cannot run on part of their tier, before anything runs."""
+def check_rows(rows: list[PDRow], decode_tier: str = "dp", dep: Deployment | None = None) -> None:
+    """Refuse unknown routers and replica routers that cannot run on part of their tier, and row sets the
+    deployment cannot hold, before anything runs."""
     if not rows:
         raise JaxrouteError("no rows to run")
+    _check_terms(rows)
+    if dep is not None:
+        _check_deployment(rows, dep)
     allowed = decode_routers(decode_tier)
     dis = [r for r in rows if not r.colocated]
     p_max = max((r.n_prefill for r in dis), default=0)
@@ -120,6 +156,46 @@ def check_rows(rows: list[PDRow], decode_tier: str = "dp") -> None:
             _check_partial(r.decode_router, r.n_decode, d_max, "decode")
         if not (math.isfinite(r.threshold) and r.threshold >= 0):
             raise JaxrouteError(f"the P/D threshold must be a finite number of tokens >= 0, got {r.threshold}")
+
+
+COST_TIERS = ("prefill", "decode")
+
+
+def with_terms(cost: cost_models.CostParams, row: PDRow, tier: str) -> cost_models.CostParams:
+    """`cost` with the row's terms for `tier` in place of its own."""
+    given = {k.split(".", 1)[1]: v for k, v in row.cost_terms if k.split(".", 1)[0] == tier}
+    return dataclasses.replace(cost, **{k: jnp.asarray(v, jnp.float32) for k, v in given.items()})
+
+
+def _check_terms(rows: list[PDRow]) -> None:
+    fields = {f.name for f in dataclasses.fields(cost_models.CostParams)} - {"kind", "parallel"}
+    for r in rows:
+        for key, value in r.cost_terms:
+            tier, _, field = key.partition(".")
+            if tier not in COST_TIERS or field not in fields:
+                raise JaxrouteError(f"unknown cost term '{key}': expected prefill.<field> or decode.<field> of "
+                                    f"CostParams ({', '.join(sorted(fields))})")
+            if not (math.isfinite(value) and value >= 0):
+                raise JaxrouteError(f"cost term {key} must be a finite number >= 0, got {value}")
+        if r.cost_terms and r.colocated:
+            raise JaxrouteError(f"row {r.label}: cost terms are per tier; a colocated row has none")
+
+
+def _check_deployment(rows: list[PDRow], dep: Deployment) -> None:
+    if dep.parallel not in ("independent", "dp_ep"):
+        raise JaxrouteError(f"unknown decode parallel mode '{dep.parallel}'; choose from: independent, dp_ep")
+    dis = {r.n_decode for r in rows if not r.colocated}
+    if dep.parallel == "dp_ep":
+        if dep.decode_tier != "dp":
+            raise JaxrouteError("dp_ep (DP attention + expert parallelism) is a step of DP ranks: use --decode-tier dp")
+        if len(dis) > 1:
+            raise JaxrouteError(f"a dp_ep decode tier's KV capacity and expert spread depend on its size: run one "
+                                f"decode size at a time, not {', '.join(map(str, sorted(dis)))}")
+        for d in dis:
+            cost_models.cost_params(dep.gpu, dep.model, dep.tp, parallel="dp_ep", dp_ranks=d)  # its own errors
+    if dep.prefill_group_tp != dep.tp and any(r.colocated for r in rows):
+        raise JaxrouteError(f"colocated rows run one group size; prefill groups of {dep.prefill_group_tp} and "
+                            f"decode groups of {dep.tp} GPUs have none")
 
 
 def _replica_model(dep: Deployment, workload, params: list[replicas.ReplicaParams],
@@ -143,8 +219,8 @@ def _overflowed(m: dict, rows: list[PDRow], tier: str, allow: bool, n_seeds: int
     return bad
 
 
-def _tier_params(dep: Deployment, router: str, rate: float, n_active: int) -> replicas.ReplicaParams:
-    return replicas.make_params(router, rate=rate, gpu=dep.gpu, model=dep.model, tp=dep.tp,
+def _tier_params(dep: Deployment, router: str, rate: float, n_active: int, tp: int) -> replicas.ReplicaParams:
+    return replicas.make_params(router, rate=rate, gpu=dep.gpu, model=dep.model, tp=tp,
                                 cost_model=dep.cost_model, n_active=n_active)
 
 
@@ -196,8 +272,9 @@ def _transfers(ready, replica, prompt, sent, bytes_per_token, link_bps, latency,
 
 @jax.jit
 def _dp_handoff(arrival, prompt, output, sent, delivered, cost, collective_s, bank):
-    one = lambda a, p, o, s, d: disagg.decode_handoff(a, p, o, s, d, collective_s, cost, bank)
-    return jax.vmap(one)(arrival, prompt, output, sent, delivered)
+    """Every row's decode workload (`disagg.decode_handoff`, vmapped; cost [rows]: each row's step model)."""
+    one = lambda a, p, o, s, d, c: disagg.decode_handoff(a, p, o, s, d, collective_s, c, bank)
+    return jax.vmap(one)(arrival, prompt, output, sent, delivered, cost)
 
 
 @jax.jit
@@ -210,8 +287,10 @@ def _decode_dp(rows, a, delivered, dep: Deployment, key, progress, max_tries):
     C, S, N = a["arrival_s"].shape
     flat = lambda x: np.asarray(x).reshape((C * S,) + np.shape(x)[2:])
     d_max = max(r.n_decode for r in rows)
+    base = dep.cost(d_max)
+    costs = jax.tree.map(lambda x: jnp.repeat(x, S, axis=0), sim.stack_params([with_terms(base, r, "decode") for r in rows]))
     wl, order = _dp_handoff(flat(a["arrival_s"]), flat(a["prompt"]), flat(a["output"]), flat(a["disagg"]), delivered,
-                            dep.cost(), jnp.float32(dep.collective_s), dep.bank)
+                            costs, jnp.float32(dep.collective_s), dep.bank)
     last = float(np.max(np.where(np.isfinite(np.asarray(wl.arrival_s)), np.asarray(wl.arrival_s), 0.0)))
     bound = dd.step_bound(flat(a["output"])[0], min(r.n_decode for r in rows), dep.decode_slots, dep.decode_r_max,
                           span_s=last)
@@ -224,7 +303,7 @@ def _decode_dp(rows, a, delivered, dep: Deployment, key, progress, max_tries):
     def run(caps):
         model = disagg.DecodeStage(dd.DecodeModel(
             n_workers=d_max, n_requests=N, max_steps=caps["max_steps"], slots=dep.decode_slots, pool=dep.decode_pool,
-            window=dep.decode_window, horizon=dep.decode_horizon, r_max=dep.decode_r_max, kv_capacity=dep.kv_capacity(),
+            window=dep.decode_window, horizon=dep.decode_horizon, r_max=dep.decode_r_max, kv_capacity=dep.decode_kv_capacity(d_max),
             block_size=dep.block_size, trace_points=8))
         return sim.run_grid(model, jax.random.fold_in(key, 1), None, params, 1, chunk=2000,
                             progress="decode tier" if progress else False)
@@ -242,7 +321,8 @@ def _decode_replicas(rows, a, delivered, dep: Deployment, key, progress, workloa
         out_seg=flat(a["out_seg"]), seg_len=flat(a["seg_len"]), seg_depth=flat(a["seg_depth"]), prompt_tok=flat(a["prompt"]),
         session=flat(a["session"]))
     landed, order = _replica_handoff(table, flat(a["disagg"]), delivered)
-    tier = [_tier_params(dep, r.decode_router, x, r.n_decode) for r, x in zip(rows, rates, strict=True)]
+    tier = [_tier_params(dep, r.decode_router, x, r.n_decode, dep.tp) for r, x in zip(rows, rates, strict=True)]
+    tier = [dataclasses.replace(t, cost=with_terms(t.cost, r, "decode")) for t, r in zip(tier, rows, strict=True)]
     model = disagg.DecodeReplicasStage(_replica_model(dep, workload, tier, max_running=dep.decode_slots),
                                        bound=int(workload.step_bound(dep.chunk)))
     params = disagg.DecodeReplicasParams(
@@ -300,7 +380,8 @@ def run_disaggregated(rows: list[PDRow], workload, *, rate, seeds: int, dep: Dep
     p_max = max(r.n_prefill for r in rows)
     wl_prefix.check_fits(workload, dep.kv_capacity())
     rates = row_rates(rate, rows)
-    tier = [_tier_params(dep, r.prefill_router, x, r.n_prefill) for r, x in zip(rows, rates, strict=True)]
+    tier = [_tier_params(dep, r.prefill_router, x, r.n_prefill, dep.prefill_group_tp) for r, x in zip(rows, rates, strict=True)]
+    tier = [dataclasses.replace(t, cost=with_terms(t.cost, r, "prefill")) for t, r in zip(tier, rows, strict=True)]
     pre_model = disagg.PrefillStage(_replica_model(dep, workload, tier))
     pre_params = sim.stack_params([disagg.PrefillStageParams(p, jnp.float32(r.threshold)) for p, r in zip(tier, rows, strict=True)])
     key = jax.random.key(seed)
@@ -309,7 +390,7 @@ def run_disaggregated(rows: list[PDRow], workload, *, rate, seeds: int, dep: Dep
     _overflowed(a, rows, "prefill tier", allow_overflow, seeds)
     C, S, N = a["arrival_s"].shape
     flat = lambda x: np.asarray(x).reshape((C * S,) + np.shape(x)[2:])
-    cost = dep.cost()
+    cost = dep.cost(max(r.n_decode for r in rows))  # the decode side's KV bytes per device
     start, busy, delivered = _transfers(flat(a["prefill_done_s"]), flat(a["prefill_replica"]), flat(a["prompt"]),
                                         flat(a["disagg"]), cost.kv_bytes_per_token_gpu, jnp.float32(dep.link_gbps * 1e9 / 8),
                                         jnp.float32(dep.link_latency_ms * 1e-3), n_links=p_max)
@@ -324,7 +405,7 @@ def run_disaggregated(rows: list[PDRow], workload, *, rate, seeds: int, dep: Dep
             **{k: shape(v) for k, v in b.items()}, "prefill_conservation_error": a["conservation_error"],
             # [C, S]: a capacity of either tier overflowed in this run (the one overflow fact the books read)
             "overflow": np.asarray(a["overflow"]).reshape(C, S) | shape(b["overflow"]).reshape(C, S),
-            "n_prefill": np.array([[r.n_prefill] * S for r in rows]),
+            "n_prefill": np.array([[r.n_prefill] * S for r in rows]), "slots": np.full((C, S), dep.decode_slots),
             "n_decode": np.array([[r.n_decode] * S for r in rows])}
 
 
@@ -332,7 +413,7 @@ def run_colocated(rows: list[PDRow], workload, *, rate, seeds: int, dep: Deploym
                   progress: bool = False, allow_overflow: bool = False) -> dict[str, np.ndarray]:
     """Per-request records [rows, seeds, N] of the colocated rows (one replica cluster of P + D groups each)."""
     wl_prefix.check_fits(workload, dep.kv_capacity())
-    tier = [_tier_params(dep, r.prefill_router, x, r.n_prefill + r.n_decode)
+    tier = [_tier_params(dep, r.prefill_router, x, r.n_prefill + r.n_decode, dep.tp)
             for r, x in zip(rows, row_rates(rate, rows), strict=True)]
     model = ColocatedStage(_replica_model(dep, workload, tier))
     m = sim.run_grid(model, jax.random.key(seed), workload, sim.stack_params(tier), seeds, chunk=1000,
@@ -340,6 +421,7 @@ def run_colocated(rows: list[PDRow], workload, *, rate, seeds: int, dep: Deploym
     S = m["arrival_s"].shape[1]
     _overflowed(m, rows, "colocated cluster", allow_overflow, S)
     m["n_groups"] = np.array([[r.n_prefill + r.n_decode] * S for r in rows])
+    m["slots"] = np.full(np.shape(m["n_groups"]), dep.max_running)
     return m
 
 
@@ -349,6 +431,14 @@ def _pct(x: np.ndarray, mask: np.ndarray, q: float) -> float:
 
 def _mean(x: np.ndarray, mask: np.ndarray) -> float:
     return float(np.mean(x[mask])) if np.any(mask) else 0.0
+
+
+def _concurrency(start: np.ndarray, finish: np.ndarray, done: np.ndarray, groups: float, span: float,
+                 slots) -> dict[str, float]:
+    """Requests running per decode group (time average from start to finish, by Little's law: request-seconds
+    over group-seconds) and the share of its slots they fill."""
+    running = float(np.sum((finish - start)[done])) / max(groups * span, 1e-30)
+    return {"decode_running_per_group": running, "decode_slots_in_use": running / float(slots)}
 
 
 def request_metrics(rec: dict[str, np.ndarray], c: int, s: int, slo_ttft: float, slo_tpot: float,
@@ -372,7 +462,7 @@ def _request_metrics(rec, c, s, slo_ttft, slo_tpot, colocated) -> dict[str, floa
     overflowed = bool(np.any(rec["overflow"][c, s]))  # a capacity overflowed in this run (this seed's, any tier)
     m = {"overflow": overflowed, "goodput_rps": per_s(float(np.sum(ok))), "slo_attainment": float(np.mean(ok)),
          "ttft_mean_s": _mean(ttft, done), "ttft_p90_s": _pct(ttft, done, 0.9), "ttft_p99_s": _pct(ttft, done, 0.99),
-         "tpot_mean_s": _mean(tpot, multi), "tpot_p90_s": _pct(tpot, multi, 0.9),
+         "tpot_mean_s": _mean(tpot, multi), "tpot_p90_s": _pct(tpot, multi, 0.9), "tpot_p95_s": _pct(tpot, multi, 0.95),
          "e2e_mean_s": _mean(e2e, done), "e2e_p99_s": _pct(e2e, done, 0.99),
          "output_tokens_per_s": per_s(float(np.sum(out[done]))), "completed": float(np.sum(done)),
          # every stage's books: arrived = completed + in flight + dropped by a full capacity (prefill tier, decode
@@ -385,7 +475,9 @@ def _request_metrics(rec, c, s, slo_ttft, slo_tpot, colocated) -> dict[str, floa
         util = float(np.sum(g("busy_s"))) / max(groups * span, 1e-30)
         m.update(prefill_queue_s=_mean(admit - arrival, done), prefill_s=_mean(first - admit, done), link_queue_s=0.0,
                  transfer_s=0.0, decode_wait_s=0.0, prefill_hit_rate=float(np.sum(g("cached")[done]) / max(np.sum(prompt[done]), 1)),
-                 util_prefill=util, util_decode=util, util_link=0.0, decode_imbalance_tokens=0.0, disagg_fraction=0.0)
+                 util_prefill=util, util_decode=util, util_link=0.0, decode_imbalance_tokens=0.0, disagg_fraction=0.0,
+                 decode_kv_share=0.0)
+        m.update(_concurrency(admit, finish, done, groups, span, rec["slots"][c, s]))
         return m
     dis = g("disagg").astype(bool) & done
     n_p, n_d = float(rec["n_prefill"][c, s]), float(rec["n_decode"][c, s])
@@ -398,7 +490,9 @@ def _request_metrics(rec, c, s, slo_ttft, slo_tpot, colocated) -> dict[str, floa
              util_prefill=float(np.sum(g("prefill_busy_s"))) / max(n_p * span, 1e-30),
              util_decode=float(np.sum(g("decode_busy_s"))) / max(n_d * span, 1e-30),
              util_link=float(np.sum(g("link_busy_s")[dis])) / max(n_p * span, 1e-30),
-             decode_imbalance_tokens=float(rec["imbalance_tokens"][c, s]), disagg_fraction=float(np.mean(dis)))
+             decode_imbalance_tokens=float(rec["imbalance_tokens"][c, s]), disagg_fraction=float(np.mean(dis)),
+             decode_kv_share=float(rec["kv_share_of_step"][c, s]) if "kv_share_of_step" in rec else 0.0)
+    m.update(_concurrency(g("decode_admit_s"), finish, done, n_d, span, rec["slots"][c, s]))
     return m
 
 
@@ -406,7 +500,7 @@ def run_pd(rows: list[PDRow], workload, *, rate: float, seeds: int, dep: Deploym
            slo_ttft: float = DEFAULT_SLO_TTFT_S, slo_tpot: float = DEFAULT_SLO_TPOT_S, seed: int = 0,
            progress: bool = False, allow_overflow: bool = False) -> tuple[Results, dict[str, dict[str, np.ndarray]]]:
     """Every row on the same seeds: (Results with a record per row, the raw per-request records by kind)."""
-    check_rows(rows, dep.decode_tier)
+    check_rows(rows, dep.decode_tier, dep)
     check_slos(slo_ttft, slo_tpot)
     raw = {}
     for kind, sub in _by_kind(rows).items():
@@ -500,8 +594,8 @@ def run_cache_aware_dp(workload, policies, *, ranks: int, rate: float, seeds: in
     from jaxroute.experiments.comparison import Comparison
 
     table = workload.realize(jax.random.key(seed), jnp.float32(rate))
-    wl = dd.make_prefix_workload(table, dep.cost(), collective_s=dep.collective_s)
-    kv = dep.kv_capacity()
+    wl = dd.make_prefix_workload(table, dep.cost(ranks), collective_s=dep.collective_s)
+    kv = dep.decode_kv_capacity(ranks)
     n = int(table.prompt_tok.shape[0])
     span = 0.0 if arrival == "saturated" else n / max(rate, 1e-9) * 1.5  # dp_decode.step_budget's Poisson span
     bound = dd.step_bound(np.asarray(table.out_tok), ranks, dep.decode_slots, dep.decode_r_max, span_s=span)

@@ -109,8 +109,8 @@ def from_mooncake(trace: Trace) -> TracePrefixWorkload:
     return _trace_workload("mooncake", trace, segs, len(lens), np.array(depth), np.array(lens))
 
 
-def from_azure(trace: Trace) -> TracePrefixWorkload:
-    """Azure trace -> one private segment per request (no prefix sharing)."""
+def from_azure(trace: Trace, name: str = "azure-conv") -> TracePrefixWorkload:
+    """Azure trace (or any lengths-only one) -> one private segment per request (no prefix sharing)."""
     p = trace.prompt_tokens.astype(np.int64)
     segs = [[(i, int(t))] for i, t in enumerate(p)]
-    return _trace_workload("azure-conv", trace, segs, len(p), np.zeros(len(p), np.int64), p)
+    return _trace_workload(name, trace, segs, len(p), np.zeros(len(p), np.int64), p)
