@@ -9,7 +9,7 @@ from __future__ import annotations
 # source -> modules (under jaxroute.reproduce) holding its experiments, in report order
 SOURCES: dict[str, tuple[str, ...]] = {
     "lecture": ("lecture_dispatch", "lecture_cluster", "lecture_preble"),
-    "balanceroute": ("balanceroute",),
+    "balanceroute": ("balanceroute", "balanceroute_4p1d"),
     "llmselector": ("llmselector",),
     "production-routers": ("production_routers", "pd_study", "capacity_study"),
 }

@@ -29,6 +29,7 @@ from jaxroute.experiments.names import (  # noqa: F401  (pd.DEFAULT_*, pd.parse_
     DEFAULT_LINK_LATENCY_MS,
     DEFAULT_SLO_TPOT_S,
     DEFAULT_SLO_TTFT_S,
+    LENGTH_WORKLOADS,
     PD_DEPLOYMENTS,
     decode_routers,
     parse_ratios,
@@ -345,7 +346,8 @@ def predictor_bank(spec: str, train, horizon: int = dd.DEFAULT_HORIZON) -> tuple
 def train_lengths(name: str, requests: int, trace: str | None = None, shared_prefix: dict | None = None,
                   seed: int = 0):
     """Prompt and output lengths to fit BR-H's predictors on, distinct from the simulated requests: a trace's
-    next `requests` rows, or another realisation of a synthetic workload (a key no simulated seed uses)."""
+    next `requests` rows, another realisation of a synthetic workload (a key no simulated seed uses), or for
+    the decode workloads' lengths, numpy seed `seed` + 1."""
     from jaxroute.predictors.data import LengthData
     from jaxroute.workloads import traces
 
@@ -356,6 +358,11 @@ def train_lengths(name: str, requests: int, trace: str | None = None, shared_pre
             raise JaxrouteError(f"the trace has {len(t)} requests: too few to fit a predictor on requests other than "
                                 f"the {requests} simulated; use --requests {len(t) // 2} or fewer")
         prompt, out = t.prompt_tokens[requests:2 * requests], t.output_tokens[requests:2 * requests]
+    elif name in LENGTH_WORKLOADS:  # the simulated draw is numpy seed 0 (`cluster.lengths_workload`)
+        from jaxroute.workloads.decode import make_decode_requests
+
+        req = make_decode_requests(name, requests, seed=seed + 1)
+        prompt, out = req.prompt_tokens, req.output_tokens
     else:
         wl = build_workload(name, requests, None, shared_prefix=shared_prefix)
         table = wl.realize(jax.random.fold_in(jax.random.key(seed), 0x7A11), jnp.float32(1.0))
