@@ -30,8 +30,22 @@ from jaxroute import calibrate, cost_models
 from jaxroute.experiments import pd
 from jaxroute.experiments.cluster import lengths_workload
 from jaxroute.metrics import Summary, summarize
-from jaxroute.reproduce.balanceroute import PAPER_MAIN, PAPER_NAMES, PAPER_SIZES, ROW_NAMES, SOURCE
-from jaxroute.reproduce.document import Claim, Context, Experiment, Section, fmt, gain_verdict, markdown_table
+from jaxroute.reproduce.balanceroute import (
+    PAPER_MAIN,
+    PAPER_NAMES,
+    PAPER_SIZES,
+    ROW_NAMES,
+    SOURCE,
+)
+from jaxroute.reproduce.document import (
+    Claim,
+    Context,
+    Experiment,
+    Section,
+    fmt,
+    gain_verdict,
+    markdown_table,
+)
 from jaxroute.routers import balance
 
 PREFILL_ROUTER = "rr"  # prompts are private: the prefill router only spreads load
