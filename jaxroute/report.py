@@ -268,3 +268,42 @@ def line_plot(panels: Mapping[str, Sequence[dict]], path: str | Path, *, xlabel:
     fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
     return Path(path)
+
+
+def heatmap(panels: Mapping[str, tuple[np.ndarray, Sequence[Sequence[str]]]], path: str | Path, *,
+            row_labels: Sequence[str], col_labels: Sequence[str], xlabel: str, ylabel: str, cbar_label: str,
+            title: str | None = None, marked: tuple[int, int] | None = None) -> Path:
+    """PNG heat maps on one diverging colour scale centred on 0: one panel per title, each (values [R, C], the
+    text of every cell); `marked` (row, column) outlines one cell in every panel (e.g. a calibrated setting)."""
+    plt = _pyplot()
+    cols = min(len(panels), PANELS_PER_ROW)
+    rows = -(-len(panels) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(2.0 * len(col_labels) * cols + 3, 0.8 * len(row_labels) * rows + 1.6),
+                             squeeze=False)
+    for ax in axes.flat[len(panels):]:
+        ax.set_visible(False)
+    finite = [v for vals, _ in panels.values() for v in np.ravel(vals) if np.isfinite(v)]
+    lim = max([abs(v) for v in finite] + [0.5])  # a map of near-zero cells stays pale
+    image = None
+    for i, (ax, (name, (vals, text))) in enumerate(zip(axes.flat, panels.items(), strict=False)):
+        first = i % cols == 0
+        image = ax.imshow(np.asarray(vals, float), cmap="RdBu", vmin=-lim, vmax=lim, aspect="auto")
+        for r, row in enumerate(text):
+            for c, cell in enumerate(row):
+                ax.text(c, r, cell, ha="center", va="center", fontsize=7)
+        if marked is not None:
+            ax.add_patch(plt.Rectangle((marked[1] - 0.5, marked[0] - 0.5), 1, 1, fill=False, lw=2, ec="black"))
+        ax.set_xticks(range(len(col_labels)), col_labels, fontsize=7)
+        ax.set_yticks(range(len(row_labels)), row_labels if first else [], fontsize=7)
+        ax.set_title(name, fontsize=9)
+        ax.set_xlabel(xlabel, fontsize=8)
+        if first:
+            ax.set_ylabel(ylabel, fontsize=8)
+    fig.colorbar(image, ax=axes.ravel().tolist(), label=cbar_label, shrink=0.8)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    return path

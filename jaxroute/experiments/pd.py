@@ -59,6 +59,8 @@ class PDRow:
     # cost-model terms of this row replacing the deployment's: ("prefill.<CostParams field>" or "decode.<field>",
     # value), e.g. a calibration's (`calibrate.py`); traced, so rows that differ only here share a compilation
     cost_terms: tuple[tuple[str, float], ...] = ()
+    predictor: int | None = None  # BR-H's predictor kind id (its table in the deployment's bank); None: the deployment's
+    gamma: float = dd.DEFAULT_GAMMA  # BR-H's discount (DP decode tier)
 
     @property
     def label(self) -> str:
@@ -66,7 +68,13 @@ class PDRow:
             return f"colocated[{self.n_prefill + self.n_decode}] {self.prefill_router}"
         pd = f"{self.n_prefill}:{self.n_decode}"
         th = f" th={self.threshold:g}" if self.threshold > 0 else ""
-        return f"{pd} {self.prefill_router} > {self.decode_router}{th}"
+        kind = ""
+        if self.predictor is not None:
+            from jaxroute.predictors.base import kind_names
+
+            kind = f"[{kind_names()[self.predictor]}]"
+        g = f" gamma={self.gamma:g}" if self.gamma != dd.DEFAULT_GAMMA else ""
+        return f"{pd} {self.prefill_router} > {self.decode_router}{kind}{th}{g}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -295,8 +303,8 @@ def _decode_dp(rows, a, delivered, dep: Deployment, key, progress, max_tries):
     last = float(np.max(np.where(np.isfinite(np.asarray(wl.arrival_s)), np.asarray(wl.arrival_s), 0.0)))
     bound = dd.step_bound(flat(a["output"])[0], min(r.n_decode for r in rows), dep.decode_slots, dep.decode_r_max,
                           span_s=last)
-    dec_rows = [dd.make_params(r.decode_router, n_workers=d_max, n_active=r.n_decode, arrival="trace",
-                               predictor=dep.predictor) for r in rows]
+    dec_rows = [dd.make_params(r.decode_router, n_workers=d_max, n_active=r.n_decode, arrival="trace", gamma=r.gamma,
+                               predictor=dep.predictor if r.predictor is None else r.predictor) for r in rows]
     dec_flat = jax.tree.map(lambda x: jnp.repeat(x, S, axis=0), sim.stack_params(dec_rows))
     params = disagg.DecodeStageParams(decode=dec_flat, seed=jnp.tile(jnp.arange(S, dtype=jnp.int32), C), wl=wl,
                                       order=order)
@@ -336,11 +344,17 @@ def _decode_replicas(rows, a, delivered, dep: Deployment, key, progress, workloa
 def predictor_bank(spec: str, train, horizon: int = dd.DEFAULT_HORIZON) -> tuple[tuple, int]:
     """(bank, kind id) for BR-H's predictor `spec` (none, oracle, survival, exact, learned:DIR); deployable ones are
     fitted on `train` (`train_lengths`: requests distinct from the simulated ones). The pipeline keeps no prompt
-    keys, so `exact` predicts as `survival` does."""
+    keys, so `exact` predicts as `survival` does. Several predictors in one grid: `predictor_banks`."""
+    bank, ids = predictor_banks([spec], train, horizon)
+    return bank, ids[0]
+
+
+def predictor_banks(specs, train, horizon: int = dd.DEFAULT_HORIZON) -> tuple[tuple, list[int]]:
+    """(one bank holding every predictor of `specs`, their kind ids) for rows with their own `PDRow.predictor`."""
     from jaxroute.predictors import bank as bank_lib
 
-    bank, _, ids = bank_lib.build_bank([spec], train, horizon)
-    return bank, int(ids[0])
+    bank, _, ids = bank_lib.build_bank(list(specs), train, horizon)
+    return bank, [int(i) for i in ids]
 
 
 def train_lengths(name: str, requests: int, trace: str | None = None, shared_prefix: dict | None = None,

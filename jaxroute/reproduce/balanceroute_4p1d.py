@@ -26,7 +26,8 @@ import math
 
 import numpy as np
 
-from jaxroute import calibrate, cost_models
+from jaxroute import calibrate, report
+from jaxroute.errors import JaxrouteError
 from jaxroute.experiments import pd
 from jaxroute.experiments.cluster import lengths_workload
 from jaxroute.metrics import Summary, summarize
@@ -48,20 +49,22 @@ from jaxroute.reproduce.document import (
 )
 from jaxroute.routers import balance
 
+ONE_WORKER = True  # `regime` reads `calibrated`'s part: one worker runs them in order
 PREFILL_ROUTER = "rr"  # prompts are private: the prefill router only spreads load
 BASELINES = balance.PAPER_BASELINES  # random, rr, p2c, jsq (immediate dispatch)
 PREDICTED = ("br0", "brh[oracle]", "brh[survival]")
 GAIN_TOLERANCE = 1.3  # as the other BalanceRoute sections
 FIT_SIZE = 1000  # requests per dataset in the full run (see `settings`)
+OVERHEAD_GUESS = 0.8  # the decode overhead's first guess, as a share of the paper's mean baseline TPOT P95
 HIGHER_IS_BETTER = {"output_tokens_per_s": True, "tpot_p95_s": False, "decode_imbalance_tokens": False}
 
 
 def settings(quick: bool, seeds: int | None) -> dict:
     if quick:
-        return dict(sizes={"synthetic-prod": 40}, fit_seeds=1, seeds=seeds or 2, iterations=1)
+        return dict(sizes={"synthetic-prod": 40}, fit_seeds=1, seeds=seeds or 2, iterations=0)  # fit: unit tests
     # FIT_SIZE requests, not the paper's 8,000 / 10,000: paced at the paper's ~0.7 req/s, 1,000 requests are
     # ~1,400 simulated seconds of ~20-80 ms barrier steps, about a minute per row on 2 CPU cores
-    return dict(sizes={w: FIT_SIZE for w in PAPER_SIZES}, fit_seeds=1, seeds=seeds or 3, iterations=2)
+    return dict(sizes={w: FIT_SIZE for w in PAPER_SIZES}, fit_seeds=1, seeds=seeds or 3, iterations=3)
 
 
 def targets(workload: str) -> np.ndarray:
@@ -71,13 +74,16 @@ def targets(workload: str) -> np.ndarray:
 
 
 def free_terms(workload: str, prompt_mean: float, output_mean: float, n_prefill: int) -> list[calibrate.Term]:
-    """The five terms with first guesses: the prefill term from the paper's mean baseline throughput (requests/s
-    = tok/s / mean output, each prefill instance serving 1 / (token_s x mean prompt) of them); the decode terms
-    from the roofline's own constants and zero."""
-    rate = float(np.mean(targets(workload)[: len(BASELINES)])) / output_mean
+    """The four terms with first guesses: the prefill term from the paper's mean baseline throughput (requests/s
+    = tok/s / mean output, each prefill instance serving 1 / (token_s x mean prompt) of them); the overhead at
+    OVERHEAD_GUESS of the paper's mean baseline TPOT P95 (our roofline step at the paper's concurrency is a
+    fraction of it); the per-token and KV terms at zero."""
+    paper = targets(workload)
+    rate = float(np.mean(paper[: len(BASELINES)])) / output_mean
     prefill_s = n_prefill / (rate * prompt_mean)
+    overhead = OVERHEAD_GUESS * float(np.mean(paper[len(BASELINES):]))
     return [calibrate.Term("prefill.token_s", prefill_s, prefill_s),
-            calibrate.Term("decode.overhead_s", cost_models.OVERHEAD_S, 0.01),
+            calibrate.Term("decode.overhead_s", overhead, 0.01),
             calibrate.Term("decode.token_s", 0.0, 1e-3),
             calibrate.Term("decode.kv_token_s", 0.0, 1e-7)]
 
@@ -128,18 +134,14 @@ def _paper_change(workload: str, lab: str, col: int) -> float:
 
 
 def predict(workload, name: str, fitted: tuple, s: dict, dep: pd.Deployment, ctx: Context) -> tuple[dict, list[str]]:
-    """Baselines, BR-0 and oracle BR-H in one grid, survival BR-H in a second (its own predictor bank), with the
-    fitted terms: ({metric: [rows, seeds]}, labels)."""
-    n = s["sizes"][name]
-    res = run_rows(workload, _rows((*BASELINES, "br0", "brh"), fitted, dep), s["seeds"], dep)
-    bank, kind = pd.predictor_bank("survival", pd.train_lengths(name, n))
-    surv = run_rows(workload, _rows(("brh",), fitted, dep), s["seeds"], dataclasses.replace(dep, bank=bank,
-                                                                                            predictor=kind))
-    labels = [*BASELINES, "br0", "brh[oracle]", "brh[survival]"]
-    metrics = {k: np.concatenate([np.asarray(res.grid.metrics[k]), np.asarray(surv.grid.metrics[k])])
-               for k in res.grid.metrics}
+    """Baselines, BR-0, oracle and survival BR-H in one grid with the fitted terms (the survival table fitted on
+    other requests of the dataset): ({metric: [rows, seeds]}, labels)."""
+    bank, (oracle, survival) = pd.predictor_banks(("oracle", "survival"), pd.train_lengths(name, s["sizes"][name]))
+    rows = _rows((*BASELINES, "br0"), fitted, dep) + [dataclasses.replace(r, predictor=k) for k in (oracle, survival)
+                                                      for r in _rows(("brh",), fitted, dep)]
+    res = run_rows(workload, rows, s["seeds"], dataclasses.replace(dep, bank=bank))
     ctx.advance(f"{name}: predicted")
-    return metrics, labels
+    return {k: np.asarray(v) for k, v in res.grid.metrics.items()}, [*BASELINES, "br0", "brh[oracle]", "brh[survival]"]
 
 
 def _claims(name: str, m: dict, labels: list[str]) -> tuple[list[Claim], list[list[str]]]:
@@ -233,3 +235,105 @@ def calibrated(ctx: Context) -> Section:
 
 EXPERIMENTS = [Experiment(SOURCE, "calibrated", "4P1D calibrated on the baselines", calibrated,
                           lambda q: 2 * len(settings(q, None)["sizes"]))]
+
+
+# --------------------------------------------------------------------------- the regime map
+
+REGIME_GAMMAS = (0.9, 0.95, 0.99, 1.0)
+REGIME_KV_S = (0.0, 2e-7, 8e-7)  # decode.kv_token_s levels besides the calibrated one (s per cached token read)
+
+
+def regime_settings(quick: bool, seeds: int | None) -> dict:
+    if quick:
+        return dict(requests=16, slots=(4,), kv=(0.0,), gammas=(0.9, 1.0), seeds=seeds or 2)
+    return dict(requests=REGIME_SIZE, slots=(8, 16, 64), kv=REGIME_KV_S, gammas=REGIME_GAMMAS, seeds=seeds or 3)
+
+
+REGIME_SIZE = 300  # requests per cell (synthetic-prod, G = 8)
+
+
+def calibrated_terms(ctx: Context) -> dict[str, float]:
+    """synthetic-prod's fitted terms from this run's `calibrated` part (it runs first)."""
+    from jaxroute.reproduce.document import load_part
+
+    part = load_part(ctx.out_dir, SOURCE, "calibrated", ctx.quick)
+    if part is None or "synthetic-prod" not in part.data:
+        raise JaxrouteError("the regime map starts from the calibrated terms: run the 'calibrated' experiment first "
+                            "(jaxroute reproduce balanceroute --only calibrated,regime)")
+    return {k: v["value"] for k, v in part.data["synthetic-prod"]["fit"]["terms"].items()}
+
+
+def regime(ctx: Context) -> Section:
+    s = regime_settings(ctx.quick, ctx.seeds)
+    cal = calibrated_terms(ctx)
+    kv_levels = sorted({*s["kv"], cal["decode.kv_token_s"]})
+    workload = lengths_workload("synthetic-prod", s["requests"])
+    p, d = pd.PAPER_DEPLOYMENT.ratio
+    arrivals = {"paced (calibrated prefill)": cal["prefill.token_s"], "saturated (roofline prefill)": 0.0}
+    policies = [("br0", 1.0)] + [("brh", g) for g in s["gammas"]]  # BR-0 ignores gamma
+    cells, row_labels, data = {}, [], []
+    for slots in s["slots"]:
+        dep = dataclasses.replace(pd.PAPER_DEPLOYMENT, decode_slots=slots)
+        rows, keys = [], []
+        for arrival, prefill_s in arrivals.items():
+            for kv in kv_levels:
+                terms = (("prefill.token_s", prefill_s), ("decode.overhead_s", cal["decode.overhead_s"]),
+                         ("decode.token_s", cal["decode.token_s"]), ("decode.kv_token_s", kv))
+                for pol, g in policies:
+                    rows.append(pd.PDRow(PREFILL_ROUTER, pol, p, d, cost_terms=terms, gamma=g))
+                    keys.append((arrival, kv, pol, g))
+        _, raw = pd.run_pd(rows, workload, rate=math.inf, seeds=s["seeds"], dep=dep)
+        rec = raw["disaggregated"]
+        ctx.advance(f"{slots} slots per rank")
+        loaded = np.asarray(rec["throughput_loaded_tok_s"], np.float64)  # [rows, seeds]
+        running = np.asarray(rec["running_per_worker_loaded"], np.float64)
+        share = np.asarray(rec["kv_share_of_step"], np.float64)
+        for arrival in arrivals:
+            label = f"{arrival}, {slots} slots"
+            row_labels.append(label)
+            for kv in kv_levels:
+                z = keys.index((arrival, kv, "br0", 1.0))
+                for g in s["gammas"]:
+                    h = keys.index((arrival, kv, "brh", g))
+                    diff = summarize(100 * (loaded[h] - loaded[z]) / loaded[z])
+                    cells[(label, kv, g)] = (diff, float(running[z].mean()), float(share[z].mean()))
+                    data.append({"arrival": arrival, "slots": slots, "kv_token_s": kv, "gamma": g,
+                                 "brh_minus_br0_loaded_pct": diff.as_json(),
+                                 "running_per_rank_loaded": float(running[z].mean()),
+                                 "kv_share": float(share[z].mean())})
+    col_labels = [f"kv {kv:.2g} s/tok" + (" (calibrated)" if kv == cal["decode.kv_token_s"] else "")
+                  for kv in kv_levels]
+    panels = {}
+    for g in s["gammas"]:
+        vals = np.array([[cells[(r, kv, g)][0].mean for kv in kv_levels] for r in row_labels])
+        text = [[f"{cells[(r, kv, g)][0].mean:+.1f}±{cells[(r, kv, g)][0].half_width:.1f}\n"
+                 f"{cells[(r, kv, g)][1]:.0f}/rank, KV {cells[(r, kv, g)][2]:.0%}" for kv in kv_levels] for r in row_labels]
+        panels[f"gamma = {g:g}"] = (vals, text)
+    paper_row = row_labels.index(f"paced (calibrated prefill), {max(s['slots'])} slots")
+    paper_col = kv_levels.index(cal["decode.kv_token_s"])
+    path, file = ctx.figure(SOURCE, "regime")
+    report.heatmap(panels, path, row_labels=row_labels, col_labels=col_labels, xlabel="KV term (share of a step "
+                   "in each cell)", ylabel="arrivals, slots per rank", cbar_label="oracle BR-H - BR-0, loaded tput (%)",
+                   title="when the horizon pays: oracle BR-H minus BR-0 (loaded-phase throughput, % of BR-0, 95 % CI)",
+                   marked=(paper_row, paper_col))
+    table = [[r, f"{kv:.2g}", f"{g:g}", f"{c[0].mean:+.2f} ± {c[0].half_width:.2f} %", f"{c[1]:.1f}", f"{c[2]:.0%}"]
+             for (r, kv, g), c in cells.items()]
+    here = cells[(row_labels[paper_row], cal["decode.kv_token_s"], 0.99 if 0.99 in s["gammas"] else s["gammas"][-1])]
+    return Section(
+        SOURCE, "regime", "BalanceRoute: the regime map (when the horizon pays)",
+        intro=(f"synthetic-prod, {s['requests']:,} requests per cell, G = 8, {s['seeds']} seeds, the 4P1D pipeline "
+               "with the calibrated decode overhead and per-token terms; one compiled pd grid per slot count "
+               f"({', '.join(map(str, s['slots']))}). Cells: oracle BR-H minus BR-0 in loaded-phase throughput "
+               "(paired per seed, % of BR-0) over arrivals (paced by the calibrated prefill tier, or saturated by "
+               "the roofline's), slots per rank (the concurrency cap) and the KV term (its measured share of a "
+               "step in each cell), per gamma. The outlined cell is the paper's calibrated setting "
+               f"(paced, {max(s['slots'])} slots, calibrated KV term): {here[0].mean:+.2f} ± {here[0].half_width:.2f} % "
+               f"at {here[1]:.1f} requests per rank and a KV share of {here[2]:.0%} (gamma 0.99)."),
+        tables=[("every cell", markdown_table(["arrivals, slots", "kv s/token", "gamma", "BR-H - BR-0 (loaded)",
+                                               "running per rank (BR-0)", "KV share (BR-0)"], table))],
+        figures=[("oracle BR-H minus BR-0 by regime; the outlined cell is the paper's calibrated setting", file)],
+        data={"settings": s, "calibrated_terms": cal, "cells": data}, seeds=s["seeds"])
+
+
+EXPERIMENTS.append(Experiment(SOURCE, "regime", "the regime map", regime,
+                              lambda q: len(regime_settings(q, None)["slots"])))
