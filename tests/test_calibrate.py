@@ -130,3 +130,29 @@ def test_lengths_workloads_keep_the_decode_laws_and_train_apart():
     assert not np.array_equal(train.output_tokens, req.output_tokens)
     with pytest.raises(JaxrouteError, match="do not apply"):
         build_workload("synthetic-prod", 10, rate_stages=[(1.0, 10.0)])
+
+
+def test_the_regime_map_needs_the_calibrated_part_first(tmp_path):
+    from jaxroute.reproduce import balanceroute_4p1d
+    from jaxroute.reproduce.document import Context
+
+    with pytest.raises(JaxrouteError, match="calibrated"):
+        balanceroute_4p1d.calibrated_terms(Context(out_dir=tmp_path, quick=True))
+
+
+def test_heatmap_writes_a_png(tmp_path):
+    from jaxroute import report
+
+    vals = np.array([[1.0, -2.0], [0.0, np.nan]])
+    text = [["+1", "-2"], ["0", "n/a"]]
+    path = report.heatmap({"a": (vals, text), "b": (-vals, text)}, tmp_path / "h.png", row_labels=["r1", "r2"],
+                          col_labels=["c1", "c2"], xlabel="x", ylabel="y", cbar_label="z", marked=(0, 1))
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_row_names_its_own_predictor_and_gamma():
+    from jaxroute.predictors.base import kind_id
+
+    row = pd.PDRow("rr", "brh", 4, 8, predictor=kind_id("survival"), gamma=0.9)
+    assert row.label == "4:8 rr > brh[survival] gamma=0.9"
+    assert pd.PDRow("rr", "brh", 4, 8).label == "4:8 rr > brh"

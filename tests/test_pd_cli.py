@@ -84,6 +84,10 @@ def test_pd_independent_decode_replicas(tmp_path, capsys):
     (["--slo-ttft", "-1"], None),
     (["--kv-link-gbps", "0"], None),
     (["--pd-threshold", "nan"], None),
+    (["--deployment", "nope"], "unknown deployment"),
+    (["--deployment", "paper"], "needs a MoE model"),  # SMALL's dense Llama-3-8B cannot step as dp_ep
+    (["--rate", "fast"], None),
+    (["--workload", "synthetic-prod", "--trace", "x.csv"], "do not apply"),
 ])
 def test_pd_bad_input(argv, message, capsys):
     rc = cli(["pd", *SMALL, *argv])
@@ -116,3 +120,33 @@ def test_help_lists_every_flag(capsys):
                  "--colocated", "--decode-tier", "--kv-link-gbps", "--kv-link-latency-ms", "--slo-ttft", "--slo-tpot", "--out", "--plot"):
         assert flag in text
     assert str(pd.DEFAULT_LINK_GBPS).rstrip("0").rstrip(".") in text
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--ratios", "4:8,4:4"], "one decode size at a time"),
+    (["--decode-tier", "replicas", "--decode-router", "least_load"], "decode-tier dp"),
+    (["--prefill-tp", "3"], "tensor parallelism 3"),
+])
+def test_pd_paper_deployment_bad_input(argv, message, capsys):
+    rc = cli(["pd", "--deployment", "paper", "--workload", "synthetic-prod", "--requests", "16", "--no-progress",
+              *argv])
+    err = capsys.readouterr().err
+    assert rc != 0 and message in err and "Traceback" not in err
+
+
+def test_pd_paper_deployment_runs_4p1d_paced_by_its_prefill_tier(tmp_path, capsys):
+    out = tmp_path / "paper.json"
+    rc = main(["pd", "--deployment", "paper", "--workload", "synthetic-prod", "--rate", "max", "--requests", "24",
+               "--seeds", "2", "--decode-router", "jsq,br0", "--no-progress", "--out", str(out)])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "all at t = 0" in text and "16xAscend-910C (prefill), 4xAscend-910C (decode, dp_ep)" in text
+    assert "decode_running_per_group" in text and "decode_kv_share" in text
+    res = json.loads(out.read_text())
+    cfg = res["config"]
+    assert cfg["deployment"] == "paper" and cfg["prefill_tp"] == 16 and cfg["ratios"] == ["4:8"]
+    assert cfg["decode_parallel"] == "dp_ep" and cfg["chunk"] == pd.PAPER_DEPLOYMENT.chunk
+    for r in res["results"]:
+        m = {k: v["mean"] for k, v in r["metrics"].items()}
+        assert m["completed"] == 24 and 0 < m["decode_kv_share"] < 1
+        assert 0 < m["decode_slots_in_use"] <= 1 and m["decode_running_per_group"] > 0
