@@ -42,8 +42,7 @@ METRICS = ("goodput_rps", "slo_attainment", "ttft_mean_s", "ttft_p90_s", "ttft_p
            "tpot_p95_s", "e2e_mean_s", "e2e_p99_s", "output_tokens_per_s", "prefill_queue_s", "prefill_s",
            "link_queue_s", "transfer_s", "decode_wait_s", "prefill_hit_rate", "util_prefill", "util_decode",
            "util_link", "decode_imbalance_tokens", "decode_running_per_group", "decode_slots_in_use",
-           "decode_kv_share", "disagg_fraction",
-           "completed")
+           "decode_kv_share", "disagg_fraction", "completed")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,7 +107,7 @@ class Deployment:
         return self.prefill_tp or self.tp
 
     def kv_capacity(self) -> int:
-        """KV tokens of one prefill replica (and of a colocated or decode replica: the same groups)."""
+        """KV tokens of one prefill replica (prefill_tp GPUs; colocated rows need prefill_tp == tp)."""
         return cost_models.kv_capacity_tokens(self.gpu, self.model, self.prefill_group_tp)
 
     def decode_kv_capacity(self, n_decode: int) -> int:
