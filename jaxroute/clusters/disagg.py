@@ -231,7 +231,7 @@ class DecodeStage(sim.Model):
         keep = ("imbalance_tokens", "imbalance_loaded_tokens", "barrier_idle_tokens", "preemptions",
                 "recomputed_tokens", "steps", "mean_step_s", "overflow_kv", "overflow_steps", "overflow",
                 "conservation_error", "completed", "running_per_worker", "running_per_worker_loaded", "slots_in_use",
-                "kv_share_of_step", "throughput_loaded_tok_s")
+                "kv_share_of_step", "throughput_loaded_tok_s", "tpot_p95_loaded_s")
         return {**{k: m[k] for k in keep}, "decode_worker": back(m["request_worker"]),
                 "decode_admit_s": back(m["request_admit_s"]), "first_token_s": back(m["request_first_s"]),
                 "finish_s": back(m["request_finish_s"]), "decode_busy_s": state.busy_s}
