@@ -102,6 +102,22 @@ def run_rows(workload, rows: list[pd.PDRow], seeds: int, dep: pd.Deployment) -> 
     return out | {"output_tokens_per_s": np.asarray(res.grid.metrics["output_tokens_per_s"], np.float64)}
 
 
+def run_draws(name: str, n: int, rows: list[pd.PDRow], draws: int, dep: pd.Deployment) -> dict[str, np.ndarray]:
+    """`run_rows` on `draws` independent draws of the dataset's lengths (numpy seeds 0, 1, ...; one router seed
+    each): metrics [rows, draws], so a CI spans workload draws, not only the routers' coins."""
+    loads = [lengths_workload(name, n, seed=d) for d in range(draws)]
+    # One compilation for every draw: their static metadata made equal. The union of the draws' (prompt, output,
+    # count) shapes bounds each draw's steps (a larger step budget, not a different run); native_rate only
+    # rescales arrivals, and every request arrives at t = 0 here (rate inf).
+    shapes = tuple(sorted({x for wl in loads for x in wl.request_shapes}))
+    loads = [dataclasses.replace(wl, request_shapes=shapes, native_rate=1.0) for wl in loads]
+    runs = [run_rows(wl, rows, 1, dep) for wl in loads]
+    return {k: np.concatenate([r[k] for r in runs], axis=1) for k in runs[0]}
+
+
+TRAIN_SEED = 1000  # numpy seed of the lengths deployed predictors are fitted on (no simulated draw uses it)
+
+
 def _rows(policies, terms: tuple, dep: pd.Deployment) -> list[pd.PDRow]:
     p, d = dep.ratio
     return [pd.PDRow(PREFILL_ROUTER, b, p, d, cost_terms=terms) for b in policies]
@@ -141,13 +157,14 @@ def _paper_change(workload: str, lab: str, col: int) -> float:
     return 100 * (paper[lab][col] / best - 1)
 
 
-def predict(workload, name: str, fitted: tuple, s: dict, dep: pd.Deployment, ctx: Context) -> tuple[dict, list[str]]:
-    """Baselines, BR-0, oracle and survival BR-H in one grid with the fitted terms (the survival table fitted on
-    other requests of the dataset): ({metric: [rows, seeds]}, labels)."""
-    bank, (oracle, survival) = pd.predictor_banks(("oracle", "survival"), pd.train_lengths(name, s["sizes"][name]))
+def predict(name: str, fitted: tuple, s: dict, dep: pd.Deployment, ctx: Context) -> tuple[dict, list[str]]:
+    """Baselines, BR-0, oracle and survival BR-H in one grid with the fitted terms, on `seeds` draws of the
+    dataset (the survival table fitted on another draw): ({metric: [rows, draws]}, labels)."""
+    n = s["sizes"][name]
+    bank, (oracle, survival) = pd.predictor_banks(("oracle", "survival"), pd.train_lengths(name, n, seed=TRAIN_SEED))
     rows = _rows((*BASELINES, "br0"), fitted, dep) + [dataclasses.replace(r, predictor=k) for k in (oracle, survival)
                                                       for r in _rows(("brh",), fitted, dep)]
-    m = run_rows(workload, rows, s["seeds"], dataclasses.replace(dep, bank=bank))
+    m = run_draws(name, n, rows, s["seeds"], dataclasses.replace(dep, bank=bank))
     ctx.advance(f"{name}: predicted")
     return m, [*BASELINES, "br0", "brh[oracle]", "brh[survival]"]
 
@@ -204,7 +221,7 @@ def calibrated(ctx: Context) -> Section:
                           iterations=s["iterations"], log=ctx.log)
         ctx.advance(f"{name}: fitted")
         fitted = tuple(zip(names, map(float, f.values), strict=True))
-        m, labels = predict(workload, name, fitted, s, dep, ctx)
+        m, labels = predict(name, fitted, s, dep, ctx)
         c, table = _claims(name, m, labels, dep)
         claims += c
         tables.append((f"{name} ({PAPER_NAMES[name]}): the fitted terms (± 1.96 sigma, linearised; condition number "
@@ -218,7 +235,8 @@ def calibrated(ctx: Context) -> Section:
                                                     f.targets, f.predicted, f.residuals, strict=True)]
         tables.append((f"{name}: the eight fitted numbers (RMS residual {100 * f.rms_residual():.1f} %)",
                        markdown_table(["baseline number", "paper", "fitted model", "residual"], fit_rows)))
-        tables.append((f"{name}: every row with the fitted terms ({s['seeds']} seeds; BalanceRoute rows predicted)",
+        tables.append((f"{name}: every row with the fitted terms ({s['seeds']} draws of the dataset; BalanceRoute rows "
+                       "predicted)",
                        markdown_table(["row", "paper tok/s", "ours loaded tok/s", "ours whole-run tok/s",
                                        "paper TPOT P95 ms", "ours loaded TPOT P95 ms", "paper imbalance",
                                        "ours loaded imbalance (tok)", "running per rank (loaded)", "slots in use",
@@ -237,8 +255,9 @@ def calibrated(ctx: Context) -> Section:
                "both measured over the decode tier's loaded phase (until its last request is admitted: the steady "
                f"state; our {FIT_SIZE:,}-request runs would otherwise be dominated by the drain of the longest "
                "outputs, which the paper's 8,000 / 10,000 are not); the BalanceRoute rows use them unchanged and "
-               "are compared on the same loaded-phase metrics. The workload is one draw of each dataset's lengths, "
-               "so seeds vary only the routers' coins (deterministic policies show a zero-width CI). " + "; ".join(intro) + "."),
+               "are compared on the same loaded-phase metrics. The fit runs on draw 0 of each dataset's lengths; "
+               f"the predictions on {s['seeds']} draws (0 included; numpy seeds 0, 1, ...), so their CIs span "
+               "workload draws. " + "; ".join(intro) + "."),
         claims=claims, tables=tables, data={"settings": s, **data}, seeds=s["seeds"])
 
 
@@ -278,7 +297,6 @@ def regime(ctx: Context) -> Section:
     s = regime_settings(ctx.quick, ctx.seeds)
     cal = calibrated_terms(ctx)
     kv_levels = sorted({*s["kv"], cal["decode.kv_token_s"]})
-    workload = lengths_workload("synthetic-prod", s["requests"])
     p, d = pd.PAPER_DEPLOYMENT.ratio
     arrivals = {"paced (calibrated prefill)": cal["prefill.token_s"], "saturated (roofline prefill)": 0.0}
     policies = [("br0", 1.0)] + [("brh", g) for g in s["gammas"]]  # BR-0 ignores gamma
@@ -293,12 +311,9 @@ def regime(ctx: Context) -> Section:
                 for pol, g in policies:
                     rows.append(pd.PDRow(PREFILL_ROUTER, pol, p, d, cost_terms=terms, gamma=g))
                     keys.append((arrival, kv, pol, g))
-        _, raw = pd.run_pd(rows, workload, rate=math.inf, seeds=s["seeds"], dep=dep)
-        rec = raw["disaggregated"]
+        m = run_draws("synthetic-prod", s["requests"], rows, s["seeds"], dep)
         ctx.advance(f"{slots} slots per rank")
-        loaded = np.asarray(rec["throughput_loaded_tok_s"], np.float64)  # [rows, seeds]
-        running = np.asarray(rec["running_per_worker_loaded"], np.float64)
-        share = np.asarray(rec["kv_share_of_step"], np.float64)
+        loaded, running, share = m[TPUT], m[RUNNING], m[SHARE]  # [rows, draws]
         for arrival in arrivals:
             label = f"{arrival}, {slots} slots"
             row_labels.append(label)
@@ -332,10 +347,11 @@ def regime(ctx: Context) -> Section:
     here = cells[(row_labels[paper_row], cal["decode.kv_token_s"], 0.99 if 0.99 in s["gammas"] else s["gammas"][-1])]
     return Section(
         SOURCE, "regime", "BalanceRoute: the regime map (when the horizon pays)",
-        intro=(f"synthetic-prod, {s['requests']:,} requests per cell, G = 8, {s['seeds']} seeds, the 4P1D pipeline "
-               "with the calibrated decode overhead and per-token terms; one compiled pd grid per slot count "
+        intro=(f"synthetic-prod, {s['requests']:,} requests per cell, G = 8, {s['seeds']} draws of the lengths (CIs "
+               "over draws), the 4P1D pipeline with the calibrated decode overhead and per-token terms; one compiled "
+               "pd grid per slot count and draw "
                f"({', '.join(map(str, s['slots']))}). Cells: oracle BR-H minus BR-0 in loaded-phase throughput "
-               "(paired per seed, % of BR-0) over arrivals (paced by the calibrated prefill tier, or saturated by "
+               "(paired per draw, % of BR-0) over arrivals (paced by the calibrated prefill tier, or saturated by "
                "the roofline's), slots per rank (the concurrency cap) and the KV term (its measured share of a "
                "step in each cell), per gamma. The outlined cell is the paper's calibrated setting "
                f"(paced, {max(s['slots'])} slots, calibrated KV term): {here[0].mean:+.2f} ± {here[0].half_width:.2f} % "
