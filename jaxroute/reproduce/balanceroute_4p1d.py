@@ -349,7 +349,7 @@ def regime(ctx: Context) -> Section:
         SOURCE, "regime", "BalanceRoute: the regime map (when the horizon pays)",
         intro=(f"synthetic-prod, {s['requests']:,} requests per cell, G = 8, {s['seeds']} draws of the lengths (CIs "
                "over draws), the 4P1D pipeline with the calibrated decode overhead and per-token terms; one compiled "
-               "pd grid per slot count and draw "
+               "pd grid per slot count (the draws share it) "
                f"({', '.join(map(str, s['slots']))}). Cells: oracle BR-H minus BR-0 in loaded-phase throughput "
                "(paired per draw, % of BR-0) over arrivals (paced by the calibrated prefill tier, or saturated by "
                "the roofline's), slots per rank (the concurrency cap) and the KV term (its measured share of a "
