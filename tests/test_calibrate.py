@@ -156,3 +156,21 @@ def test_a_row_names_its_own_predictor_and_gamma():
     row = pd.PDRow("rr", "brh", 4, 8, predictor=kind_id("survival"), gamma=0.9)
     assert row.label == "4:8 rr > brh[survival] gamma=0.9"
     assert pd.PDRow("rr", "brh", 4, 8).label == "4:8 rr > brh"
+
+
+def test_prompt_keys_reach_the_decode_tier_in_its_order():
+    from jaxroute.clusters import disagg
+    from jaxroute.workloads.decode import make_decode_requests
+
+    wl = build_workload("synthetic-prod", 40)
+    req = make_decode_requests("synthetic-prod", 40)
+    assert (req.key_id >= 0).any()  # synthetic-prod has prompt templates
+    np.testing.assert_array_equal(np.asarray(wl.table.key_id), req.key_id)
+    ptable, order = disagg.prefill_table(wl.table, jnp.ones(40, bool))
+    np.testing.assert_array_equal(np.asarray(ptable.key_id), req.key_id[np.asarray(order)])
+    delivered = jnp.asarray(np.linspace(5.0, 1.0, 40), jnp.float32)  # lands in reverse order
+    cp = cost_models.cost_params("H200", "Llama-3-8B", 1)
+    dwl, dorder = disagg.decode_handoff(wl.table.arrival_s, wl.table.prompt_tok, wl.table.out_tok, jnp.ones(40, bool),
+                                        delivered, 0.0, cp, (), wl.table.key_id)
+    np.testing.assert_array_equal(np.asarray(dwl.key_id), req.key_id[np.asarray(dorder)])
+    assert np.asarray(dorder)[0] == 39

@@ -92,7 +92,8 @@ def prefill_table(table: RequestTable, disagg: jax.Array) -> tuple[RequestTable,
     return dataclasses.replace(
         table, arrival_s=jnp.where(kept, take(table.arrival_s), INF), seg_ids=take(table.seg_ids),
         seg_tok=take(table.seg_tok), out_tok=jnp.ones_like(table.out_tok), out_seg=jnp.full_like(table.out_seg, dummy),
-        prompt_tok=take(table.prompt_tok), session=take(table.session)), order
+        prompt_tok=take(table.prompt_tok), session=take(table.session),
+        key_id=None if table.key_id is None else take(table.key_id)), order
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,6 +143,7 @@ class PrefillStage(sim.Model):
             "seg_ids": t.seg_ids, "seg_tok": t.seg_tok, "out_seg": t.out_seg, "session": t.session,
             "seg_len": t.seg_len, "seg_depth": t.seg_depth,
             "arrival_s": state.table.arrival_s, "prompt": state.table.prompt_tok, "output": state.table.out_tok,
+            "key_id": jnp.full_like(t.out_tok, -1) if t.key_id is None else t.key_id,
             "disagg": state.disagg, "prefill_replica": back(s.rec_replica, -1),
             "prefill_admit_s": back(s.rec_admit, INF), "prefill_done_s": back(s.rec_finish, INF),
             "prefill_cached": back(s.rec_cached, 0),
@@ -237,12 +239,14 @@ class DecodeStage(sim.Model):
                 "finish_s": back(m["request_finish_s"]), "decode_busy_s": state.busy_s}
 
 
-def decode_handoff(arrival_s, prompt, output, disagg, delivered_s, collective_s, cost, bank=()):
+def decode_handoff(arrival_s, prompt, output, disagg, delivered_s, collective_s, cost, bank=(), key_id=None):
     """(DecodeWorkload in decode-arrival order, order): disaggregated requests arrive when their KV lands,
-    the others at their arrival, to be prefilled by their rank. Ties: request order."""
+    the others at their arrival, to be prefilled by their rank. Ties: request order. key_id [N]: the prompts'
+    keys for an exact-match predictor (None: unknown)."""
     t, order = landing(arrival_s, disagg, delivered_s)
+    keys = jnp.full(t.shape, -1, jnp.int32) if key_id is None else key_id[order].astype(jnp.int32)
     wl = dd.DecodeWorkload(prompt=prompt[order].astype(jnp.int32), output=output[order].astype(jnp.int32),
-                           arrival_s=t[order].astype(jnp.float32), key_id=jnp.full(t.shape, -1, jnp.int32), cost=cost,
+                           arrival_s=t[order].astype(jnp.float32), key_id=keys, cost=cost,
                            collective_s=jnp.asarray(collective_s, jnp.float32), bank=tuple(bank),
                            local_prefill=~disagg[order])
     return wl, order
@@ -259,7 +263,7 @@ def landed_table(table: RequestTable, disagg: jax.Array, delivered_s: jax.Array)
     return dataclasses.replace(table, arrival_s=take(t).astype(jnp.float32), seg_ids=take(table.seg_ids),
                                seg_tok=take(table.seg_tok), out_tok=take(table.out_tok), out_seg=take(table.out_seg),
                                prompt_tok=take(table.prompt_tok), session=take(table.session),
-                               landed=take(disagg)), order
+                               landed=take(disagg), key_id=None if table.key_id is None else take(table.key_id)), order
 
 
 @jax.tree_util.register_dataclass

@@ -336,7 +336,7 @@ def add_pd_args(p) -> None:
                    help="GPUs per decode group (tensor parallel), and per prefill group unless --prefill-tp (default: "
                    "the deployment's, 4)")
     p.add_argument("--prefill-tp", type=positive_int, default=None, metavar="T",
-                   help="GPUs per prefill group (default: the deployment's; default: --tp)")
+                   help="GPUs per prefill group (default: the deployment's: 16 for paper, else --tp)")
     p.add_argument("--cost-model", default="roofline", metavar="KIND", help="iteration time: roofline or preble (default roofline)")
     p.add_argument("--chunk", type=positive_int, default=None, metavar="TOKENS",
                    help="prefill tokens per iteration on a prefill replica (default: the deployment's, 512)")

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
+import jax.numpy as jnp
 import numpy as np
 
 from jaxroute.clusters import replicas
@@ -71,7 +73,8 @@ def lengths_workload(name: str, requests: int, seed: int = 0) -> wl_prefix.Trace
     from jaxroute.workloads.decode import make_decode_requests
 
     req = make_decode_requests(name, requests, seed=seed)
-    return wl_prefix.from_azure(traces.Trace(name, req.arrival_s, req.prompt_tokens, req.output_tokens), name=name)
+    wl = wl_prefix.from_azure(traces.Trace(name, req.arrival_s, req.prompt_tokens, req.output_tokens), name=name)
+    return dataclasses.replace(wl, table=dataclasses.replace(wl.table, key_id=jnp.asarray(req.key_id, jnp.int32)))
 
 
 def uses_weights(policy: str) -> bool:

@@ -279,10 +279,10 @@ def _transfers(ready, replica, prompt, sent, bytes_per_token, link_bps, latency,
 
 
 @jax.jit
-def _dp_handoff(arrival, prompt, output, sent, delivered, cost, collective_s, bank):
+def _dp_handoff(arrival, prompt, output, sent, delivered, cost, collective_s, bank, key_id):
     """Every row's decode workload (`disagg.decode_handoff`, vmapped; cost [rows]: each row's step model)."""
-    one = lambda a, p, o, s, d, c: disagg.decode_handoff(a, p, o, s, d, collective_s, c, bank)
-    return jax.vmap(one)(arrival, prompt, output, sent, delivered, cost)
+    one = lambda a, p, o, s, d, c, k: disagg.decode_handoff(a, p, o, s, d, collective_s, c, bank, k)
+    return jax.vmap(one)(arrival, prompt, output, sent, delivered, cost, key_id)
 
 
 @jax.jit
@@ -298,7 +298,7 @@ def _decode_dp(rows, a, delivered, dep: Deployment, key, progress, max_tries):
     base = dep.cost(d_max)
     costs = jax.tree.map(lambda x: jnp.repeat(x, S, axis=0), sim.stack_params([with_terms(base, r, "decode") for r in rows]))
     wl, order = _dp_handoff(flat(a["arrival_s"]), flat(a["prompt"]), flat(a["output"]), flat(a["disagg"]), delivered,
-                            costs, jnp.float32(dep.collective_s), dep.bank)
+                            costs, jnp.float32(dep.collective_s), dep.bank, flat(a["key_id"]))
     last = float(np.max(np.where(np.isfinite(np.asarray(wl.arrival_s)), np.asarray(wl.arrival_s), 0.0)))
     bound = dd.step_bound(flat(a["output"])[0], min(r.n_decode for r in rows), dep.decode_slots, dep.decode_r_max,
                           span_s=last)
@@ -342,8 +342,9 @@ def _decode_replicas(rows, a, delivered, dep: Deployment, key, progress, workloa
 
 def predictor_bank(spec: str, train, horizon: int = dd.DEFAULT_HORIZON) -> tuple[tuple, int]:
     """(bank, kind id) for BR-H's predictor `spec` (none, oracle, survival, exact, learned:DIR); deployable ones are
-    fitted on `train` (`train_lengths`: requests distinct from the simulated ones). The pipeline keeps no prompt
-    keys, so `exact` predicts as `survival` does. Several predictors in one grid: `predictor_banks`."""
+    fitted on `train` (`train_lengths`: requests distinct from the simulated ones). Prefix workloads carry no
+    prompt keys (there `exact` predicts as `survival` does); the lengths workloads carry their dataset's. Several
+    predictors in one grid: `predictor_banks`."""
     bank, ids = predictor_banks([spec], train, horizon)
     return bank, ids[0]
 
@@ -375,7 +376,7 @@ def train_lengths(name: str, requests: int, trace: str | None = None, shared_pre
         from jaxroute.workloads.decode import make_decode_requests
 
         req = make_decode_requests(name, requests, seed=seed + 1)
-        prompt, out = req.prompt_tokens, req.output_tokens
+        return LengthData(f"{name}-train", req.prompt_tokens, req.output_tokens, req.key_id)
     else:
         wl = build_workload(name, requests, None, shared_prefix=shared_prefix)
         table = wl.realize(jax.random.fold_in(jax.random.key(seed), 0x7A11), jnp.float32(1.0))

@@ -10,14 +10,14 @@ all-to-all is not a separate term: its latency is a fixed cost per step (the sam
 overhead, so the two cannot be told apart from these numbers) and its bandwidth part scales with the busiest
 rank's tokens (as the per-token term does); both are folded into those two. Throughput and TPOT P95 are the
 decode tier's over its loaded phase (until its last request is admitted). The BalanceRoute rows (BR-0, oracle
-BR-H, deployed BR-H with the survival predictor) are then predicted with those terms, not refitted, and compared
-with the paper's: gains against the best baseline (paired per seed), TPOT P95 and imbalance. Concurrency per decode rank, slots in use and the KV share of a step
+BR-H, deployed BR-H with the survival and exact-match predictors) are then predicted with those terms, not
+refitted, and compared with the paper's: gains against the best baseline (paired per draw), TPOT P95 and imbalance. Concurrency per decode rank, slots in use and the KV share of a step
 come out of the runs.
 
 The paper's imbalance unit is not stated in the seed; we compare relative changes of our mean per-step max - min
 KV load (tokens) with the relative changes of the paper's imbalance column (the unit cancels if it is any fixed
-multiple of ours). ExactMatch BR-H is not run here: the pipeline carries no prompt keys (it would predict as
-survival does).
+multiple of ours). ExactMatch matches on the dataset's prompt keys (synthetic-prod's templates; the Azure-2024
+lengths have none, so there it falls back to survival, as in the `main` section).
 """
 
 from __future__ import annotations
@@ -53,7 +53,8 @@ from jaxroute.routers import balance
 ONE_WORKER = True  # `regime` reads `calibrated`'s part: one worker runs them in order
 PREFILL_ROUTER = "rr"  # prompts are private: the prefill router only spreads load
 BASELINES = balance.PAPER_BASELINES  # random, rr, p2c, jsq (immediate dispatch)
-PREDICTED = ("br0", "brh[oracle]", "brh[survival]")
+PREDICTED = ("br0", "brh[oracle]", "brh[survival]", "brh[exact]")
+DEPLOYED = ("oracle", "survival", "exact")  # BR-H's predictors, one row each
 GAIN_TOLERANCE = 1.3  # as the other BalanceRoute sections
 FIT_SIZE = 1000  # requests per dataset in the full run (see `settings`)
 OVERHEAD_GUESS = 0.8  # the decode overhead's first guess, as a share of the paper's mean baseline TPOT P95
@@ -158,15 +159,15 @@ def _paper_change(workload: str, lab: str, col: int) -> float:
 
 
 def predict(name: str, fitted: tuple, s: dict, dep: pd.Deployment, ctx: Context) -> tuple[dict, list[str]]:
-    """Baselines, BR-0, oracle and survival BR-H in one grid with the fitted terms, on `seeds` draws of the
-    dataset (the survival table fitted on another draw): ({metric: [rows, draws]}, labels)."""
+    """Baselines, BR-0 and BR-H with each of DEPLOYED in one grid with the fitted terms, on `seeds` draws of the
+    dataset (the deployed tables fitted on another draw): ({metric: [rows, draws]}, labels)."""
     n = s["sizes"][name]
-    bank, (oracle, survival) = pd.predictor_banks(("oracle", "survival"), pd.train_lengths(name, n, seed=TRAIN_SEED))
-    rows = _rows((*BASELINES, "br0"), fitted, dep) + [dataclasses.replace(r, predictor=k) for k in (oracle, survival)
+    bank, kinds = pd.predictor_banks(DEPLOYED, pd.train_lengths(name, n, seed=TRAIN_SEED))
+    rows = _rows((*BASELINES, "br0"), fitted, dep) + [dataclasses.replace(r, predictor=k) for k in kinds
                                                       for r in _rows(("brh",), fitted, dep)]
     m = run_draws(name, n, rows, s["seeds"], dataclasses.replace(dep, bank=bank))
     ctx.advance(f"{name}: predicted")
-    return m, [*BASELINES, "br0", "brh[oracle]", "brh[survival]"]
+    return m, [*BASELINES, *PREDICTED]
 
 
 def _claims(name: str, m: dict, labels: list[str], dep: pd.Deployment) -> tuple[list[Claim], list[list[str]]]:

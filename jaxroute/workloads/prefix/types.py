@@ -34,6 +34,8 @@ class RequestTable:
     #                                 tier): only its last prompt token is computed (None = none)
     seg_end: jax.Array | None = None  # [N, S] int32 prompt tokens up to each segment's end (the running sum of
     #                                   seg_tok): derived once per run by the replica model's init (None before)
+    key_id: jax.Array | None = None  # [N] int32 prompt key (template / hash id) a decode tier's exact-match
+    #                                  predictor matches on; -1 = unknown (None: no keys recorded)
 
 
 def request_steps(prompt_tok: int, out_tok: int, chunk: int) -> int:
