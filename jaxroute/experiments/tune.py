@@ -295,12 +295,13 @@ def tune_model(space: Space, setup: Setup) -> TuneStage:
         stale_view=setup.stale_s > 0, local_order=setup.local, admission=setup.admission))
 
 
-def scores_of(metrics: dict[str, np.ndarray], obj: Objective, n_replicas: int) -> np.ndarray:
-    """[C, S] objective values of a grid's metrics (NaN where a run overflowed)."""
+def scores_of(metrics: dict[str, np.ndarray], obj: Objective, n_replicas: int, max_running: int) -> np.ndarray:
+    """[C, S] objective values of a grid's metrics (NaN where a run overflowed); the per-request ones read the
+    records as `pd.request_metrics` does for colocated rows (n_replicas groups of max_running slots)."""
     over = np.asarray(metrics["overflow"], bool)
     C, S = over.shape[:2]
     if obj.metric in REQUEST_METRICS:
-        rec = dict(metrics, n_groups=np.full((C, S), n_replicas))
+        rec = dict(metrics, n_groups=np.full((C, S), n_replicas), slots=np.full((C, S), max_running))
         val = np.array([[request_metrics(rec, c, s, obj.slo_ttft, obj.slo_tpot, True)[obj.metric] for s in range(S)]
                         for c in range(C)])
     elif obj.metric in metrics and np.ndim(metrics[obj.metric]) == 2:
@@ -321,7 +322,7 @@ def grid_evaluator(space: Space, obj: Objective, setup: Setup, *, seeds: int, se
     def evaluate(settings: list[dict]) -> Batch:
         params = sim.stack_params([setup.params(space.router, s) for s in settings])
         m = sim.run_grid(model, key, setup.workload, params, seeds).metrics  # no bar: one whole-run program
-        return Batch(scores_of(m, obj, setup.replicas), len(settings) * seeds)
+        return Batch(scores_of(m, obj, setup.replicas, setup.max_running), len(settings) * seeds)
 
     return evaluate
 
