@@ -69,7 +69,8 @@ def settings(quick: bool, seeds: int | None) -> dict:
     if quick:
         return dict(sizes={"synthetic-prod": 40}, fit_seeds=1, seeds=seeds or 2, iterations=0)  # fit: unit tests
     # FIT_SIZE requests, not the paper's 8,000 / 10,000: paced at the paper's ~0.7 req/s, 1,000 requests are
-    # ~1,400 simulated seconds of ~20-80 ms barrier steps, about a minute per row on 2 CPU cores
+    # ~1,400 simulated seconds of ~90 ms barrier steps, and a fit evaluation (20 rows) takes about a minute on 2
+    # CPU cores; the paper's sizes are 8-10x the simulated time and about 7 evaluations per dataset
     return dict(sizes={w: FIT_SIZE for w in PAPER_SIZES}, fit_seeds=1, seeds=seeds or 3, iterations=3)
 
 
