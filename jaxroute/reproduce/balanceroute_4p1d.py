@@ -38,6 +38,7 @@ from jaxroute.reproduce.balanceroute import (
     PAPER_SIZES,
     ROW_NAMES,
     SOURCE,
+    paper_changes,
 )
 from jaxroute.reproduce.document import (
     Claim,
@@ -152,14 +153,6 @@ def best_baseline(grid_metrics: dict, labels: list[str], metric: str) -> int:
     return pick(idx, key=lambda i: means[i])
 
 
-def _paper_change(workload: str, lab: str, col: int) -> float:
-    """The paper's % change of row `lab` against its best baseline on column col (0 imbalance, 1 TPOT, 2 tput)."""
-    paper = PAPER_MAIN[workload]
-    base = [paper[b][col] for b in BASELINES]
-    best = max(base) if col == 2 else min(base)
-    return 100 * (paper[lab][col] / best - 1)
-
-
 def predict(name: str, fitted: tuple, s: dict, dep: pd.Deployment, ctx: Context) -> tuple[dict, list[str]]:
     """Baselines, BR-0 and BR-H with each of DEPLOYED in one grid with the fitted terms, on `seeds` draws of the
     dataset (the deployed tables fitted on another draw): ({metric: [rows, draws]}, labels)."""
@@ -186,10 +179,10 @@ def _claims(name: str, m: dict, labels: list[str], dep: pd.Deployment) -> tuple[
         table.append(row)
         if lab in BASELINES:
             continue
-        for metric, col, what in ((TPUT, 2, "throughput"), (TPOT, 1, "TPOT P95"), (IMBALANCE, 0, "imbalance")):
+        for metric, col, what in ((TPUT, 0, "throughput"), (TPOT, 1, "TPOT P95"), (IMBALANCE, 2, "imbalance")):
             base = best_baseline(m, labels, metric) if metric != TPUT else b_tput
             ours = paired_change(m, metric, i, base)
-            pc = _paper_change(name, lab, col)
+            pc = paper_changes(name)[lab][col]
             verdict, reason = gain_verdict(ours, pc, GAIN_TOLERANCE)
             if verdict != "reproduced" and metric == TPUT:
                 reason += (f"; decode runs {mean(RUNNING):.1f} requests per rank "
@@ -202,7 +195,7 @@ def _claims(name: str, m: dict, labels: list[str], dep: pd.Deployment) -> tuple[
     o, z = labels.index("brh[oracle]"), labels.index("br0")
     x = m[TPUT]
     diff = summarize(100 * (x[o] - x[z]) / x[b_tput])
-    pd_diff = _paper_change(name, "brh[oracle]", 2) - _paper_change(name, "br0", 2)
+    pd_diff = paper_changes(name)["brh[oracle]"][0] - paper_changes(name)["br0"][0]
     claims.append(Claim(f"the horizon pays: oracle BR-H's throughput gain minus BR-0's, {PAPER_NAMES[name]}, "
                         "calibrated 4P1D", "write-up §10", f"{pd_diff:+.1f} points", fmt(diff, "points"),
                         *gain_verdict(diff, pd_diff, GAIN_TOLERANCE), diff.as_json()))
@@ -348,7 +341,7 @@ def regime(ctx: Context) -> Section:
     table = [[r, f"{kv:.2g}", f"{g:g}", f"{c[0].mean:+.2f} ± {c[0].half_width:.2f} %", f"{c[1]:.1f}", f"{c[2]:.0%}"]
              for (r, kv, g), c in cells.items()]
     here = cells[(row_labels[paper_row], cal["decode.kv_token_s"], 0.99 if 0.99 in s["gammas"] else s["gammas"][-1])]
-    paper_horizon = _paper_change("synthetic-prod", "brh[oracle]", 2) - _paper_change("synthetic-prod", "br0", 2)
+    paper_horizon = paper_changes("synthetic-prod")["brh[oracle]"][0] - paper_changes("synthetic-prod")["br0"][0]
     by_kv = {kv: float(np.mean([c[0].mean for (_, k, _), c in cells.items() if k == kv])) for kv in kv_levels}
     lo_kv, hi_kv = kv_levels[0], kv_levels[-1]
     claims = [
