@@ -69,9 +69,9 @@ def register(subparsers) -> None:
     )
     p.add_argument("--workload", default="longdoc", metavar="NAME",
                    help=f"one of: {', '.join(CLUSTER_WORKLOADS)} (default longdoc). The synthetic ones are "
-                   "documented in jaxroute/workloads/prefix/synthetic.py; mooncake and azure-conv read --trace")
+                   "documented in jaxroute/workloads/prefix/synthetic.py; mooncake, azure-conv and burstgpt read --trace")
     p.add_argument("--trace", default=None, metavar="PATH",
-                   help="trace file for mooncake (JSONL) or azure-conv (CSV) "
+                   help="trace file for mooncake (JSONL), azure-conv or burstgpt (CSV) "
                    "(default: ../shared/data/<the public trace>)")
     p.add_argument("--replicas", type=positive_int, default=4, metavar="G", help="number of replicas (default 4)")
     p.add_argument("--rate", type=positive_float, default=None, metavar="REQ_PER_S",

@@ -43,7 +43,7 @@ def build_workload(name: str, requests: int, trace: str | None = None, hot_tool:
         raise JaxrouteError(f"--sp-* flags apply to --workload shared-prefix only, not '{name}'")
     if name in wl_prefix.PREFIX_WORKLOADS:
         if trace is not None:
-            raise JaxrouteError(f"--trace is for mooncake / azure-conv, not the synthetic workload '{name}'")
+            raise JaxrouteError(f"--trace is for {' / '.join(wl_prefix.TRACE_WORKLOADS)}, not the synthetic workload '{name}'")
         if hot_tool and name != "toolbench":
             raise JaxrouteError("--hot-tool applies to --workload toolbench only")
         kw = {"hot_tool_share": hot_tool} if name == "toolbench" else dict(shared_prefix or {})
@@ -62,9 +62,8 @@ def build_workload(name: str, requests: int, trace: str | None = None, hot_tool:
         raise JaxrouteError(f"--rate-stages is for the synthetic workloads; the trace '{name}' replays its "
                             "recorded arrival times (--rate rescales them to a mean rate)")
     path = trace or wl_prefix.DEFAULT_TRACE_PATHS[name]
-    if name == "mooncake":
-        return wl_prefix.from_mooncake(traces.load_mooncake_jsonl(path).head(requests))
-    return wl_prefix.from_azure(traces.load_azure_csv(path).head(requests))
+    trace = traces.load_named(name, path).head(requests)
+    return wl_prefix.from_mooncake(trace) if name == "mooncake" else wl_prefix.from_azure(trace, name=name)
 
 
 def lengths_workload(name: str, requests: int, seed: int = 0) -> wl_prefix.TracePrefixWorkload:

@@ -367,7 +367,7 @@ def train_lengths(name: str, requests: int, trace: str | None = None, shared_pre
 
     if name in wl_prefix.TRACE_WORKLOADS:
         path = trace or wl_prefix.DEFAULT_TRACE_PATHS[name]
-        t = traces.load_mooncake_jsonl(path) if name == "mooncake" else traces.load_azure_csv(path)
+        t = traces.load_named(name, path)
         if len(t) < 2 * requests:
             raise JaxrouteError(f"the trace has {len(t)} requests: too few to fit a predictor on requests other than "
                                 f"the {requests} simulated; use --requests {len(t) // 2} or fewer")

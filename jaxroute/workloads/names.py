@@ -11,7 +11,7 @@ SERVICE_LAWS: tuple[str, ...] = ("exp", "pareto", "lognormal", "det")
 
 # Prefix workloads of the replica cluster (`prefix/`): synthetic ones and recorded traces
 PREFIX_WORKLOADS: tuple[str, ...] = ("longdoc", "toolbench", "agent", "programming", "videoqa", "shared-prefix")
-TRACE_WORKLOADS: tuple[str, ...] = ("mooncake", "azure-conv")
+TRACE_WORKLOADS: tuple[str, ...] = ("mooncake", "azure-conv", "burstgpt")
 # inference-perf (kubernetes-sigs/inference-perf @7de5ef2): SharedPrefix defaults in
 # inference_perf/config/datagen/config.py lines 49-71 (num_groups 10, num_prompts_per_group 10,
 # system_prompt_len 100, question_len 50, output_len 50); the generator in

@@ -4,6 +4,9 @@
   `TIMESTAMP,ContextTokens,GeneratedTokens`. Conversation and code variants.
 - Mooncake FAST'25 trace (Apache-2.0): JSONL with `timestamp` (ms), `input_length`,
   `output_length`, `hash_ids` (one id per 512-token prompt block; the last may be partial).
+- BurstGPT (HPMLL/BurstGPT, KDD'25; CC-BY 4.0): CSV with columns
+  `Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type` (BurstGPT_3 adds `Session ID`,
+  `Elapsed time`); failed requests are recorded with 0 response tokens.
 
 The files are not bundled: pass a path (the repo's CI reads them from ../shared/data).
 """
@@ -19,9 +22,11 @@ from pathlib import Path
 
 import numpy as np
 
-from jaxroute.errors import JaxrouteError
+from jaxroute.errors import JaxrouteError, warn
 
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
+# the BurstGPT columns read (`Total tokens`, `Log Type` and BurstGPT_3's `Session ID`, `Elapsed time` are not)
+BURSTGPT_COLUMNS = ("Timestamp", "Model", "Request tokens", "Response tokens")
 MOONCAKE_KEYS = ("timestamp", "input_length", "output_length", "hash_ids")
 MOONCAKE_BLOCK_TOKENS = 512
 
@@ -35,6 +40,7 @@ class Trace:
     prompt_tokens: np.ndarray  # [N] int64, > 0
     output_tokens: np.ndarray  # [N] int64, > 0
     block_ids: list[np.ndarray] | None = None  # N arrays of int64 prompt-block ids (Mooncake), else None
+    model: np.ndarray | None = None  # [N] str, the model each request called (BurstGPT), else None
 
     def __len__(self) -> int:
         return len(self.arrival_s)
@@ -44,7 +50,8 @@ class Trace:
         if n < 1:
             raise JaxrouteError(f"need at least 1 request, got {n}")
         blocks = None if self.block_ids is None else self.block_ids[:n]
-        return Trace(self.name, self.arrival_s[:n], self.prompt_tokens[:n], self.output_tokens[:n], blocks)
+        model = None if self.model is None else self.model[:n]
+        return Trace(self.name, self.arrival_s[:n], self.prompt_tokens[:n], self.output_tokens[:n], blocks, model)
 
 
 def _open_nonempty(path: str | Path) -> Path:
@@ -58,8 +65,9 @@ def _open_nonempty(path: str | Path) -> Path:
     return p
 
 
-def _check_lengths(values: list, column: str, path: Path, first_line: int) -> np.ndarray:
-    """Lengths must be finite integers >= 1 (a zero-token prompt or output is not a request)."""
+def _check_lengths(values: list, column: str, path: Path, first_line: int, minimum: int = 1) -> np.ndarray:
+    """Lengths must be finite integers >= `minimum`: 1 (a zero-token prompt or output is not a request),
+    or 0 for a loader that drops such rows itself."""
     out = np.empty(len(values), dtype=np.int64)
     for i, v in enumerate(values):
         where = f"{path.name} line {first_line + i}"
@@ -70,9 +78,9 @@ def _check_lengths(values: list, column: str, path: Path, first_line: int) -> np
         if math.isnan(f) or math.isinf(f):
             raise JaxrouteError(f"{where}: column '{column}' is {v!r}; lengths must be finite")
         if f < 0:
-            raise JaxrouteError(f"{where}: column '{column}' is negative ({v}); lengths must be >= 1")
-        if f < 1 or f != int(f):
-            raise JaxrouteError(f"{where}: column '{column}' is {v!r}; lengths must be whole numbers >= 1")
+            raise JaxrouteError(f"{where}: column '{column}' is negative ({v}); lengths must be >= {minimum}")
+        if f < minimum or f != int(f):
+            raise JaxrouteError(f"{where}: column '{column}' is {v!r}; lengths must be whole numbers >= {minimum}")
         out[i] = int(f)
     return out
 
@@ -105,24 +113,29 @@ def _parse_azure_time(text: str) -> float:
     return t + (float("0." + frac) if frac else 0.0)
 
 
-def load_azure_csv(path: str | Path) -> Trace:
-    """Load an Azure LLM 2023 CSV (`TIMESTAMP,ContextTokens,GeneratedTokens`)."""
-    p = _open_nonempty(path)
+def _read_csv(p: Path, columns: tuple[str, ...], kind: str) -> list[dict[str, str]]:
+    """The rows of a CSV with a header holding `columns` (row i is on line i + 2), each with a value in every
+    one of them; `kind` names the format in the error ("an Azure trace")."""
     with p.open(newline="") as f:
         reader = csv.DictReader(f)
         header = [h.strip() for h in (reader.fieldnames or [])]
-        missing = [c for c in AZURE_COLUMNS if c not in header]
+        missing = [c for c in columns if c not in header]
         if missing:
-            raise JaxrouteError(
-                f"{p.name}: missing column(s) {', '.join(missing)}; an Azure trace needs {','.join(AZURE_COLUMNS)}"
-            )
+            raise JaxrouteError(f"{p.name}: missing column(s) {', '.join(missing)}; {kind} needs {','.join(columns)}")
         rows = [{k.strip(): v for k, v in r.items() if k is not None} for r in reader]
     if not rows:
         raise JaxrouteError(f"{p.name}: has a header but no requests")
     for i, r in enumerate(rows):
-        empty = [c for c in AZURE_COLUMNS if r.get(c) in (None, "")]
+        empty = [c for c in columns if r.get(c) in (None, "")]
         if empty:
             raise JaxrouteError(f"{p.name} line {i + 2}: empty value in column(s) {', '.join(empty)}")
+    return rows
+
+
+def load_azure_csv(path: str | Path) -> Trace:
+    """Load an Azure LLM 2023 CSV (`TIMESTAMP,ContextTokens,GeneratedTokens`)."""
+    p = _open_nonempty(path)
+    rows = _read_csv(p, AZURE_COLUMNS, "an Azure trace")
     times = np.array([_parse_azure_time(r["TIMESTAMP"]) for r in rows], dtype=np.float64)
     _check_sorted(times, p, 2)
     prompt = _check_lengths([r["ContextTokens"] for r in rows], "ContextTokens", p, 2)
@@ -170,11 +183,77 @@ def load_mooncake_jsonl(path: str | Path) -> Trace:
     return Trace(p.stem, times - times[0], prompt, output, blocks)
 
 
+def load_burstgpt_csv(path: str | Path, model: str | None = None) -> Trace:
+    """Load a BurstGPT CSV (HPMLL/BurstGPT: `data/BurstGPT_1.csv`, release files `BurstGPT_[without_fails_]N.csv`).
+
+    Columns, from the repo's README.md "## Schema" (lines 39-48 @e92f533): `Timestamp` is the submission
+    time in seconds from 0:00:00 of the first day (here made relative to the first request); `Model` is
+    `ChatGPT` (GPT-3.5) or `GPT-4`; `Request tokens` / `Response tokens` are the prompt / output lengths;
+    `Total tokens` (their sum), `Log Type` (`Conversation log` or `API log`) and BurstGPT_3's `Session ID`,
+    `Elapsed time` are not read. README.md lines 25-35: the `BurstGPT_N.csv` files hold failed requests
+    "with some failure that `Response tokens` are `0`s" (the `_without_fails_` files leave them out); among
+    BurstGPT_1.csv's first 50 rows (Hugging Face copy lzzmm/BurstGPT) are failures with 0 request tokens too.
+
+    A request with 0 response or 0 request tokens is dropped, with one warning giving the counts (no
+    request is left: an error). `model` keeps only that model's requests (one of those present, else an
+    error listing them). The model of each request is kept in `Trace.model`.
+    """
+    p = _open_nonempty(path)
+    rows = _read_csv(p, BURSTGPT_COLUMNS, "a BurstGPT trace")
+    times = np.empty(len(rows), dtype=np.float64)
+    for i, r in enumerate(rows):
+        try:
+            times[i] = float(r["Timestamp"])
+        except ValueError:
+            raise JaxrouteError(f"{p.name} line {i + 2}: column 'Timestamp' is not a number: {r['Timestamp']!r}") from None
+    _check_sorted(times, p, 2)
+    prompt = _check_lengths([r["Request tokens"] for r in rows], "Request tokens", p, 2, minimum=0)
+    output = _check_lengths([r["Response tokens"] for r in rows], "Response tokens", p, 2, minimum=0)
+    models = np.array([r["Model"].strip() for r in rows])
+    keep = np.ones(len(rows), dtype=bool)
+    if model is not None:
+        present = list(dict.fromkeys(models.tolist()))
+        if model not in present:
+            raise JaxrouteError(f"{p.name}: no requests of model '{model}'; the trace has: {', '.join(present)}")
+        keep = models == model
+    failed, empty = keep & (output == 0), keep & (output > 0) & (prompt == 0)
+    if failed.any() or empty.any():
+        of = f"{int(keep.sum())} requests" + ("" if model is None else f" of model '{model}'")
+        why = f"{int(failed.sum())} failed (0 response tokens) and {int(empty.sum())} with 0 request tokens"
+        keep &= ~(failed | empty)
+        if not keep.any():
+            raise JaxrouteError(f"{p.name}: nothing is left of its {of} once the {why} are dropped")
+        warn(f"{p.name}: dropped {int((failed | empty).sum())} of its {of}: {why}")
+    t = times[keep]
+    return Trace(p.stem, t - t[0], prompt[keep], output[keep], None, models[keep])
+
+
+def _csv_loader(p: Path):
+    """The loader of a CSV trace by its header: any Azure column -> Azure, any BurstGPT column -> BurstGPT
+    (the loader then names the columns missing); neither -> an error naming both headers."""
+    with p.open(newline="") as f:
+        header = {h.strip() for h in next(csv.reader(f), [])}
+    if header & set(AZURE_COLUMNS):
+        return load_azure_csv
+    if header & set(BURSTGPT_COLUMNS):
+        return load_burstgpt_csv
+    raise JaxrouteError(f"{p.name}: the header is neither an Azure trace's ({','.join(AZURE_COLUMNS)}) nor a "
+                        f"BurstGPT trace's ({','.join(BURSTGPT_COLUMNS)},...)")
+
+
 def load_trace(path: str | Path) -> Trace:
-    """Load a trace by file extension: `.csv` (Azure) or `.jsonl` (Mooncake)."""
+    """Load a trace: `.jsonl` (Mooncake), or `.csv` (Azure or BurstGPT, told apart by the header)."""
     suffix = Path(path).suffix.lower()
     if suffix == ".csv":
-        return load_azure_csv(path)
+        p = _open_nonempty(path)
+        return _csv_loader(p)(p)
     if suffix in (".jsonl", ".json"):
         return load_mooncake_jsonl(path)
-    raise JaxrouteError(f"unknown trace format '{suffix}' for {path}; expected .csv (Azure) or .jsonl (Mooncake)")
+    raise JaxrouteError(f"unknown trace format '{suffix}' for {path}; expected .csv (Azure or BurstGPT) or "
+                        ".jsonl (Mooncake)")
+
+
+def load_named(name: str, path: str | Path) -> Trace:
+    """The trace of a trace workload (`workloads.names.TRACE_WORKLOADS`) from its file."""
+    loaders = {"mooncake": load_mooncake_jsonl, "burstgpt": load_burstgpt_csv}
+    return loaders.get(name, load_azure_csv)(path)

@@ -1,8 +1,8 @@
 """Trace adapters: recorded traces in segment form.
 
 Mooncake JSONL: each hash id is a 512-token block, the last one partial; ids are re-numbered by
-their full path so equal ids always share ancestors. Azure CSV: one private segment per request (no
-sharing). Trace timestamps are replayed as recorded, or rescaled to a given mean rate.
+their full path so equal ids always share ancestors. Azure and BurstGPT CSVs: one private segment per
+request (no sharing). Trace timestamps are replayed as recorded, or rescaled to a given mean rate.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from jaxroute.workloads.traces import MOONCAKE_BLOCK_TOKENS, Trace
 DEFAULT_TRACE_PATHS = {
     "mooncake": "../shared/data/mooncake_synthetic_trace.jsonl",
     "azure-conv": "../shared/data/azure_llm_2023_conv.csv",
+    "burstgpt": "../shared/data/BurstGPT_without_fails_1.csv",
 }
 
 
