@@ -48,10 +48,21 @@ def main(argv: list[str] | None = None) -> int:
     use_all_cpu_cores()
     use_compile_cache(not args.no_compile_cache)
     try:
-        return int(args.func(args) or 0)
+        return run_parsed(args, sys.argv[1:] if argv is None else argv)
     except JaxrouteError as e:
         print(f"jaxroute {args.command}: error: {e}", file=sys.stderr)
         return 2
+
+
+def run_parsed(args: argparse.Namespace, argv: list[str]) -> int:
+    """Run a parsed command; with --save-spec, write the spec of what it ran once it succeeded."""
+    rc = int(args.func(args) or 0)
+    if rc == 0 and getattr(args, "save_spec", None):
+        from jaxroute import spec
+
+        command, after = spec.split_command(argv, args.command)
+        print(f"wrote {spec.save(args.save_spec, command, after)}")
+    return rc
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from jaxroute.experiments import pd
 
 __all__ = [
-    "add_grid_args", "add_output_args", "add_shared_prefix_args", "shared_prefix_settings", "at_least", "check_conservation", "check_overflow", "requests_held", "choose", "csv_list",
+    "add_grid_args", "add_output_args", "add_save_spec", "add_shared_prefix_args", "shared_prefix_settings", "at_least", "check_conservation", "check_overflow", "requests_held", "choose", "csv_list",
     "finite_float", "fraction", "key_values", "list_of", "non_negative_float", "non_negative_int", "off_or", "positive_float",
     "positive_fraction", "positive_int", "probability", "rate_stages", "save_outputs", "show_progress", "warn",
 ]
@@ -165,6 +165,15 @@ def add_output_args(p: argparse.ArgumentParser, plot: bool = True) -> None:
     p.add_argument("--allow-overflow", action="store_true",
                    help="print tables even when a fixed capacity overflowed (default: refuse with an error)")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar (default: shown)")
+    add_save_spec(p)
+
+
+def add_save_spec(p: argparse.ArgumentParser) -> None:
+    """--save-spec: write the experiment spec of this run (`jaxroute run` reruns it; `jaxroute.spec`)."""
+    p.add_argument("--save-spec", metavar="PATH.yaml",
+                   help="after a successful run, write its experiment spec (the flags given, by section: "
+                   "deployment, workload, routers, slo, run, outputs); `jaxroute run PATH.yaml` reruns it "
+                   "(default: none)")
 
 
 def add_grid_args(p: argparse.ArgumentParser, *, seeds: int, requests: int | None = None,
@@ -232,12 +241,13 @@ def check_conservation(results, labels: Sequence[str] | None = None) -> None:
                             "this is a simulator bug, please report it")
 
 
-def save_outputs(args, command: str, config: dict, records, plot: Callable[[str], object] | None = None) -> None:
-    """Write --out (JSON and CSV) and --plot (plot(path) draws it) when asked, and say so."""
+def save_outputs(args, command: str, config: dict, records, plot: Callable[[str], object] | None = None,
+                 extra: dict | None = None) -> None:
+    """Write --out (JSON and CSV; `extra`: more JSON keys) and --plot (plot(path) draws it) when asked, and say so."""
     if getattr(args, "out", None):
         from jaxroute import report
 
-        path = report.write_results(args.out, command, config, records)
+        path = report.write_results(args.out, command, config, records, extra)
         print(f"wrote {path} and {path.with_suffix('.csv')}")
     if plot is not None and getattr(args, "plot", None):
         plot(args.plot)

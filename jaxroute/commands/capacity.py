@@ -9,6 +9,7 @@ from jaxroute.clusters.names import REPLICA_GPU, REPLICA_MODEL
 from jaxroute.commands._common import (
     PD_DEFAULT_REQUESTS,
     add_pd_args,
+    add_save_spec,
     choose,
     csv_list,
     list_of,
@@ -54,6 +55,7 @@ def _search_args(p, model: str) -> None:
     p.add_argument("--out", metavar="PATH.json", help="write the capacities, per-seed values and curves as JSON (default: none)")
     p.add_argument("--plot", metavar="PATH.png", help="write a PNG of the first SLO metric against the rate per row (default: none)")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bars of the batches (default: shown)")
+    add_save_spec(p)
 
 
 def register(subparsers) -> None:

@@ -6,6 +6,7 @@ import argparse
 import math
 import textwrap
 import time
+from pathlib import Path
 
 from jaxroute import catalog
 from jaxroute.clusters.names import ADMISSIONS, LOCAL_ORDERS, REPLICA_GPU, REPLICA_MODEL
@@ -67,12 +68,17 @@ def register(subparsers) -> None:
         "tunable settings):\n" + router_spec.help_lines(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--workload", default="longdoc", metavar="NAME",
+    p.add_argument("--workload", default=None, metavar="NAME",
                    help=f"one of: {', '.join(CLUSTER_WORKLOADS)} (default longdoc). The synthetic ones are "
                    "documented in jaxroute/workloads/prefix/synthetic.py; mooncake, azure-conv and burstgpt read --trace")
     p.add_argument("--trace", default=None, metavar="PATH",
                    help="trace file for mooncake (JSONL), azure-conv or burstgpt (CSV) "
                    "(default: ../shared/data/<the public trace>)")
+    p.add_argument("--inference-perf", default=None, metavar="CONFIG_PATH",
+                   help="the workload of an inference-perf config.yml, read as it is: its data section (shared_prefix, "
+                   "random, synthetic lengths) and load section (constant or poisson stages of rate and duration; "
+                   "int(rate x duration) requests each) (jaxroute/workloads/inference_perf.py has the mapping and what "
+                   "differs). Not with --workload, --rate, --rate-stages, --requests or --sp-* (default: none)")
     p.add_argument("--replicas", type=positive_int, default=4, metavar="G", help="number of replicas (default 4)")
     p.add_argument("--rate", type=positive_float, default=None, metavar="REQ_PER_S",
                    help="Poisson arrival rate in requests/s (default 1.0); for traces it rescales the "
@@ -150,7 +156,9 @@ def register(subparsers) -> None:
                    help="staged Poisson load for synthetic workloads, like inference-perf's load stages, e.g. "
                    "10:60,20:60,40:60: the rate is piecewise constant over the stages and stays at the last "
                    "stage's rate after it. --requests defaults to the expected stage total round(sum rate x "
-                   "seconds); fewer end the run early. Not with --rate or a trace (default: one --rate)")
+                   "seconds); fewer end the run early. Not with --rate or a trace. A staged run prints a table per router with a row per "
+                   "stage (the requests that arrived in it) and --plot also draws them against the stage rate in "
+                   "PATH-stages.png (default: one --rate)")
     add_shared_prefix_args(p)
     p.add_argument("--chunk", type=positive_int, default=512, metavar="TOKENS", help="prefill tokens per iteration (default 512)")
     p.add_argument("--max-running", type=positive_int, default=64, metavar="B",
@@ -168,6 +176,11 @@ def register(subparsers) -> None:
                    "and the overload detector's (default: 4 x rate x window / replicas, at least 64, at most the "
                    "requests; doubled and rerun while one overflows)")
     add_grid_args(p, seeds=16, requests=DEFAULT_REQUESTS, seeds_help="independent runs per policy")
+    p.add_argument("--requests-out", metavar="PATH", default=None,
+                   help="write every request's record per router and seed (CSV, or JSONL for a .jsonl path): "
+                   "arrival, replica, admission, first token and finish times, prompt, cached and output tokens, TTFT, "
+                   "E2E, TPOT and load stage (columns: jaxroute/experiments/requests.py; `jaxroute compare` reads it) "
+                   "(default: none)")
     p.set_defaults(func=run, requests=None)  # None: DEFAULT_REQUESTS, or the stage total with --rate-stages
 
 
@@ -188,8 +201,27 @@ def _tuned_row(args, rate: float, cost_model: str) -> tuple:
     return f"{router}[tuned]", params
 
 
+def _inference_perf(args):
+    """(name, workload, stages) of --inference-perf, refusing the flags it replaces; None without it."""
+    if not args.inference_perf:
+        return None
+    given = [f for f, v in (("--workload", args.workload), ("--rate", args.rate), ("--rate-stages", args.rate_stages),
+                            ("--requests", args.requests), ("--trace", args.trace)) if v is not None]
+    given += ["--sp-*"] if shared_prefix_settings(args) else []
+    if given:
+        raise JaxrouteError(f"--inference-perf sets the workload; drop {', '.join(given)}")
+    from jaxroute.workloads import inference_perf
+
+    load = inference_perf.load(args.inference_perf, seed=args.seed)
+    for note in load.notes:
+        warn(f"inference-perf: {note}")
+    return load
+
+
 def run(args) -> int:
-    name = choose([args.workload], CLUSTER_WORKLOADS, "workload")[0]
+    ip_load = _inference_perf(args)
+    name = "shared-prefix" if ip_load and ip_load.shared_prefix else (ip_load.data_type if ip_load else None)
+    name = name or choose([args.workload or "longdoc"], CLUSTER_WORKLOADS, "workload")[0]
     local = choose([args.local], LOCAL_ORDERS, "local order")[0]
     if args.priority_groups != 10 and local != "priority":
         raise JaxrouteError("--priority-groups applies to --local priority")
@@ -198,7 +230,9 @@ def run(args) -> int:
     policies = choose(csv_list(args.policies), PREFIX_POLICIES, "policy")
     G, seeds, requests, stale = args.replicas, args.seeds, args.requests, args.stale
     is_trace = name in TRACE_WORKLOADS
-    stages = args.rate_stages
+    stages = list(ip_load.stages) if ip_load else args.rate_stages
+    if ip_load:
+        args.requests = ip_load.requests
     if stages and args.rate is not None:
         raise JaxrouteError("--rate and --rate-stages are mutually exclusive: give one rate or the stages")
     if args.requests is None:
@@ -221,8 +255,13 @@ def run(args) -> int:
 
     if seeds < 2:
         warn("one seed gives no confidence interval")
-    workload = build_workload(name, requests, args.trace, args.hot_tool, shared_prefix=shared_prefix_settings(args),
-                              rate_stages=stages)
+    if ip_load:
+        from jaxroute.workloads import inference_perf
+
+        workload = inference_perf.workload(ip_load)
+    else:
+        workload = build_workload(name, requests, args.trace, args.hot_tool, shared_prefix=shared_prefix_settings(args),
+                                  rate_stages=stages)
     requests = requests_held(workload, args)
     if stages:
         rate = workload.stage_mean_rate  # realize() runs the stages as given at their mean rate
@@ -237,7 +276,8 @@ def run(args) -> int:
         rows.append(_tuned_row(args, rate, cost_model))
 
     start = time.perf_counter()
-    results = run_cluster(rows, workload, replicas_n=G, seeds=seeds, local=local, chunk=args.chunk,
+    keep_requests = bool(stages or args.requests_out)
+    results = run_cluster(rows, workload, replicas_n=G, seeds=seeds, local=local, chunk=args.chunk, request_records=keep_requests,
                           max_running=args.max_running, seed=args.seed, progress=show_progress(args),
                           capacities={"max_queue": args.max_queue, "router_window": args.e2_ring,
                                       "cache_slots": args.cache_slots},
@@ -261,6 +301,23 @@ def run(args) -> int:
         print("Preble's decisions per run: mean load-cost terms L, M, P over replicas and decisions (GPU s); "
               "exploits, post-hoc rebalanced, paired (prefill/decode), prefixes autoscaled")
         print(report.format_table(e2_rows, E2_METRICS))
+    extra, stage_rows, table = {}, None, None
+    if keep_requests:
+        from jaxroute.experiments import requests as req_lib
+
+        table = req_lib.request_table(results)
+    if stages:
+        stage_rows = req_lib.stage_summaries(table, stages)
+        for label, per in zip(results.labels, stage_rows, strict=True):
+            print(req_lib.format_stage_table(label, stages, per))
+        extra["stages"] = req_lib.stages_json(results.labels, stages, stage_rows)
+    if ip_load:
+        peak = req_lib.peak_in_flight(table)
+        extra["peak_in_flight"] = peak
+        if ip_load.concurrency_cap is not None and peak > ip_load.concurrency_cap:
+            warn(f"up to {peak:,} requests were in flight at once; inference-perf's client holds at most "
+                 f"{ip_load.concurrency_cap:,} (num_workers x worker_max_concurrency), so the measured run would queue "
+                 "the rest at the client")
     print(f"simulated {len(records) * seeds * requests:,} requests in {elapsed:.1f} s "
           f"({len(records) * seeds * requests / elapsed:,.0f} requests/s, compilation included)")
     config = {"workload": name, "trace": args.trace, "replicas": G, "rate": rate, "seeds": seeds,
@@ -273,7 +330,13 @@ def run(args) -> int:
               "weights": args.weights, "router_set": args.router_set, "params_json": args.params_json}
     if stages:
         config["rate_stages"] = [{"rate": r, "seconds": d} for r, d in stages]
-    if name == "shared-prefix":
+    if ip_load:
+        config["inference_perf"] = {"config": args.inference_perf, "data_type": ip_load.data_type,
+                                    "load_type": ip_load.load_type, "stage_requests": list(ip_load.stage_requests),
+                                    "concurrency_cap": ip_load.concurrency_cap, "notes": list(ip_load.notes)}
+        if ip_load.shared_prefix:
+            config["shared_prefix"] = {k: (v.tolist() if hasattr(v, "tolist") else v) for k, v in ip_load.shared_prefix.items()}
+    elif name == "shared-prefix":
         config["shared_prefix"] = {**SP_DEFAULTS, **shared_prefix_settings(args)}
     if local == "priority":
         config["priority_groups"] = args.priority_groups
@@ -281,6 +344,14 @@ def run(args) -> int:
         th = args.e2_th_bal
         config.update(e2_window_s=args.e2_window, e2_th_bal=th if math.isfinite(th) else None,
                       e2_pairing=args.e2_pairing, e2_autoscale=args.e2_autoscale)
-    save_outputs(args, "cluster", config, records,
-                 lambda path: report.bar_plot(records, PLOT_METRICS, path, title))
+    def plot(path):
+        report.bar_plot(records, PLOT_METRICS, path, title)
+        if stage_rows is not None:
+            stage_path = Path(path).with_name(Path(path).stem + "-stages.png")
+            req_lib.stage_plot(results.labels, stages, stage_rows, stage_path, title + ": per load stage")
+            print(f"wrote {stage_path}")
+
+    save_outputs(args, "cluster", config, records, plot, extra=extra)
+    if args.requests_out:
+        print(f"wrote {req_lib.write_requests(args.requests_out, results.labels, table, stages)}")
     return 0

@@ -16,6 +16,7 @@ from jaxroute.clusters.names import (
     REPLICA_MODEL,
 )
 from jaxroute.commands._common import (
+    add_save_spec,
     add_shared_prefix_args,
     choose,
     csv_list,
@@ -182,6 +183,7 @@ def _add_search_args(p) -> None:
     p.add_argument("--plot", metavar="PATH.png", help="write the search curve as a PNG (default: none)")
     p.add_argument("--no-progress", action="store_true",
                    help="print the generations' lines after the search instead of as each one ends (default: as it ends)")
+    add_save_spec(p)
 
 
 def _objective(args) -> tn.Objective:

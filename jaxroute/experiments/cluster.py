@@ -174,7 +174,7 @@ def initial_capacities(workload, params, n_replicas: int) -> dict[str, int]:
 def run_cluster(rows, workload, *, replicas_n=4, seeds=16, local="fcfs", chunk=512,
                 max_running=64, seed=0, progress=False, label_params=None, max_tries=4,
                 capacities: dict[str, int | None] | None = None, admission="reserve",
-                priority_groups=10, extra_metrics=()) -> Results:
+                priority_groups=10, extra_metrics=(), request_records: bool = False) -> Results:
     """Run (label, ReplicaParams) rows on the same seeds in one compiled grid (see `policy_rows`).
 
     The local queue and Preble E2's ring start from `initial_capacities` and are doubled (the
@@ -183,7 +183,8 @@ def run_cluster(rows, workload, *, replicas_n=4, seeds=16, local="fcfs", chunk=5
     keeps a stale view only when some row has stale_s > 0. admission: the replicas' KV admission,
     "reserve" or "on-demand" (vLLM V1 with preemption; see clusters/replicas/iteration.py). local: the
     replicas' local order, "fcfs", "lpm" or "priority" (Preble's `priority_groups` groups). extra_metrics:
-    more of the model's metrics to summarise into the records (e.g. p99_latency_low_hit_s).
+    more of the model's metrics to summarise into the records (e.g. p99_latency_low_hit_s). request_records:
+    keep every request's record in the metrics (`experiments.requests.request_table`).
     """
     params = [p for _, p in rows]
     stale_view = any(float(p.stale_s) > 0 for p in params)
@@ -202,7 +203,7 @@ def run_cluster(rows, workload, *, replicas_n=4, seeds=16, local="fcfs", chunk=5
             n_replicas=replicas_n, chunk=chunk, max_running=max_running, max_queue=caps["max_queue"],
             local_order=local, stale_view=stale_view, router_window=caps["router_window"],
             router_policies=names, admission=admission, cache_slots=caps["cache_slots"],
-            priority_groups=priority_groups)
+            priority_groups=priority_groups, request_records=request_records)
         metrics = METRICS + (E2_METRICS if any(_is_e2(p) for p in params) else ()) + tuple(extra_metrics)
         return Comparison(model, rows, seeds, metrics, workload=workload, seed=seed, chunk=1000,
                           progress="cluster" if progress else False).run()

@@ -153,6 +153,7 @@ class ReplicaModel(sim.Model):
     leap: int = 32  # pure-decode iterations a replica may take in one step (0 = none; exact either way)
     cache_slots: int = 0  # C: segments a replica's cache table holds (0 = every segment id; cache.slot_bound)
     admission: str = "reserve"  # KV admission: "reserve" (prompt + whole output) or "on-demand" (vLLM V1)
+    request_records: bool = False  # metrics carry every request's record ("req.<field>", [N] each; `records`)
 
     def __post_init__(self):
         if self.n_replicas < 1 or self.chunk < 1 or self.max_running < 1 or self.max_queue < 1 or self.max_admit < 1:
@@ -451,6 +452,7 @@ class ReplicaModel(sim.Model):
             "overflow": overflow,
             "dropped": state.dropped,
             "conservation_error": jnp.abs(arrived - (completed + in_queue + running + state.dropped)),
+            **({f"req.{k}": v for k, v in request_fields(state).items()} if self.request_records else {}),
         }
 
 
@@ -486,11 +488,15 @@ def run_single(model: ReplicaModel, key, workload, params: ReplicaParams) -> Rep
 _SINGLE: dict[tuple[ReplicaModel, bool], object] = {}
 
 
-def records(state: ReplicaState) -> dict[str, np.ndarray]:
-    """Per-request records as host arrays."""
+def request_fields(state: ReplicaState) -> dict[str, jax.Array]:
+    """Per-request records, [N] each (times in seconds; unfinished: inf; replica -1: never dispatched)."""
     r = state.req
-    return {"arrival_s": np.asarray(r.arrival_s), "replica": np.asarray(state.rec_replica),
-            "dispatch_s": np.asarray(r.arrival_s), "admit_s": np.asarray(state.rec_admit),
-            "first_token_s": np.asarray(state.rec_first), "finish_s": np.asarray(state.rec_finish),
-            "cached_tokens": np.asarray(state.rec_cached), "prompt_tokens": np.asarray(r.seg_tok.sum(1)),
-            "output_tokens": np.asarray(r.out_tok)}
+    return {"arrival_s": r.arrival_s, "replica": state.rec_replica, "admit_s": state.rec_admit,
+            "first_token_s": state.rec_first, "finish_s": state.rec_finish, "cached_tokens": state.rec_cached,
+            "prompt_tokens": r.seg_tok.sum(1), "output_tokens": r.out_tok}
+
+
+def records(state: ReplicaState) -> dict[str, np.ndarray]:
+    """Per-request records as host arrays (`request_fields`, and dispatch_s: the router dispatches on arrival)."""
+    out = {k: np.asarray(v) for k, v in request_fields(state).items()}
+    return dict(out, dispatch_s=out["arrival_s"])

@@ -33,6 +33,7 @@ from jaxroute.workloads.prefix.synthetic import (
     SyntheticPrefixWorkload,
     agent,
     longdoc,
+    private_prompts,
     programming,
     shared_prefix,
     synthetic,
@@ -46,6 +47,6 @@ from jaxroute.workloads.prefix.types import RequestTable, check_fits, request_st
 __all__ = [
     "DEFAULT_TRACE_PATHS", "PREFIX_WORKLOADS", "SP_DEFAULTS", "SYNTHETIC", "TRACE_WORKLOADS", "RequestTable",
     "SyntheticPrefixWorkload", "TracePrefixWorkload", "agent", "check_fits", "from_azure", "from_mooncake",
-    "longdoc", "programming", "request_steps", "shared_prefix", "synthetic", "toolbench", "videoqa",
+    "longdoc", "private_prompts", "programming", "request_steps", "shared_prefix", "synthetic", "toolbench", "videoqa",
     "with_rate_stages", "zipf_top_shares",
 ]

@@ -298,32 +298,56 @@ def agent(n_requests: int, n_envs: int = 50, env_mean: int = 600, turns: int = 6
 # inference_perf/datagen/synthetic/shared_prefix_datagen.py.
 
 
-def shared_prefix(n_requests: int, groups: int = 10, prompts_per_group: int = 10, system_tokens: int = 100,
-                  question_tokens: int = 50, output_tokens: int = 50,
-                  private_questions: bool = False) -> SyntheticPrefixWorkload:
+def shared_prefix(n_requests: int, groups: int = 10, prompts_per_group: int = 10, system_tokens=100,
+                  question_tokens=50, output_tokens=50, private_questions: bool = False) -> SyntheticPrefixWorkload:
     """inference-perf's `shared_prefix` data: `groups` system prompts, `prompts_per_group` questions each.
 
     As in inference-perf's SharedPrefixDataGenerator: groups x prompts_per_group fixed prompts
     [system prompt of its group, its question] (shared_prefix_datagen.py lines 249-270) are shuffled
     once (line 290; per seed here, as with inference-perf's default seed None) and sent in order,
     request i getting prompt i % (groups x prompts_per_group) (line 154): every prompt, question
-    included, recurs once per cycle. The output is not part of any later prompt. Lengths are fixed
-    (inference-perf's distributions with std_dev 0). `private_questions=True` gives every request a
-    fresh question instead (no question ever recurs).
+    included, recurs once per cycle. The output is not part of any later prompt. A length is one number
+    for all, or one per group (system_tokens, [groups]) or per prompt (question_tokens and output_tokens,
+    [groups x prompts_per_group], group-major), as inference-perf samples them from its distributions
+    (shared_prefix_datagen.py lines 100-114; `workloads.inference_perf`). `private_questions=True` gives
+    every request a fresh question instead (no question ever recurs).
     """
-    for label, v in (("groups", groups), ("prompts_per_group", prompts_per_group), ("system_tokens", system_tokens),
-                     ("question_tokens", question_tokens), ("output_tokens", output_tokens)):
+    for label, v in (("groups", groups), ("prompts_per_group", prompts_per_group)):
         if int(v) != v or v < 1:
             raise JaxrouteError(f"shared-prefix {label} must be a positive integer, got {v}")
     n = groups * prompts_per_group
-    shared = [system_tokens] * groups + ([] if private_questions else [question_tokens] * n)
+    sys_len = _lengths("system_tokens", system_tokens, groups)
+    q_len = _lengths("question_tokens", question_tokens, n)
+    out_len = _lengths("output_tokens", output_tokens, n)
+    shared = list(sys_len) + ([] if private_questions else list(q_len))
     units = []
     for g in range(groups):
         for p in range(prompts_per_group):
-            q = -1 if private_questions else groups + g * prompts_per_group + p
-            units.append(_Unit(requests=[([g, q], [system_tokens, question_tokens], output_tokens, -1, 0.0)],
-                               slot_len=[question_tokens] if private_questions else []))
+            k = g * prompts_per_group + p
+            q = -1 if private_questions else groups + k
+            units.append(_Unit(requests=[([g, q], [int(sys_len[g]), int(q_len[k])], int(out_len[k]), -1, 0.0)],
+                               slot_len=[int(q_len[k])] if private_questions else []))
     return _build("shared-prefix", units, np.full(n, 1.0 / n), np.asarray(shared), n_requests, cycle=True)
+
+
+def _lengths(label: str, value, count: int) -> np.ndarray:
+    """[count] positive whole token counts from one number or `count` of them."""
+    v = np.atleast_1d(np.asarray(value, dtype=np.float64))
+    if v.ndim != 1 or len(v) not in (1, count):
+        raise JaxrouteError(f"shared-prefix {label} must be one number or {count}, got {len(v)}")
+    if not np.all(np.isfinite(v)) or np.any(v < 1) or np.any(v != np.round(v)):
+        bad = v[~(np.isfinite(v) & (v >= 1) & (v == np.round(v)))][0]
+        raise JaxrouteError(f"shared-prefix {label} must be a positive integer, got {bad:g}")
+    return np.broadcast_to(v.astype(np.int64), (count,))
+
+
+def private_prompts(n_requests: int, prompt_tokens, output_tokens, name: str = "random") -> SyntheticPrefixWorkload:
+    """Prompts that share nothing (inference-perf's `random` and `synthetic` data: fresh random tokens per
+    request), lengths[i] for the i-th request of a cycle, cycled from each load stage's start."""
+    p = _lengths("prompt_tokens", prompt_tokens, len(np.atleast_1d(prompt_tokens)))
+    o = _lengths("output_tokens", output_tokens, len(p))
+    units = [_Unit(requests=[([-1], [int(a)], int(b), -1, 0.0)], slot_len=[int(a)]) for a, b in zip(p, o, strict=True)]
+    return _build(name, units, np.full(len(p), 1.0 / len(p)), np.zeros(0, np.int64), n_requests, cycle=True)
 
 
 def with_rate_stages(workload: SyntheticPrefixWorkload, stages) -> SyntheticPrefixWorkload:
