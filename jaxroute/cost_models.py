@@ -212,6 +212,22 @@ def cost_params(gpu: str | GPUSpec, model: str | ModelSpec, tp: int = 1, kind: s
     )
 
 
+class CostFactors(NamedTuple):
+    """The roofline's fitted factors (`experiments.fit_roofline`): a GPU's effective share of its peak FLOP/s and
+    memory bandwidth, and the fixed time of an iteration; the defaults are ETA_COMPUTE, ETA_MEMORY, OVERHEAD_S."""
+
+    eta_compute: float | jax.Array = ETA_COMPUTE
+    eta_memory: float | jax.Array = ETA_MEMORY
+    overhead_s: float | jax.Array = OVERHEAD_S
+
+
+def with_factors(cp: CostParams, f: CostFactors) -> CostParams:
+    """`cp` (built with the default factors) under factors `f` (traced values differentiate through)."""
+    c, m = f.eta_compute / ETA_COMPUTE, f.eta_memory / ETA_MEMORY
+    return dataclasses.replace(cp, flops=cp.flops * c, linear_flops=cp.linear_flops * c, mem_bw=cp.mem_bw * m,
+                               overhead_s=jnp.zeros_like(cp.overhead_s) + f.overhead_s)
+
+
 # --------------------------------------------------------------------------- step time
 
 

@@ -287,6 +287,15 @@ def rows_together(local_rows: int, platform: str, limit: int | None, fast: bool 
     return -(-local_rows // groups)
 
 
+def row_bucket(rows: int) -> int:
+    """The smallest of 1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, ... (4, 5, 6 x a power of two) >= rows: a
+    compile-bound grid runs this many rows a device, so grids of nearby sizes reuse one compiled program."""
+    if rows <= 4:
+        return max(rows, 1)
+    p = 1 << (rows.bit_length() - 3)  # rows in [4p, 8p)
+    return next(m * p for m in (4, 5, 6, 8) if m * p >= rows)
+
+
 def _jitted(model: Model, kind: str, mesh: Mesh, together: int, chunk: int = 0, fast: bool = False) -> Callable:
     """Jitted grid functions, cached per (model, kind, chunk, mesh, rows together, fast) so a grid compiles once.
 
@@ -484,6 +493,8 @@ def run_grid(
     fast = compile_effort.is_fast(n_dev * local * total)
     together = rows_together(local, mesh.devices.flat[0].platform, model.cpu_rows_together, fast)
     padded = n_dev * together * math.ceil(local / together)
+    if together == 1 and fast:  # compile-bound: nearby row counts share one program (at most 1/4 rows wasted)
+        padded = n_dev * row_bucket(local)
     row_sharding = NamedSharding(mesh, P("batch"))
     keys = jax.device_put(_pad_leading(keys, padded), row_sharding)
     flat_params = jax.device_put(_pad_leading(flat_params, padded), row_sharding)

@@ -82,7 +82,7 @@ HEAVY = ("jax", "jaxlib", "numpy", "matplotlib", "optax", "orbax", "evosax", "tq
 # the fewest arguments each command (and each model of capacity and tune) parses
 MINIMAL_ARGV = {
     "bench": [[]], "bins": [[]], "cluster": [[]], "cost": [[]], "decode": [[]], "dispatch": [[]], "pd": [[]],
-    "select": [[]], "reproduce": [["lecture"]], "run": [["job.yaml"], ["job.yaml", "--seeds", "4"]],
+    "select": [[]], "reproduce": [["lecture"]], "run": [["job.yaml"], ["job.yaml", "--seeds", "4"]], "compare": [["measured.json"]],
     "capacity": [[model, "--slo", "mean_response<=5"] for model in ("dispatch", "cluster", "pd", "decode")],
     "tune": [["cluster", "--router", "threshold"], ["decode"]],
     "eval-predictor": [["--workload", "synthetic-prod"]],

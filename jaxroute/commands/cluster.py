@@ -148,6 +148,10 @@ def register(subparsers) -> None:
     p.add_argument("--tp", type=positive_int, default=1, metavar="T",
                    help="tensor-parallel GPUs per replica: they split the weights and the KV heads; refused when "
                    "the weights do not fit or T does not split the heads (default 1)")
+    p.add_argument("--cost-params", default=None, metavar="PATH.json",
+                   help="the roofline's factors fitted to a measured run (`jaxroute compare --fit --cost-params-out`): "
+                   "effective compute and memory shares of peak and the fixed time of an iteration (default: the "
+                   "catalog's, jaxroute/cost_models.py)")
     p.add_argument("--kv-capacity", type=positive_int, default=None, metavar="TOKENS",
                    help="KV tokens per replica (default: from GPU memory x tp at 90%% minus the weights; "
                    f"{catalog.kv_capacity_tokens('A6000', 'Mistral-7B'):,} for Mistral-7B on A6000, "
@@ -184,7 +188,7 @@ def register(subparsers) -> None:
     p.set_defaults(func=run, requests=None)  # None: DEFAULT_REQUESTS, or the stage total with --rate-stages
 
 
-def _tuned_row(args, rate: float, cost_model: str) -> tuple:
+def _tuned_row(args, rate: float, cost_model: str, factors=None) -> tuple:
     """(ROUTER[tuned], params) of --params-json: its settings over the flags' (`policy_rows`)."""
     from jaxroute.experiments.cluster import policy_rows
     from jaxroute.experiments.tune import load_params
@@ -197,7 +201,8 @@ def _tuned_row(args, rate: float, cost_model: str) -> tuple:
                                model_name=args.model, cost_model=cost_model, theta=given.get("theta", args.theta),
                                e2_window_s=given.get("e2_window_s", args.e2_window),
                                e2_th_bal=given.get("e2_th_bal", args.e2_th_bal), tp=args.tp,
-                               weights=[weights] if weights else None, router={**(args.router_set or {}), **rest})
+                               weights=[weights] if weights else None, router={**(args.router_set or {}), **rest},
+                               cost_factors=factors)
     return f"{router}[tuned]", params
 
 
@@ -267,13 +272,18 @@ def run(args) -> int:
         rate = workload.stage_mean_rate  # realize() runs the stages as given at their mean rate
     if is_trace and seeds > 1:
         warn("trace workloads replay the same requests on every seed: the CIs are zero-width")
+    factors = None
+    if args.cost_params:
+        from jaxroute.experiments import fit_roofline
+
+        factors = fit_roofline.load(args.cost_params)
     rows = policy_rows(policies, rate=rate, stale=stale, kv_capacity=args.kv_capacity, gpu=args.gpu,
                        model_name=args.model, cost_model=cost_model, theta=args.theta,
                        e2_window_s=args.e2_window, e2_th_bal=args.e2_th_bal, tp=args.tp,
                        weights=args.weights, router=args.router_set,
-                       e2_switches=e2_variants(args.e2_pairing, args.e2_autoscale))
+                       e2_switches=e2_variants(args.e2_pairing, args.e2_autoscale), cost_factors=factors)
     if args.params_json:
-        rows.append(_tuned_row(args, rate, cost_model))
+        rows.append(_tuned_row(args, rate, cost_model, factors))
 
     start = time.perf_counter()
     keep_requests = bool(stages or args.requests_out)
@@ -327,7 +337,8 @@ def run(args) -> int:
               "max_queue": results.model.max_queue, "e2_ring": results.model.router_window,
               "cache_slots": results.model.cache_slots,
               "hot_tool": args.hot_tool, "seed": args.seed, "elapsed_s": elapsed,
-              "weights": args.weights, "router_set": args.router_set, "params_json": args.params_json}
+              "weights": args.weights, "router_set": args.router_set, "params_json": args.params_json,
+              "cost_params": args.cost_params, "cost_factors": factors._asdict() if factors else None}
     if stages:
         config["rate_stages"] = [{"rate": r, "seconds": d} for r, d in stages]
     if ip_load:

@@ -106,13 +106,14 @@ def policy_rows(policies, *, rate=1.0, stale=0.0, kv_capacity=None, gpu=REPLICA_
                 cost_model="roofline", theta=DEFAULT_THETA, e2_window_s=DEFAULT_E2_WINDOW_S,
                 e2_th_bal=DEFAULT_E2_TH_BAL, tp=1,
                 weights: list[dict] | None = None, router: dict | None = None,
-                e2_switches: list[dict] | None = None) -> list[tuple]:
+                e2_switches: list[dict] | None = None, cost_factors=None) -> list[tuple]:
     """(label, params) rows, all with the same settings (each replica is tp GPUs). `weights`: scorer
     weight vectors ({scorer: w}, unnamed = 0) for the presets that use weights, one row per preset and
     vector (labelled `preset[prefix=3,kv=2]` when there are several); other presets get one row.
     `e2_switches`: Preble's switch settings (`e2_variants`), one row per preble preset and setting
     (labelled `preble[pairing=off,autoscale=on]` when there are several).
-    `router`: more router settings for every row (module settings such as dyn_overlap_weight)."""
+    `router`: more router settings for every row (module settings such as dyn_overlap_weight).
+    `cost_factors`: the roofline's fitted factors for every row (`cost_models.CostFactors`; None: the defaults)."""
     if weights and not any(uses_weights(p) for p in policies):
         raise JaxrouteError("--weights applies to the weighted presets (" +
                             ", ".join(p for p in PRESETS if uses_weights(p)) + "); none is selected")
@@ -133,7 +134,8 @@ def policy_rows(policies, *, rate=1.0, stale=0.0, kv_capacity=None, gpu=REPLICA_
             kw = dict(router or {}, **v)
             rows.append((label, replicas.make_params(p, rate=rate, stale_s=stale, kv_capacity=kv_capacity, gpu=gpu,
                                                      model=model_name, cost_model=cost_model, tp=tp, theta=theta,
-                                                     e2_window_s=e2_window_s, e2_th_bal=e2_th_bal, **kw)))
+                                                     e2_window_s=e2_window_s, e2_th_bal=e2_th_bal,
+                                                     cost_factors=cost_factors, **kw)))
     return rows
 
 

@@ -103,14 +103,15 @@ _ROUTER_KEY = 0x7E57  # fold_in tag: the router's coin flips never reuse the wor
 
 def make_params(policy: str = "rr", rate: float = 1.0, stale_s: float = 0.0, kv_capacity: int | None = None,
                 gpu: str = REPLICA_GPU, model: str = REPLICA_MODEL, cost_model: str = "roofline", tp: int = 1,
-                n_active: int | None = None, **router_kw) -> ReplicaParams:
+                n_active: int | None = None, cost_factors: cost_models.CostFactors | None = None,
+                **router_kw) -> ReplicaParams:
     """Traced params of one row; router settings (`router_kw`) go to the router.
 
     Each replica is `tp` GPUs (tensor parallel). The KV capacity follows from GPU memory, tp and 90 %
     utilisation unless `kv_capacity` overrides it; either way the weights must fit on the tp GPUs.
     `n_active`: replicas in use, the first n_active of the model's n_replicas (None = all; checked
     against the model by `ReplicaModel.check_params`). Rows stacked into one batch must all set it or
-    all leave it None.
+    all leave it None. `cost_factors`: the roofline's fitted factors (`cost_models.CostFactors`; None: the defaults).
     """
     pid = routers.REGISTRY.id(policy)
     if stale_s < 0:
@@ -121,9 +122,11 @@ def make_params(policy: str = "rr", rate: float = 1.0, stale_s: float = 0.0, kv_
         raise JaxrouteError(f"kv capacity must be >= 1 token, got {cap}")
     if n_active is not None and not (float(n_active).is_integer() and n_active >= 1):
         raise JaxrouteError(f"n_active (replicas in use) must be a whole number >= 1, got {n_active}")
+    cost = cost_models.cost_params(gpu, model, tp, kind=cost_model)
+    if cost_factors is not None:
+        cost = cost_models.with_factors(cost, cost_factors)
     return ReplicaParams(jnp.int32(pid), jnp.float32(rate), jnp.float32(stale_s), jnp.int32(cap),
-                         routers.router_params(policy, **router_kw),
-                         cost_models.cost_params(gpu, model, tp, kind=cost_model),
+                         routers.router_params(policy, **router_kw), cost,
                          None if n_active is None else jnp.int32(int(n_active)))
 
 

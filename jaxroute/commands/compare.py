@@ -1,0 +1,121 @@
+"""`jaxroute compare MEASURED`: a measured run replayed through the simulator, compared, optionally calibrated."""
+
+from __future__ import annotations
+
+import argparse
+import textwrap
+
+from jaxroute import catalog
+from jaxroute.commands._common import (
+    add_save_spec,
+    non_negative_int,
+    positive_float,
+    positive_int,
+    warn,
+)
+from jaxroute.errors import JaxrouteError
+from jaxroute.routers.names import PREFIX_POLICIES
+
+FORMATS = ("auto", "vllm-bench-serve", "inference-perf", "jaxroute")
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "compare",
+        help="replay a measured benchmark run through the simulator and report the error (and fit the roofline)",
+        description=textwrap.fill(
+            "Read the per-request results of a real benchmark run (vLLM `bench serve --save-result --save-detailed` "
+            "JSON, inference-perf's per_request_lifecycle_metrics.json, or jaxroute's own --requests-out file), "
+            "replay its send times and prompt and output lengths (as private prompts: no file says which prompts "
+            "share a prefix) on the deployment given, and report per metric (TTFT, TPOT, E2E) the measured and "
+            "simulated mean, p50, p90 and p99 and the request-level MAPE, Pearson r, bias and quality, as BLIS's "
+            "`calibrate` does. --fit first fits the roofline's factors (effective compute and memory shares of "
+            "peak, the fixed time of an iteration) to the run by gradient descent through the jitted simulator "
+            "(optax Adam on forward-mode derivatives of every request's times), reports the comparison before and "
+            "after, and writes the factors for --cost-params (here and in `jaxroute cluster`).", 100),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("measured", metavar="MEASURED_PATH", help="the measured run's per-request results file")
+    p.add_argument("--format", default="auto", choices=FORMATS, help="its format (default auto: from its content)")
+    p.add_argument("--measured-router", default=None, metavar="LABEL",
+                   help="a jaxroute records file: the router whose records to read (default: the only one)")
+    p.add_argument("--measured-seed", type=non_negative_int, default=None, metavar="S",
+                   help="a jaxroute records file: the seed whose records to read (default: the only one)")
+    p.add_argument("--router", default="least_load", metavar="NAME",
+                   help=f"the router of the replay, from: {', '.join(PREFIX_POLICIES)} (default least_load)")
+    p.add_argument("--replicas", type=positive_int, default=1, metavar="G", help="replicas behind it (default 1)")
+    p.add_argument("--gpu", default="H100-SXM", metavar="NAME", help=f"GPU: {', '.join(catalog.GPUS)} (default H100-SXM)")
+    p.add_argument("--model", default="Llama-3.1-8B", metavar="NAME",
+                   help=f"model: {', '.join(catalog.MODELS)} (default Llama-3.1-8B)")
+    p.add_argument("--tp", type=positive_int, default=1, metavar="T", help="GPUs per replica (default 1)")
+    p.add_argument("--admission", default="on-demand", choices=("reserve", "on-demand"),
+                   help="KV admission (default on-demand: vLLM V1's)")
+    p.add_argument("--max-running", type=positive_int, default=256, metavar="B",
+                   help="running requests per replica (default 256: vLLM's max_num_seqs)")
+    p.add_argument("--chunk", type=positive_int, default=2048, metavar="TOKENS",
+                   help="prefill tokens per iteration (default 2048: vLLM V1's max_num_batched_tokens on H100)")
+    p.add_argument("--kv-capacity", type=positive_int, default=None, metavar="TOKENS",
+                   help="KV tokens per replica (default: from GPU memory at 90 %% less the weights)")
+    p.add_argument("--cost-params", default=None, metavar="PATH.json",
+                   help="the roofline's factors from a fit (`--fit --cost-params-out`) (default: the catalog's)")
+    p.add_argument("--fit", action="store_true", help="fit the roofline's factors to the run first (default: off)")
+    p.add_argument("--fit-steps", type=positive_int, default=None, metavar="N", help="Adam steps (default 150)")
+    p.add_argument("--fit-lr", type=positive_float, default=None, metavar="LR", help="Adam's first step size, cosine-decayed (default 0.1)")
+    p.add_argument("--cost-params-out", default=None, metavar="PATH.json", help="with --fit: write the fitted factors as JSON (default: none)")
+    p.add_argument("--fit-plot", default=None, metavar="PATH.png", help="with --fit: the loss curve as a PNG (default: none)")
+    p.add_argument("--out", default=None, metavar="PATH.json", help="write the comparison as JSON (default: none)")
+    add_save_spec(p)
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    if args.router not in PREFIX_POLICIES:
+        raise JaxrouteError(f"unknown router '{args.router}'; choose from: {', '.join(PREFIX_POLICIES)}")
+    if not args.fit and (args.cost_params_out or args.fit_plot or args.fit_steps or args.fit_lr):
+        raise JaxrouteError("--cost-params-out, --fit-plot, --fit-steps and --fit-lr go with --fit")
+    gpu, model = catalog.get_gpu(args.gpu).name, catalog.get_model(args.model).name
+    from jaxroute import measured as measured_lib
+    from jaxroute.experiments import fit_roofline, replay
+
+    run_ = measured_lib.read_measured(args.measured, args.format, router=args.measured_router, seed=args.measured_seed)
+    dep = replay.Deployment(router=args.router, replicas=args.replicas, gpu=gpu, model=model, tp=args.tp,
+                            admission=args.admission, max_running=args.max_running, chunk=args.chunk,
+                            kv_capacity=args.kv_capacity)
+    start = fit_roofline.load(args.cost_params) if args.cost_params else None
+    skipped = int((~replay.replayable(run_)).sum())
+    print(f"compare: {run_.name} ({run_.source}, {len(run_):,} requests"
+          f"{f', {skipped} without a prompt or output not replayed' if skipped else ''}"
+          f"{'' if run_.arrivals_recorded else ', send times rebuilt: the file has none'}) replayed on "
+          f"{args.replicas} x {model} on {args.tp} x {gpu} behind {args.router}")
+    if not run_.arrivals_recorded:
+        warn("the measured file records no send times; the replay sends at times rebuilt from its request rate")
+    before = replay.compare(run_, replay.simulated(run_, dep, start))
+    print(f"\ncost factors: {_factors_text(start)}")
+    print(replay.format_comparison(before))
+    out = {"command": "compare", "measured": args.measured, "source": run_.source, "deployment": vars(dep),
+           "cost_factors": (start or fit_roofline.CostFactors())._asdict(), "comparison": before}
+    if args.fit:
+        kw = {k: v for k, v in (("steps", args.fit_steps), ("lr", args.fit_lr)) if v is not None}
+        result = fit_roofline.fit(run_, dep, start=start, **kw)
+        after = replay.compare(run_, replay.simulated(run_, dep, result.factors))
+        print(f"\nfitted ({len(result.loss)} Adam steps on {result.requests:,} requests, loss "
+              f"{result.loss[0]:.4g} -> {min(result.loss):.4g} at step {result.best_step}): {_factors_text(result.factors)}")
+        print(replay.format_comparison(after))
+        out["fit"] = dict(result.as_json(), comparison=after)
+        if args.cost_params_out:
+            print(f"wrote {fit_roofline.save(args.cost_params_out, result, dep, args.measured)}")
+        if args.fit_plot:
+            print(f"wrote {fit_roofline.loss_plot(result, args.fit_plot, f'roofline fit to {run_.name}')}")
+    if args.out:
+        from jaxroute import report
+
+        print(f"wrote {report.write_json(args.out, out)}")
+    return 0
+
+
+def _factors_text(f) -> str:
+    from jaxroute.cost_models import CostFactors
+
+    f = f or CostFactors()
+    return f"eta_compute {f.eta_compute:.4g}, eta_memory {f.eta_memory:.4g}, overhead {f.overhead_s * 1e3:.4g} ms"
+
