@@ -68,3 +68,29 @@ def test_compare_refuses_bad_input(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.count("jaxroute compare: error:") == 4 and "unknown router 'nope'" in err and "go with --fit" in err
     assert np.isfinite(fit_roofline.DEFAULT_LR)
+
+
+def test_a_published_per_stage_measurement_is_replayed_stage_by_stage(tmp_path, capsys):
+    """inference-perf's KubeCon NA 2025 demo (vLLM, Llama-3.1-8B, one H100; tests/fixtures/.../SOURCE.md): its
+    first stage (1 req/s) replayed, and a stage its client paced (achieved 106 of 123 req/s) reported, not run."""
+    import shutil
+    from pathlib import Path
+
+    fixture = Path(__file__).resolve().parent / "fixtures" / "inference_perf_kubecon_na_2025_vllm"
+    folder = tmp_path / "results"
+    folder.mkdir()
+    for name in ("stage_0_lifecycle_metrics.json", "stage_4_lifecycle_metrics.json"):
+        shutil.copy(fixture / name, folder / name)
+    out = tmp_path / "stages.json"
+    assert cli(["compare", str(folder), "--config", str(fixture / "config.yaml"), "--seeds", "2", "--max-running", "128",
+                "--out", str(out), *DEPLOYMENT[:4]]) == 0
+    assert "client-bound" in capsys.readouterr().out
+    first, paced = json.loads(out.read_text())["stages"]
+    assert (first["stage"], first["requests"], first["client_bound"]) == (0, 60, False)
+    assert (paced["stage"], paced["client_bound"], paced["simulated"]) == (4, True, None)
+    assert first["measured"]["ttft_mean_s"] == pytest.approx(0.03112733216257766)
+    sim = first["simulated"]
+    assert len(sim["ttft_mean_s"]["per_seed"]) == 2 and 0 < sim["ttft_mean_s"]["mean"] < sim["e2e_mean_s"]["mean"]
+    # 63 output tokens at a few ms each: the simulated E2E is the measured one's order of magnitude
+    assert 0.2 < sim["e2e_mean_s"]["mean"] / first["measured"]["e2e_mean_s"] < 2
+    assert cli(["compare", str(folder)]) == 2 and "needs --config" in capsys.readouterr().err

@@ -4,8 +4,6 @@ requests, the arrival rebuild rule, format detection, stage summaries and every 
 import csv
 import json
 import math
-import shutil
-import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +21,7 @@ from jaxroute.measured import (
     summary,
 )
 
-IPERF_MIRROR = Path("/work/.mirror/kubernetes-sigs+inference-perf/repo")
+KUBECON = Path(__file__).resolve().parent / "fixtures" / "inference_perf_kubecon_na_2025_vllm"
 TRACEBACK = "Traceback (most recent call last):\n  File \"x.py\", line 1\naiohttp.ClientConnectorError: boom\n"
 
 # ----------------------------------------------------------------------------- vLLM
@@ -383,18 +381,9 @@ def test_stage_summaries_bad_cases(tmp_path):
         read_inference_perf_stage_summaries(tmp_path / "c")
 
 
-def test_stage_summaries_real_kubecon_demo(tmp_path):
-    """The published demos/kubecon-na-2025/vllm/results (commit 7ff8150), copied from the local mirror."""
-    if not IPERF_MIRROR.exists():
-        pytest.skip(f"inference-perf mirror not here: {IPERF_MIRROR}")
-    git = shutil.which("git") or "git"
-    folder = tmp_path / "results"
-    folder.mkdir()
-    for i in range(7):
-        name = f"stage_{i}_lifecycle_metrics.json"
-        blob = subprocess.run([git, "-C", str(IPERF_MIRROR), "show", f"HEAD:demos/kubecon-na-2025/vllm/results/{name}"],
-                              check=True, capture_output=True).stdout
-        (folder / name).write_bytes(blob)
+def test_stage_summaries_real_kubecon_demo():
+    """The published demos/kubecon-na-2025/vllm/results (tests/fixtures/..., SOURCE.md there)."""
+    folder = KUBECON
     rows = read_inference_perf_stage_summaries(folder)
     r0 = rows[0]
     assert (r0["stage"], r0["rate"], r0["requests"], r0["successes"], r0["failures"]) == (0, 1.0, 60, 60, 0)

@@ -150,3 +150,13 @@ def test_a_spec_runs_with_lists_and_pairs_and_bad_files_are_refused(tmp_path, ca
     assert cli(["run", str(tmp_path / "list.yaml")]) == 2
     err = capsys.readouterr().err
     assert "spec file not found" in err and "expected a mapping with a `command`" in err
+
+
+def test_the_example_spec_and_its_inference_perf_config_read():
+    from pathlib import Path
+
+    folder = Path(__file__).resolve().parents[1] / "examples" / "long-prompt"
+    command, argv = spec.read(folder / "job.yaml")
+    assert command == "cluster" and argv[argv.index("--inference-perf") + 1] == str(folder / "inference-perf.yml")
+    load = ip.load(folder / "inference-perf.yml")
+    assert load.requests == 17_040 and load.flags()["sp_system_len"] == 6000 and len(load.stages) == 7

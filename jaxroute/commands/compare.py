@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import textwrap
+from pathlib import Path
 
 from jaxroute import catalog
 from jaxroute.commands._common import (
@@ -35,7 +36,14 @@ def register(subparsers) -> None:
             "after, and writes the factors for --cost-params (here and in `jaxroute cluster`).", 100),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("measured", metavar="MEASURED_PATH", help="the measured run's per-request results file")
+    p.add_argument("measured", metavar="MEASURED_PATH",
+                   help="the measured run's per-request results file, or an inference-perf report folder of "
+                   "stage_N_lifecycle_metrics.json (per-stage summaries: each stage replayed on its own, as "
+                   "inference-perf drains a stage before the next; needs --config)")
+    p.add_argument("--config", default=None, metavar="PATH",
+                   help="a report folder's inference-perf config.yml: its data section gives the prompts (default: none)")
+    p.add_argument("--seeds", type=positive_int, default=4, metavar="S",
+                   help="a report folder: draws of each stage's arrivals and prompts (default 4)")
     p.add_argument("--format", default="auto", choices=FORMATS, help="its format (default auto: from its content)")
     p.add_argument("--measured-router", default=None, metavar="LABEL",
                    help="a jaxroute records file: the router whose records to read (default: the only one)")
@@ -77,11 +85,13 @@ def run(args) -> int:
     from jaxroute import measured as measured_lib
     from jaxroute.experiments import fit_roofline, replay
 
-    run_ = measured_lib.read_measured(args.measured, args.format, router=args.measured_router, seed=args.measured_seed)
     dep = replay.Deployment(router=args.router, replicas=args.replicas, gpu=gpu, model=model, tp=args.tp,
                             admission=args.admission, max_running=args.max_running, chunk=args.chunk,
                             kv_capacity=args.kv_capacity)
     start = fit_roofline.load(args.cost_params) if args.cost_params else None
+    if Path(args.measured).is_dir():
+        return _stages(args, dep, start)
+    run_ = measured_lib.read_measured(args.measured, args.format, router=args.measured_router, seed=args.measured_seed)
     skipped = int((~replay.replayable(run_)).sum())
     print(f"compare: {run_.name} ({run_.source}, {len(run_):,} requests"
           f"{f', {skipped} without a prompt or output not replayed' if skipped else ''}"
@@ -110,6 +120,30 @@ def run(args) -> int:
         from jaxroute import report
 
         print(f"wrote {report.write_json(args.out, out)}")
+    return 0
+
+
+def _stages(args, dep, factors) -> int:
+    """A report folder of per-stage summaries, each stage replayed on its own."""
+    from jaxroute.experiments import stage_replay
+
+    if not args.config:
+        raise JaxrouteError("a report folder of stage summaries needs --config (the inference-perf config.yml of the run)")
+    if args.fit:
+        raise JaxrouteError("--fit needs per-request results; a report folder holds per-stage summaries only")
+    print(f"compare: the stages of {args.measured} replayed one by one on {args.replicas} x {dep.model} on "
+          f"{args.tp} x {dep.gpu} behind {args.router}, {args.seeds} seeds; cost factors: {_factors_text(factors)}")
+    result = stage_replay.compare_stages(args.measured, args.config, dep, seeds=args.seeds, factors=factors)
+    print(stage_replay.format_stages(result))
+    if any(c.client_bound for c in result):
+        print("client-bound: the stage's achieved rate fell short of its requested rate (the client's concurrency cap "
+              "paced it, a closed loop not simulated)")
+    if args.out:
+        from jaxroute import report
+
+        doc = {"command": "compare", "measured": args.measured, "config": args.config, "deployment": vars(dep),
+               "seeds": args.seeds, "stages": [c.as_json() for c in result]}
+        print(f"wrote {report.write_json(args.out, doc)}")
     return 0
 
 
