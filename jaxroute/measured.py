@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from jaxroute.errors import JaxrouteError, warn
-from jaxroute.workloads.traces import _check_sorted, _open_nonempty
+from jaxroute.workloads.traces import _check_sorted, _open_nonempty, jsonl_objects
 
 SOURCES = ("vllm-bench-serve", "inference-perf", "jaxroute")
 METRICS = ("ttft", "tpot", "e2e")
@@ -497,19 +497,7 @@ def _jaxroute_rows(p: Path, text: str) -> list[tuple[int, dict]]:
     first = text.lstrip()[:1]
     rows: list[tuple[int, dict]] = []
     if first == "{":
-        for i, line in enumerate(text.splitlines(), start=1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise JaxrouteError(f"{p.name} line {i}: not valid JSON ({e.msg})") from None
-            if not isinstance(obj, dict):
-                raise JaxrouteError(f"{p.name} line {i}: expected a JSON object")
-            missing = [k for k in JAXROUTE_REQUIRED if k not in obj]
-            if missing:
-                raise JaxrouteError(f"{p.name} line {i}: missing field(s) {', '.join(missing)}")
-            rows.append((i, obj))
+        rows = jsonl_objects(p, text.splitlines(), JAXROUTE_REQUIRED, "field(s)")
     else:
         reader = csv.DictReader(text.splitlines())
         header = [h.strip() for h in (reader.fieldnames or [])]

@@ -26,6 +26,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from jaxroute.errors import JaxrouteError
+from jaxroute.mapping_files import read_mapping
 
 # setting (a flag's dest) -> the section `--save-spec` writes it in; any other setting goes to `options`
 SECTION_OF = {
@@ -155,19 +156,10 @@ def _tokens(action: argparse.Action, value: Any, where: str, base: Path) -> list
 
 def read(path: str | Path) -> tuple[str, list[str]]:
     """(command, argv after the command) of a spec file, or of an inference-perf config (a cluster run)."""
-    import yaml
-
     from jaxroute.workloads import inference_perf
 
     p = Path(path)
-    if not p.is_file():
-        raise JaxrouteError(f"spec file not found: {p}")
-    try:
-        raw = yaml.safe_load(p.read_text())
-    except yaml.YAMLError as e:
-        raise JaxrouteError(f"{p.name}: not valid YAML ({str(e).splitlines()[0]})") from None
-    if not isinstance(raw, dict):
-        raise JaxrouteError(f"{p.name}: expected a mapping with a `command` and its settings")
+    raw = read_mapping(p, "spec file", "a mapping with a `command` and its settings")
     if inference_perf.is_config(raw):
         return "cluster", ["--inference-perf", str(p)]
     try:

@@ -50,7 +50,7 @@ def test_records_round_trip_and_the_fit_recovers_the_factors_they_were_made_with
     ({"cost_factors": {"eta_compute": 0.5}}, "expected cost_factors with exactly eta_compute, eta_memory, overhead_s"),
     ({"cost_factors": {"eta_compute": 1.5, "eta_memory": 0.6, "overhead_s": 0.001}}, "eta_compute = 1.5; expected"),
     ({"cost_factors": {"eta_compute": 0.5, "eta_memory": "x", "overhead_s": 0.001}}, "eta_memory = 'x'"),
-    ([1, 2], "expected cost_factors"),
+    ([1, 2], "expected a mapping with cost_factors"),
 ])
 def test_bad_cost_params_are_refused(tmp_path, doc, message):
     path = tmp_path / "f.json"

@@ -26,6 +26,7 @@ import numpy as np
 from jaxroute import cost_models
 from jaxroute.cost_models import CostFactors
 from jaxroute.errors import JaxrouteError
+from jaxroute.mapping_files import read_mapping
 from jaxroute.measured import MeasuredRun
 
 FIELDS = CostFactors._fields
@@ -168,13 +169,8 @@ def save(path: str | Path, result: Fit, dep, source: str) -> Path:
 def load(path: str | Path) -> CostFactors:
     """Factors from a file `save` wrote (or any JSON with a `cost_factors` mapping of the three), checked."""
     p = Path(path)
-    if not p.is_file():
-        raise JaxrouteError(f"cost params file not found: {p}")
-    try:
-        doc = json.loads(p.read_text())
-    except json.JSONDecodeError as e:
-        raise JaxrouteError(f"{p.name}: not valid JSON ({e.msg})") from None
-    f = doc.get("cost_factors") if isinstance(doc, dict) else None
+    doc = read_mapping(p, "cost params file", "a mapping with cost_factors (`jaxroute compare --fit --cost-params-out`)")
+    f = doc.get("cost_factors")
     if not isinstance(f, dict) or set(f) != set(FIELDS):
         got = sorted(f) if isinstance(f, dict) else type(f).__name__
         raise JaxrouteError(f"{p.name}: expected cost_factors with exactly {', '.join(FIELDS)}, got {got}")

@@ -54,6 +54,7 @@ from pydantic import (
 )
 
 from jaxroute.errors import JaxrouteError
+from jaxroute.mapping_files import read_mapping
 
 SOURCE = "inference-perf @ 7de5ef2"
 DATA_TYPES = ("shared_prefix", "random", "synthetic")
@@ -227,16 +228,7 @@ def read_config(source: str | Path | dict) -> tuple[str, dict]:
     if isinstance(source, dict):
         return "inline", source
     p = Path(source)
-    if not p.is_file():
-        raise JaxrouteError(f"inference-perf config not found: {p}")
-    import yaml
-
-    try:
-        loaded = yaml.safe_load(p.read_text())
-    except yaml.YAMLError as e:
-        raise _fail(p.name, f"not valid YAML ({str(e).splitlines()[0]})") from None
-    if not isinstance(loaded, dict):
-        raise _fail(p.name, "expected a mapping with `data` and `load` sections")
+    loaded = read_mapping(p, "inference-perf config", "a mapping with `data` and `load` sections")
     return p.name, loaded
 
 

@@ -143,24 +143,30 @@ def load_azure_csv(path: str | Path) -> Trace:
     return Trace(p.stem, times - times[0], prompt, output, None)
 
 
+def jsonl_objects(p: Path, lines, required: tuple[str, ...], kind: str = "key(s)") -> list[tuple[int, dict]]:
+    """(line number, object) of each non-blank JSON line, every one an object with the `required` keys."""
+    recs = []
+    for i, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise JaxrouteError(f"{p.name} line {i}: not valid JSON ({e.msg})") from None
+        if not isinstance(obj, dict):
+            raise JaxrouteError(f"{p.name} line {i}: expected a JSON object")
+        missing = [k for k in required if k not in obj]
+        if missing:
+            raise JaxrouteError(f"{p.name} line {i}: missing {kind} {', '.join(missing)}")
+        recs.append((i, obj))
+    return recs
+
+
 def load_mooncake_jsonl(path: str | Path) -> Trace:
     """Load a Mooncake JSONL trace (`timestamp` ms, `input_length`, `output_length`, `hash_ids`)."""
     p = _open_nonempty(path)
-    recs = []
     with p.open() as f:
-        for i, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise JaxrouteError(f"{p.name} line {i}: not valid JSON ({e.msg})") from None
-            if not isinstance(obj, dict):
-                raise JaxrouteError(f"{p.name} line {i}: expected a JSON object")
-            missing = [k for k in MOONCAKE_KEYS if k not in obj]
-            if missing:
-                raise JaxrouteError(f"{p.name} line {i}: missing key(s) {', '.join(missing)}")
-            recs.append((i, obj))
+        recs = jsonl_objects(p, f, MOONCAKE_KEYS, "key(s)")
     if not recs:
         raise JaxrouteError(f"{p.name}: contains no requests")
     first = recs[0][0]
