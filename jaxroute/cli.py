@@ -42,27 +42,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)  # no JAX yet: --help and usage errors exit here
+    parser = build_parser()
+    parser.set_defaults(root_parser=parser)  # `jaxroute run` parses the spec's command line with it
+    args = parser.parse_args(argv)  # no JAX yet: --help and usage errors exit here
     # JAX from here on, set up before any command builds a program
     compile_log.log_from_env()  # JAXROUTE_COMPILE_LOG: one JSON line per program
     use_all_cpu_cores()
     use_compile_cache(not args.no_compile_cache)
     try:
-        return run_parsed(args, sys.argv[1:] if argv is None else argv)
+        from jaxroute import spec
+
+        return spec.run_parsed(args, sys.argv[1:] if argv is None else argv, parser)
     except JaxrouteError as e:
         print(f"jaxroute {args.command}: error: {e}", file=sys.stderr)
         return 2
-
-
-def run_parsed(args: argparse.Namespace, argv: list[str]) -> int:
-    """Run a parsed command; with --save-spec, write the spec of what it ran once it succeeded."""
-    rc = int(args.func(args) or 0)
-    if rc == 0 and getattr(args, "save_spec", None):
-        from jaxroute import spec
-
-        command, after = spec.split_command(argv, args.command)
-        print(f"wrote {spec.save(args.save_spec, command, after)}")
-    return rc
 
 
 if __name__ == "__main__":  # pragma: no cover

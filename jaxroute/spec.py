@@ -64,17 +64,16 @@ class Spec(BaseModel):
 
     @field_validator("command")
     @classmethod
-    def _known(cls, v: str) -> str:
-        known = _parsers()
+    def _known(cls, v: str, info) -> str:
+        known = _parsers(info.context["root"])
         if v not in known:
             raise ValueError(f"unknown command '{v}'; choose from: {', '.join(sorted(known))}")
         return v
 
 
-def _parsers() -> dict[str, argparse.ArgumentParser]:
-    """The (sub)commands that take a spec, by name ("cluster", "capacity cluster"): those with --save-spec."""
-    from jaxroute.cli import build_parser
-
+def _parsers(root: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    """The (sub)commands of the `jaxroute` parser `root` that take a spec, by name ("cluster", "capacity
+    cluster"): those with --save-spec."""
     out = {}
 
     def walk(parser: argparse.ArgumentParser, prefix: str) -> None:
@@ -85,15 +84,15 @@ def _parsers() -> dict[str, argparse.ArgumentParser]:
         if prefix and any(a.dest == "save_spec" for a in parser._actions):
             out[prefix] = parser
 
-    walk(build_parser(), "")
+    walk(root, "")
     return out
 
 
-def split_command(argv: list[str], first: str) -> tuple[str, list[str]]:
+def split_command(argv: list[str], first: str, root: argparse.ArgumentParser) -> tuple[str, list[str]]:
     """(command name, the flags after it) of a command line whose (first) command word is `first`."""
     i = argv.index(first)
     words = [first]
-    known = _parsers()
+    known = _parsers(root)
     while i + 1 < len(argv) and any(k.startswith(" ".join(words + [argv[i + 1]])) for k in known):
         i += 1
         words.append(argv[i])
@@ -154,8 +153,9 @@ def _tokens(action: argparse.Action, value: Any, where: str, base: Path) -> list
     return out
 
 
-def read(path: str | Path) -> tuple[str, list[str]]:
-    """(command, argv after the command) of a spec file, or of an inference-perf config (a cluster run)."""
+def read(path: str | Path, root: argparse.ArgumentParser) -> tuple[str, list[str]]:
+    """(command, argv after the command) of a spec file, or of an inference-perf config (a cluster run), for the
+    `jaxroute` parser `root`."""
     from jaxroute.workloads import inference_perf
 
     p = Path(path)
@@ -163,12 +163,12 @@ def read(path: str | Path) -> tuple[str, list[str]]:
     if inference_perf.is_config(raw):
         return "cluster", ["--inference-perf", str(p)]
     try:
-        spec = Spec.model_validate(raw)
+        spec = Spec.model_validate(raw, context={"root": root})
     except ValidationError as e:
         parts = [f"{'.'.join(map(str, err['loc'])) or 'spec'}: {err['msg'].removeprefix('Value error, ')}"
                  for err in e.errors()]
         raise JaxrouteError(f"{p.name}: " + "; ".join(parts)) from None
-    actions = _actions(_parsers()[spec.command])
+    actions = _actions(_parsers(root)[spec.command])
     argv: list[str] = []
     seen: dict[str, str] = {}
     errors = []
@@ -206,9 +206,9 @@ def _inline_config(config: dict) -> str:
     return name
 
 
-def given_settings(command: str, argv: list[str]) -> dict[str, Any]:
+def given_settings(command: str, argv: list[str], root: argparse.ArgumentParser) -> dict[str, Any]:
     """{dest: value} of the flags given on a command line (argv after the command), as the user typed them."""
-    actions = _actions(_parsers()[command])
+    actions = _actions(_parsers(root)[command])
     by_flag = {s: a for a in actions.values() for s in a.option_strings}
     out: dict[str, Any] = {}
     i = 0
@@ -245,13 +245,14 @@ def _native(text: str) -> Any:
         return text
 
 
-def save(path: str | Path, command: str, argv: list[str], description: str | None = None) -> Path:
+def save(path: str | Path, command: str, argv: list[str], root: argparse.ArgumentParser,
+         description: str | None = None) -> Path:
     """Write the spec of `jaxroute COMMAND ARGV` (the flags given, by section; paths relative to the spec)."""
     import yaml
 
     p = Path(path)
-    actions = _actions(_parsers()[command])
-    settings = given_settings(command, argv)
+    actions = _actions(_parsers(root)[command])
+    settings = given_settings(command, argv, root)
     doc: dict[str, Any] = {"command": command}
     if description:
         doc["description"] = description
@@ -264,3 +265,12 @@ def save(path: str | Path, command: str, argv: list[str], description: str | Non
     header = f"# jaxroute experiment spec: run it with `jaxroute run {p.name}`\n# written by: jaxroute {command} {shlex.join(argv)}\n"
     p.write_text(header + yaml.safe_dump(ordered, sort_keys=False))
     return p
+
+
+def run_parsed(args: argparse.Namespace, argv: list[str], root: argparse.ArgumentParser) -> int:
+    """Run a parsed `jaxroute` command line; with --save-spec, write the spec of what it ran once it succeeded."""
+    rc = int(args.func(args) or 0)
+    if rc == 0 and getattr(args, "save_spec", None):
+        command, after = split_command(argv, args.command, root)
+        print(f"wrote {save(args.save_spec, command, after, root)}")
+    return rc

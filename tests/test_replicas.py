@@ -54,6 +54,7 @@ def _compare(case, policy, G=3, B=8, Q=64, local="fcfs", stale=0.0, leap=32, key
     assert violations == []
     np.testing.assert_array_equal(got["replica"], want["replica"])
     np.testing.assert_array_equal(got["cached_tokens"], want["cached"])
+    np.testing.assert_array_equal(got["preemptions"], want["preempted"])
     for a, b in (("admit_s", "admit"), ("first_token_s", "first"), ("finish_s", "finish")):
         np.testing.assert_allclose(got[a], want[b], rtol=1e-6)
     m = model.metrics(st, wl, p)

@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from jaxroute import spec
+from jaxroute.cli import build_parser
 from jaxroute.errors import JaxrouteError
 from jaxroute.experiments import requests as req_lib
 from jaxroute.metrics import masked_quantile
@@ -25,6 +26,7 @@ CONFIG = {"load": {"type": "constant", "stages": [{"rate": 2, "duration": 10}, {
                                                               "num_users_per_system_prompt": 4,
                                                               "system_prompt_len": 2000, "question_len": 100,
                                                               "output_len": 30}}}
+ROOT = build_parser()
 COMMON = ["--replicas", "2", "--seeds", "2", "--policies", "rr,least_load"]
 
 
@@ -68,7 +70,7 @@ def test_an_inference_perf_config_the_flag_form_and_the_saved_spec_give_the_same
     assert cli(["run", str(saved), "--out", str(c)]) == 0
     assert _results(a) == _results(c)
     # the config itself is a spec (a cluster run with the cluster's defaults)
-    assert spec.read(cfg) == ("cluster", ["--inference-perf", str(cfg)])
+    assert spec.read(cfg, ROOT) == ("cluster", ["--inference-perf", str(cfg)])
 
     # per-stage values from the records file, recomputed by hand
     rows = list(csv.DictReader((tmp_path / "req.csv").open()))
@@ -105,17 +107,17 @@ def test_stage_of_and_the_quantile_follow_the_definitions():
 def test_a_saved_spec_reads_back_as_the_same_command_line(tmp_path):
     argv = ["--workload", "synthetic-prod", "--policies", "jsq,br0", "--workers", "4", "--seeds", "3", "--alpha", "0.5",
             "--out", "res/o.json", "--no-progress"]
-    path = spec.save(tmp_path / "d.yaml", "decode", argv)
+    path = spec.save(tmp_path / "d.yaml", "decode", argv, ROOT)
     doc = yaml.safe_load(path.read_text())
     assert doc["options"]["alpha"] == 0.5 and doc["run"] == {"seeds": 3, "no_progress": True}
     assert doc["outputs"]["out"] == os.path.relpath(os.path.abspath("res/o.json"), tmp_path)  # relative to the spec
-    command, back = spec.read(path)
+    command, back = spec.read(path, ROOT)
     assert command == "decode"
-    given, again = spec.given_settings("decode", argv), spec.given_settings("decode", back)
+    given, again = spec.given_settings("decode", argv, ROOT), spec.given_settings("decode", back, ROOT)
     assert os.path.normpath(again.pop("out")) == os.path.abspath(given.pop("out")) and again == given
-    nested = spec.save(tmp_path / "c.yaml", "capacity cluster", ["--slo", "ttft_p90_s<=2"])
-    assert spec.read(nested) == ("capacity cluster", ["--slo", "ttft_p90_s<=2"])
-    assert spec.split_command(["--no-compile-cache", "capacity", "cluster", "--seeds", "2"], "capacity") == (
+    nested = spec.save(tmp_path / "c.yaml", "capacity cluster", ["--slo", "ttft_p90_s<=2"], ROOT)
+    assert spec.read(nested, ROOT) == ("capacity cluster", ["--slo", "ttft_p90_s<=2"])
+    assert spec.split_command(["--no-compile-cache", "capacity", "cluster", "--seeds", "2"], "capacity", ROOT) == (
         "capacity cluster", ["--seeds", "2"])
 
 
@@ -135,7 +137,7 @@ def test_bad_specs_name_the_field_the_value_and_what_is_allowed(tmp_path, doc, m
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump(doc))
     with pytest.raises(JaxrouteError) as e:
-        spec.read(path)
+        spec.read(path, ROOT)
     assert message in str(e.value) and "\n" not in str(e.value), str(e.value)
 
 
@@ -143,7 +145,7 @@ def test_a_spec_runs_with_lists_and_pairs_and_bad_files_are_refused(tmp_path, ca
     path = tmp_path / "s.yaml"
     path.write_text(yaml.safe_dump({"command": "cluster", "workload": {"rate_stages": [[2, 3], {"rate": 4, "duration": 2}]},
                                     "routers": {"policies": ["rr", "least_load"], "weights": [{"prefix": 3, "queue": 2}]}}))
-    _, argv = spec.read(path)
+    _, argv = spec.read(path, ROOT)
     assert argv == ["--rate-stages", "2:3,4:2", "--policies", "rr,least_load", "--weights", "prefix=3,queue=2"]
     assert cli(["run", str(tmp_path / "none.yaml")]) == 2
     (tmp_path / "list.yaml").write_text("- 1\n")
@@ -156,7 +158,7 @@ def test_the_example_spec_and_its_inference_perf_config_read():
     from pathlib import Path
 
     folder = Path(__file__).resolve().parents[1] / "examples" / "long-prompt"
-    command, argv = spec.read(folder / "job.yaml")
+    command, argv = spec.read(folder / "job.yaml", ROOT)
     assert command == "cluster" and argv[argv.index("--inference-perf") + 1] == str(folder / "inference-perf.yml")
     load = ip.load(folder / "inference-perf.yml")
     assert load.requests == 17_040 and load.flags()["sp_system_len"] == 6000 and len(load.stages) == 7

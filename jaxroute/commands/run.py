@@ -40,9 +40,10 @@ outputs: {out: results.json, plot: results.png, requests_out: requests.csv}
 
 
 def run(args) -> int:
-    from jaxroute import cli, spec
+    from jaxroute import spec
 
-    command, argv = spec.read(args.spec)
+    root = args.root_parser
+    command, argv = spec.read(args.spec, root)
     full = command.split() + argv + list(args.overrides)
     print(f"spec {args.spec}: jaxroute {shlex.join(full)}")
-    return cli.run_parsed(cli.build_parser().parse_args(full), full)
+    return spec.run_parsed(root.parse_args(full), full, root)

@@ -22,8 +22,8 @@ from jaxroute.metrics import Summary, summarize
 # the columns of a records file (times in seconds since the run's first arrival; an unfinished request's
 # admit, first-token and finish times are empty in CSV, null in JSONL; replica -1: never dispatched)
 COLUMNS = ("router", "seed", "request", "arrival_s", "replica", "admit_s", "first_token_s", "finish_s",
-           "prompt_tokens", "cached_tokens", "output_tokens", "ttft_s", "e2e_s", "tpot_s", "stage")
-INT_COLUMNS = ("seed", "request", "replica", "prompt_tokens", "cached_tokens", "output_tokens", "stage")
+           "prompt_tokens", "cached_tokens", "output_tokens", "preemptions", "ttft_s", "e2e_s", "tpot_s", "stage")
+INT_COLUMNS = ("seed", "request", "replica", "prompt_tokens", "cached_tokens", "output_tokens", "preemptions", "stage")
 # per-stage metrics (inference-perf's per-stage report: rate, requests, TTFT, ITL/TPOT, E2E, output tok/s)
 STAGE_METRICS = ("requests", "ttft_mean_s", "ttft_p90_s", "ttft_p99_s", "tpot_mean_s", "tpot_p90_s",
                  "e2e_mean_s", "e2e_p90_s", "e2e_p99_s", "output_tokens_per_s", "hit_rate")

@@ -123,7 +123,8 @@ def _allocate_running(model, row: Replica, ring: Ring, cache: SlotTable, index: 
     In closed form: requests 1..k of the admission order keep running, k the largest with
     a_1 + ... + a_k <= avail + freed(k+1..n). The loop below preempts from the tail while the
     survivors' tokens exceed the available tokens (one loop step per preemption, usually none).
-    Returns (row, ring, cache, number preempted, preempted requests the full local queue refused). An inactive
+    Returns (row, ring, cache, number preempted, preempted requests the full local queue refused, [B] the
+    preempted requests' ids, -1 elsewhere). An inactive
     row (its result is discarded) preempts and evicts nothing, so a batched loop runs only for rows that
     need it."""
     seg_len = r.seg_len
@@ -168,7 +169,8 @@ def _allocate_running(model, row: Replica, ring: Ring, cache: SlotTable, index: 
     deficit = jnp.where(active, cache.tokens + jnp.sum(run_res) - cap, 0)  # an inactive row keeps its cache
     cache, _ = cache.evict(deficit, unlocked_tok, seg_len, r.seg_depth)
     rw = dataclasses.replace(rw, run_res=run_res)
-    return rw, ring, cache, rw.n_preempt - row.n_preempt, refused
+    preempted = jnp.where(running & ~alive, row.run_req, -1)
+    return rw, ring, cache, rw.n_preempt - row.n_preempt, refused, preempted
 
 
 def iterate_row(model, row: Replica, ring: Ring, entries: Entries, cache: SlotTable, index: jax.Array,
@@ -202,10 +204,10 @@ def iterate_row(model, row: Replica, ring: Ring, entries: Entries, cache: SlotTa
     if model.local_order in ("lpm", "priority"):  # before a preempted request is put in front of the head
         ring = ring.skip_holes(entries)
     if on_demand:
-        row, ring, cache, n_pre, q_refused = _allocate_running(model, row, ring, cache, index, g, r, t,
-                                                               params.kv_capacity, active)
+        row, ring, cache, n_pre, q_refused, preempted = _allocate_running(model, row, ring, cache, index, g, r, t,
+                                                                          params.kv_capacity, active)
     else:
-        n_pre, q_refused = jnp.int32(0), jnp.int32(0)
+        n_pre, q_refused, preempted = jnp.int32(0), jnp.int32(0), jnp.full(row.run_req.shape, -1, jnp.int32)
     row, turn = _priority_turn(model, row, ring, entries, groups, n_pre, active)
     adm = _admit_queued(model, row, ring, entries, cache, index, g, r, t, params, n_admitted, n_pre, active, groups,
                         turn)
@@ -215,7 +217,7 @@ def iterate_row(model, row: Replica, ring: Ring, entries: Entries, cache: SlotTa
     b = _run_batch(model, rw, r, t, params, active, kv_start)
     if model.leap > 0:
         b = _leap(model, b, rw, ring, cache, params, adm["blocked"], n_pre, next_arrival, kv_start)
-    return _complete_segments(rw, ring, cache, index, acct, g, r, b, adm, n_pre, q_refused)
+    return _complete_segments(rw, ring, cache, index, acct, g, r, b, adm, n_pre, q_refused, preempted)
 
 
 class PriorityTurn(NamedTuple):
@@ -453,7 +455,8 @@ def _leap(model, b: Batch, rw: Replica, ring: Ring, cache: SlotTable, params: Re
 
 
 def _complete_segments(rw: Replica, ring: Ring, cache: SlotTable, index: jax.Array, acct: Replication,
-                       g: jax.Array, r: RequestTable, b: Batch, c: dict, n_pre: jax.Array, q_refused: jax.Array):
+                       g: jax.Array, r: RequestTable, b: Batch, c: dict, n_pre: jax.Array, q_refused: jax.Array,
+                       preempted: jax.Array):
     """Segments completed by the iteration(s) enter the cache (locked), their prefix touched; a finished
     request unlocks and touches its segments and leaves its output in the cache when the workload keeps it.
     Returns what `iterate_row` returns."""
@@ -498,7 +501,7 @@ def _complete_segments(rw: Replica, ring: Ring, cache: SlotTable, index: jax.Arr
         run_res=jnp.where(finished, 0, run_res))
     side = dict(clock=jnp.where(busy, t_end, INF), t_end=t_end, n_admitted=c["n_admitted"],
                 full=c["full"], adm_go=c["adm_go"], adm_id=c["adm_id"], adm_tok=c["adm_tok"],
-                adm_new=c["adm_new"], n_pre=n_pre, q_refused=q_refused, kv_area=kv_area,
+                adm_new=c["adm_new"], n_pre=n_pre, q_refused=q_refused, preempted=preempted, kv_area=kv_area,
                 rid=rid, first=first, finished=finished, n_fin=jnp.sum(finished).astype(jnp.float32),
                 tok_fin=jnp.sum(jnp.where(finished, prompt + out, 0)).astype(jnp.float32))
     return new_row, ring, cache, index, acct, table_full | full_out, side

@@ -245,6 +245,7 @@ class ReplicaModel(sim.Model):
             queue_front=i((G, q_pre), 0), queue_log=QueueLog.empty(self._log_len, Q),
             copies=i((m1,), 0), cache_tok=i((G,), 0), unique_tok=jnp.int32(0),
             rec_replica=i((n,), -1), rec_admit=f((n,), INF), rec_first=f((n,), INF), rec_finish=f((n,), INF),
+            rec_preempt=i((n,), 0),
             rec_cached=i((n,), 0), rec_group=i((n if self.local_order == "priority" else 1,), 0), rep_area=jnp.float32(0), rep_time=jnp.float32(0), running_full=jnp.bool_(False),
             dropped=jnp.int32(0))
 
@@ -398,6 +399,8 @@ class ReplicaModel(sim.Model):
                 side["t_end"], mode="drop"),
             rec_finish=s.rec_finish.at[jnp.where(is_iter & side["finished"], side["rid"], nowhere)].set(
                 side["t_end"], mode="drop"),
+            rec_preempt=s.rec_preempt.at[jnp.where(is_iter & (side["preempted"] >= 0), side["preempted"], nowhere)].add(
+                1, mode="drop"),
         )
 
     # ------------------------------------------------------------------ results
@@ -496,6 +499,7 @@ def request_fields(state: ReplicaState) -> dict[str, jax.Array]:
     r = state.req
     return {"arrival_s": r.arrival_s, "replica": state.rec_replica, "admit_s": state.rec_admit,
             "first_token_s": state.rec_first, "finish_s": state.rec_finish, "cached_tokens": state.rec_cached,
+            "preemptions": state.rec_preempt,
             "prompt_tokens": r.seg_tok.sum(1), "output_tokens": r.out_tok}
 
 

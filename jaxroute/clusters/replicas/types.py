@@ -107,6 +107,7 @@ class ReplicaState:
     rec_admit: jax.Array  # [N] float32 (inf = not yet)
     rec_first: jax.Array  # [N] float32 first-token time
     rec_finish: jax.Array  # [N] float32
+    rec_preempt: jax.Array  # [N] int32 times each request was preempted (on-demand admission)
     rec_cached: jax.Array  # [N] int32 prompt tokens found in the cache at admission
     rec_group: jax.Array  # [N] int32 priority group at dispatch (local order "priority"; [1] otherwise)
     rep_area: jax.Array  # [] float32 integral of the replication factor over time
