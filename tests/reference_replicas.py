@@ -293,7 +293,7 @@ def simulate(table, *, G, cap, policy, cost, chunk=512, B=64, Q=256, max_admit=4
         return rep.cache.tokens() + sum(s.res for s in rep.slots if s is not None)
 
     saved_gen = [0] * N  # output tokens a preempted request had generated
-    preempted = np.zeros(N, np.int64)  # times each request was preempted
+    times_preempted = np.zeros(N, np.int64)  # per request
     q_area, kv_area, t_prev = 0.0, 0.0, 0.0  # integrals of waiting requests and of KV in use
 
     def preempt(rep, s, t):
@@ -307,7 +307,7 @@ def simulate(table, *, G, cap, policy, cost, chunk=512, B=64, Q=256, max_admit=4
         saved_gen[s.rid] = s.gen
         rep.slots[rep.slots.index(s)] = None
         rep.n_preempt += 1
-        preempted[s.rid] += 1
+        times_preempted[s.rid] += 1
         if len(rep.queue) >= Q:
             overflow = True
         else:
@@ -559,7 +559,7 @@ def simulate(table, *, G, cap, policy, cost, chunk=512, B=64, Q=256, max_admit=4
     rec["overflow"] = overflow
     rec["running_full"] = running_full
     rec["preemptions"] = sum(r.n_preempt for r in reps)
-    rec["preempted"] = preempted
+    rec["preempted"] = times_preempted
     done = np.isfinite(rec["finish"])
     span = float(rec["finish"][done].max() - arrival.min()) if done.any() else 0.0
     ttft = (rec["first"] - arrival)[done]
