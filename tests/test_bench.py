@@ -1,8 +1,9 @@
 """`jaxroute bench`: the JSON has every model with sane figures; flags are checked; gpu_check.sh parses.
 
-Compilation dominates a bench run (each model and size is its own program, ~10-20 s each on two
-cores), so one slow test runs `--quick --seeds 1,4 --request-scaling` (about 20 programs) and checks every
-part's figures and the scaling fields from that one run.
+Compilation dominates a bench run (each model and size is its own program, ~5-20 s each on two
+cores), so one slow test runs every part at one size (`--quick --seeds 4`, 1 seed more on dispatch for seed
+scaling) and checks every part's figures from that one run; request scaling and the cost count, one more program
+per model each, are checked on dispatch.
 """
 
 import json
@@ -62,13 +63,12 @@ def _check(res: dict, models: set[str]) -> None:
 @pytest.mark.slow
 @pytest.mark.xdist_group(BENCH_GROUP)
 def test_bench_quick_every_model_and_scaling(tmp_path, capsys):
-    # One run serves both checks: every part at the quick preset's sizes (4 seeds, 32 BLIS requests, traces of
-    # 32 and 64, shared with the wrapper scripts and gpu_check's quick stages through the compile cache), plus
-    # 2x requests for the request-scaling fields, the separate preble_e2 grid and, on dispatch (the harness is
-    # the same for every model; each seed count is one more program to compile), 1 seed for seed scaling.
+    # Every part at the quick preset's sizes (4 seeds, 32 BLIS requests, traces of 32 and 64, shared with the
+    # wrapper scripts and gpu_check's quick stages through the compile cache), the separate preble_e2 grid and, on
+    # dispatch, 1 seed for seed scaling (the harness is the same for every model; each more seed count or request
+    # count is one more program per model: request scaling and the cost count are checked on dispatch below).
     out = tmp_path / "bench.json"
-    assert cli(["bench", "--quick", "--seeds", "4", "--dispatch-seeds", "1,4", "--request-scaling", "--cost-profile",
-                "--out", str(out)]) == 0
+    assert cli(["bench", "--quick", "--seeds", "4", "--dispatch-seeds", "1,4", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     res = json.loads(out.read_text())
     _check(res, {"dispatch", "cluster/toolbench", "cluster/toolbench/preble_e2", "decode"})
@@ -87,13 +87,6 @@ def test_bench_quick_every_model_and_scaling(tmp_path, capsys):
             assert isinstance(m["seed_scaling"]["flat_or_rising"], bool)
         else:
             assert [s["seeds"] for s in m["sizes"]] == [4] and not m["seed_scaling"]
-        rq = m["request_scaling"]
-        assert rq["requests_per_seed"][1] == 2 * rq["requests_per_seed"][0] and _positive(rq["per_request_cost_ratio"])
-        cost = m["cost"]  # counted on a profiled run of PROFILE_ROWS rows (tests/test_program_cost.py: exactness)
-        assert cost["available"] and cost["profiled_seeds"] * m["rows"] >= PROFILE_ROWS, cost
-        assert _positive(cost["scan_steps_per_request"]) and cost["launches_per_step"] >= cost["compiled_ops_per_step"] > 0
-        assert _positive(cost["projection"]["requests_per_s"])
-    assert "cost per simulated request (counted, not timed)" in printed
     assert _positive(res["trace"]["max_over_min"]) and isinstance(res["trace"]["flat"], bool)
     runs = {r["job"]: r for r in res["jobs"]["runs"]}
     assert set(runs) == set(JOBS) and "user jobs" in printed
@@ -104,6 +97,23 @@ def test_bench_quick_every_model_and_scaling(tmp_path, capsys):
         assert r["requests"] == 16 and r["simulated_requests"] == 16 * len(r["routers"]) and not r["overflow"]
         assert _positive(r["wall_s"]) and r["wall_s"] >= r["compile_s"] >= 0 and _positive(r["requests_per_s"])
         assert set(r["mean_latency_s"]) == set(r["routers"]) and all(map(_positive, r["mean_latency_s"].values()))
+
+
+@pytest.mark.xdist_group(BENCH_GROUP)
+def test_bench_request_scaling_and_the_cost_per_simulated_request(tmp_path, capsys):
+    # each runs one more program per model (2x requests; a profiled, chunked run): on dispatch here, the harness is
+    # the same for every model (tests/test_program_cost.py checks the counts' exactness on each model's programs)
+    out = tmp_path / "bench.json"
+    assert cli(["bench", "--quick", "--only", "dispatch", "--seeds", "4", "--request-scaling", "--cost-profile",
+                "--out", str(out)]) == 0
+    assert "cost per simulated request (counted, not timed)" in capsys.readouterr().out
+    (m,) = json.loads(out.read_text())["models"]
+    rq = m["request_scaling"]
+    assert rq["requests_per_seed"][1] == 2 * rq["requests_per_seed"][0] and _positive(rq["per_request_cost_ratio"])
+    cost = m["cost"]  # counted on a profiled run of PROFILE_ROWS rows
+    assert cost["available"] and cost["profiled_seeds"] * m["rows"] >= PROFILE_ROWS, cost
+    assert _positive(cost["scan_steps_per_request"]) and cost["launches_per_step"] >= cost["compiled_ops_per_step"] > 0
+    assert _positive(cost["projection"]["requests_per_s"])
 
 
 @pytest.mark.parametrize("argv, message", [

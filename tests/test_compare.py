@@ -28,7 +28,7 @@ def test_records_round_trip_and_the_fit_recovers_the_factors_they_were_made_with
         assert c["pairs"] == 30 and c["mape_pct"] < 1e-3, (metric, c)
     # from the catalog's factors, the fit finds the ones the records were made with
     out, fitted = tmp_path / "cmp.json", tmp_path / "fit.json"
-    assert cli(["compare", str(records), "--fit", "--fit-steps", "100", "--cost-params-out", str(fitted),
+    assert cli(["compare", str(records), "--fit", "--fit-steps", "60", "--cost-params-out", str(fitted),
                 "--fit-plot", str(tmp_path / "fit.png"), "--out", str(out), *DEPLOYMENT[:4]]) == 0
     text = capsys.readouterr().out
     assert "fitted (" in text and "quality" in text
