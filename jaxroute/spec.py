@@ -113,7 +113,7 @@ def _text(value: Any) -> str:
     if isinstance(value, bool):
         return "on" if value else "off"
     if isinstance(value, float):
-        return "off" if math.isinf(value) and value > 0 else repr(value)
+        return repr(value)
     if isinstance(value, dict):
         if set(value) == {"rate", "seconds"} or set(value) == {"rate", "duration"}:
             return f"{_text(value['rate'])}:{_text(value.get('seconds', value.get('duration')))}"
