@@ -162,3 +162,16 @@ def test_the_example_spec_and_its_inference_perf_config_read():
     assert command == "cluster" and argv[argv.index("--inference-perf") + 1] == str(folder / "inference-perf.yml")
     load = ip.load(folder / "inference-perf.yml")
     assert load.requests == 17_040 and load.flags()["sp_system_len"] == 6000 and len(load.stages) == 7
+
+
+def test_flags_that_the_inference_perf_config_or_the_cost_params_rule_out_are_refused(tmp_path, capsys):
+    cfg = tmp_path / "config.yml"
+    cfg.write_text(yaml.safe_dump(CONFIG))
+    factors = tmp_path / "f.json"
+    factors.write_text(json.dumps({"cost_factors": {"eta_compute": 0.5, "eta_memory": 0.6, "overhead_s": 0.001}}))
+    for extra in (["--workload", "toolbench"], ["--hot-tool", "0.4"], ["--rate", "3"], ["--sp-groups", "2"]):
+        assert cli(["cluster", "--inference-perf", str(cfg), *extra]) == 2
+    assert cli(["cluster", "--cost-params", str(factors), "--cost-model", "preble", "--requests", "10"]) == 2
+    err = capsys.readouterr().err
+    for flag in ("drop --workload", "drop --hot-tool", "drop --rate", "drop --sp-*", "does not apply to --cost-model preble"):
+        assert flag in err, flag

@@ -207,11 +207,12 @@ def _tuned_row(args, rate: float, cost_model: str, factors=None) -> tuple:
 
 
 def _inference_perf(args):
-    """(name, workload, stages) of --inference-perf, refusing the flags it replaces; None without it."""
+    """The load of --inference-perf (`workloads.inference_perf.load`), refusing the flags it replaces; None without it."""
     if not args.inference_perf:
         return None
     given = [f for f, v in (("--workload", args.workload), ("--rate", args.rate), ("--rate-stages", args.rate_stages),
-                            ("--requests", args.requests), ("--trace", args.trace)) if v is not None]
+                            ("--requests", args.requests), ("--trace", args.trace),
+                            ("--hot-tool", args.hot_tool or None)) if v is not None]
     given += ["--sp-*"] if shared_prefix_settings(args) else []
     if given:
         raise JaxrouteError(f"--inference-perf sets the workload; drop {', '.join(given)}")
@@ -276,6 +277,8 @@ def run(args) -> int:
     if args.cost_params:
         from jaxroute.experiments import fit_roofline
 
+        if cost_model != "roofline":
+            raise JaxrouteError("--cost-params holds the roofline's factors; it does not apply to --cost-model preble")
         factors = fit_roofline.load(args.cost_params)
     rows = policy_rows(policies, rate=rate, stale=stale, kv_capacity=args.kv_capacity, gpu=args.gpu,
                        model_name=args.model, cost_model=cost_model, theta=args.theta,
