@@ -74,3 +74,20 @@ def test_real_traces_load():
     moon = load_trace(require(MOONCAKE))
     assert len(conv) > 10_000 and conv.prompt_tokens.min() >= 1
     assert len(moon) > 1_000 and moon.block_ids is not None
+
+
+def test_azure_2024_timestamps_with_a_utc_offset(tmp_path):
+    """The 2024 one-week traces (Azure/AzurePublicDataset, dataset-llm-2024): same columns, a UTC offset."""
+    from jaxroute.errors import JaxrouteError
+    from jaxroute.workloads.traces import load_azure_csv
+
+    p = tmp_path / "AzureLLMInferenceTrace_conv_1week.csv"
+    p.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                 "2024-05-10 00:00:00.009930+00:00,100,10\n"
+                 "2024-05-10 00:00:01.509930+00:00,200,20\n"
+                 "2024-05-10 02:00:02.009930+02:00,300,30\n")  # 00:00:02.00993 UTC
+    t = load_azure_csv(p)
+    assert t.arrival_s.tolist() == pytest.approx([0.0, 1.5, 2.0]) and t.prompt_tokens.tolist() == [100, 200, 300]
+    p.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2024-05-10 00:00:00.00x930+00:00,100,10\n")
+    with pytest.raises(JaxrouteError, match="cannot parse timestamp"):
+        load_azure_csv(p)

@@ -18,6 +18,7 @@ import dataclasses
 import datetime as dt
 import json
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -98,19 +99,35 @@ def _check_sorted(t: np.ndarray, path: Path, first_line: int) -> None:
         )
 
 
+_OFFSET = re.compile(r"Z$|([+-])(\d{2}):?(\d{2})$")
+
+
 def _parse_azure_time(text: str) -> float:
-    """Azure timestamps look like `2023-11-16 18:15:46.6805900` (7 fractional digits)."""
+    """Azure timestamps: 2023's `2023-11-16 18:15:46.6805900` (naive, read as UTC, 7 fractional digits) and
+    2024's `2024-05-10 00:00:00.009930+00:00` (a UTC offset, 6 digits; the one-week traces of
+    Azure/AzurePublicDataset's dataset-llm-2024 release, same columns)."""
     text = text.strip()
     try:
         return float(text)
     except ValueError:
         pass
+    m = _OFFSET.search(text)
+    offset_s = 0.0
+    if m:
+        text = text[:m.start()]
+        if m.group(0) != "Z":
+            sign = -1.0 if m.group(1) == "-" else 1.0
+            offset_s = sign * (int(m.group(2)) * 3600 + int(m.group(3)) * 60)
     base, _, frac = text.partition(".")
     try:
         t = dt.datetime.strptime(base, "%Y-%m-%d %H:%M:%S").replace(tzinfo=dt.UTC).timestamp()
+        f = float("0." + frac) if frac else 0.0
+        if frac and not frac.isdigit():
+            raise ValueError(frac)
     except ValueError:
-        raise JaxrouteError(f"cannot parse timestamp {text!r}; expected 'YYYY-MM-DD HH:MM:SS.fffffff'") from None
-    return t + (float("0." + frac) if frac else 0.0)
+        raise JaxrouteError(f"cannot parse timestamp {text!r}; expected 'YYYY-MM-DD HH:MM:SS.fffffff', "
+                            "optionally with a UTC offset such as +00:00") from None
+    return t + f - offset_s
 
 
 def _read_csv(p: Path, columns: tuple[str, ...], kind: str) -> list[dict[str, str]]:
