@@ -115,3 +115,16 @@ def test_broken_conservation_is_refused_even_with_allow_overflow(monkeypatch, ca
     captured = capsys.readouterr()
     assert "conservation failed" in captured.err and "in: rr;" in captured.err
     assert "mean_response" not in captured.out
+
+
+def test_a_dispatch_run_saves_a_spec_that_reruns_to_the_same_numbers(tmp_path, capsys):
+    """--save-spec on another comparison command than cluster (same shapes as the test above: one program)."""
+    import yaml
+
+    first, again, spec = tmp_path / "a.json", tmp_path / "b.json", tmp_path / "specs" / "d.yaml"
+    assert main(["dispatch", *SMALL, "--policies", "jsq,p2c", "--out", str(first), "--save-spec", str(spec)]) == 0
+    doc = yaml.safe_load(spec.read_text())
+    assert doc["command"] == "dispatch" and doc["run"]["seeds"] == 3 and doc["workload"]["requests"] == 400
+    assert main(["run", str(spec), "--out", str(again)]) == 0
+    per_seed = lambda p: [(r["policy"], r["metrics"]["mean_response"]["per_seed"]) for r in json.loads(p.read_text())["results"]]
+    assert per_seed(first) == per_seed(again) and len(per_seed(first)) == 2
