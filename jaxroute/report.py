@@ -119,11 +119,14 @@ def format_table(records: Sequence[Record], metric_names: Sequence[str], label=N
         cells += [fmt_ci(r.metrics[m]) for m in metric_names]
         cells += [fn(r) for fn in extra.values()]
         rows.append(cells)
+    return text_table(header, rows)
+
+
+def text_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """A fixed-width, left-aligned text table: the header, a rule, then the rows (cells already formatted)."""
     widths = [max(len(h), *(len(row[i]) for row in rows)) if rows else len(h) for i, h in enumerate(header)]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True))]
-    lines.append("  ".join("-" * w for w in widths))
-    for row in rows:
-        lines.append("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)))
+    lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)), "  ".join("-" * w for w in widths)]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in rows]
     return "\n".join(lines)
 
 

@@ -8,7 +8,7 @@ request is admitted when, to which replica) each request's TTFT and TPOT is diff
 loop are no obstacle), giving the Jacobian of every request's times at the cost of about one more run. The loss
 is the mean squared log error of TTFT and of TPOT over the requests measured with both; optax's Adam steps
 `coordinates` of the factors (positive by construction, the weakly pinned direction on one axis) with a
-cosine-decayed step size, and the best point is kept. A decision that flips as the factors move
+cosine-decayed step size, every step inside one compiled `lax.scan`, and the best point is kept. A decision that flips as the factors move
 shows as a jump in the loss curve, which Adam steps over.
 """
 
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 from pathlib import Path
 
 import jax
@@ -75,9 +74,13 @@ def factors_of(u: jax.Array, weights_s) -> CostFactors:
     return CostFactors(jnp.exp(u[0]), weights_s / (step * (1.0 - share)), step * share)
 
 
-def _program(model):
-    """jit(log factors, key, workload, params -> (times [2, N], d times / d log factors [3, 2, N])), per model."""
-    if model not in _PROGRAMS:
+def _program(model, steps: int, lr: float):
+    """jit(start coordinates, key, workload, params, log targets [2, N], valid [N] -> (loss per step [steps], best
+    coordinates, best step)): the whole fit, every Adam step in one compiled scan, per (model, steps, lr)."""
+    import optax
+
+    cache_key = (model, steps, lr)
+    if cache_key not in _PROGRAMS:
         from jaxroute.clusters.replicas.model import request_fields
 
         def times(u, key, wl, params):
@@ -92,19 +95,39 @@ def _program(model):
             wait = jax.lax.stop_gradient(r["admit_s"] - r["arrival_s"])
             return jnp.stack([wait + r["first_token_s"] - r["admit_s"], (r["finish_s"] - r["first_token_s"]) / out])
 
-        def with_tangents(u, key, wl, params):
-            one = lambda t: jax.jvp(lambda v: times(v, key, wl, params), (u,), (t,))
-            return jax.vmap(one, out_axes=(None, 0))(jnp.eye(3, dtype=u.dtype))
+        opt = optax.adam(optax.cosine_decay_schedule(lr, steps, alpha=0.01))  # settle as the steps run out
 
-        _PROGRAMS[model] = jax.jit(with_tangents)
-    return _PROGRAMS[model]
+        def run(u0, key, wl, params, log_target, valid):
+            def step(carry, i):
+                u, state, best_loss, best_u, best_i = carry
+                one = lambda t: jax.jvp(lambda v: times(v, key, wl, params), (u,), (t,))
+                t, dt = jax.vmap(one, out_axes=(None, 0))(jnp.eye(3, dtype=u.dtype))  # [2, N], [3, 2, N]
+                ok = valid & jnp.all(jnp.isfinite(t) & (t > 0), axis=0)
+                n = jnp.sum(ok)
+                resid = jnp.where(ok, jnp.log(jnp.where(ok, t, 1.0)) - log_target, 0.0)
+                loss = jnp.where(n > 0, jnp.sum(resid ** 2) / jnp.maximum(n, 1), jnp.inf)
+                # d loss / d u_k = 2 / n sum (log t - log m) (d t / d u_k) / t
+                grad = 2.0 * jnp.sum(resid[None] * jnp.where(ok, dt / jnp.where(ok, t, 1.0), 0.0), axis=(1, 2))
+                grad = grad / jnp.maximum(n, 1)
+                better = loss < best_loss
+                updates, new_state = opt.update(grad, state, u)
+                done = loss < 1e-12  # the measured run itself: stay
+                u_next = jnp.where(done, u, optax.apply_updates(u, updates))
+                carry = (u_next, new_state, jnp.where(better, loss, best_loss), jnp.where(better, u, best_u),
+                         jnp.where(better, i, best_i))
+                return carry, loss
+
+            init = (u0, opt.init(u0), jnp.float32(jnp.inf), u0, jnp.int32(0))
+            (_, _, _, best_u, best_i), losses = jax.lax.scan(step, init, jnp.arange(steps, dtype=jnp.int32))
+            return losses, best_u, best_i
+
+        _PROGRAMS[cache_key] = jax.jit(run)
+    return _PROGRAMS[cache_key]
 
 
 def fit(measured: MeasuredRun, dep, start: CostFactors | None = None, steps: int = DEFAULT_STEPS,
-        lr: float = DEFAULT_LR, on_step=None) -> Fit:
-    """Fit the factors to `measured` replayed on `dep` (`replay.Deployment`); on_step(i, loss, factors) each step."""
-    import optax
-
+        lr: float = DEFAULT_LR) -> Fit:
+    """Fit the factors to `measured` replayed on `dep` (`replay.Deployment`): `steps` Adam steps in one compiled run."""
     from jaxroute.clusters import replicas
     from jaxroute.experiments import replay
     from jaxroute.experiments.cluster import initial_capacities
@@ -126,34 +149,15 @@ def fit(measured: MeasuredRun, dep, start: CostFactors | None = None, steps: int
                                   max_queue=caps["max_queue"], cache_slots=caps["cache_slots"], admission=dep.admission,
                                   router_policies=(dep.router,))
     model.check_params(params, wl)
-    program, key = _program(model), jax.random.key(0)
-    log_target = np.log(np.where(valid, target, 1.0))
     weights_s = float(_weights_s(params.cost))
-    theta = coordinates(start, weights_s)
-    as_factors = lambda u: CostFactors(*(float(x) for x in factors_of(jnp.asarray(u), weights_s)))
-    opt = optax.adam(optax.cosine_decay_schedule(lr, steps, alpha=0.01))  # settle as the steps run out
-    state = opt.init(theta)
-    losses, best = [], (math.inf, theta, 0)
-    for i in range(steps):
-        t, dt = program(theta, key, wl, params)
-        t, dt = np.asarray(t, np.float64), np.asarray(dt, np.float64)
-        ok = valid & np.all(np.isfinite(t) & (t > 0), axis=0)
-        if not ok.any():
-            raise JaxrouteError("the replay finished no request; the deployment cannot serve this run")
-        resid = np.where(ok, np.log(np.where(ok, t, 1.0)) - log_target, 0.0)  # [2, N]
-        loss = float(np.sum(resid ** 2) / ok.sum())
-        # d loss / d u_k = 2 / n sum (log t - log m) (d t / d u_k) / t
-        grad = 2.0 * np.sum(resid[None] * np.where(ok, dt / np.where(ok, t, 1.0), 0.0), axis=(1, 2)) / ok.sum()
-        losses.append(loss)
-        if loss < best[0]:
-            best = (loss, theta, i)
-        if on_step is not None:
-            on_step(i, loss, as_factors(theta))
-        if loss < 1e-12:
-            break
-        updates, state = opt.update(jnp.asarray(grad, jnp.float32), state, theta)
-        theta = optax.apply_updates(theta, updates)
-    return Fit(as_factors(best[1]), start, tuple(losses), best[2], int(valid.sum()))
+    log_target = jnp.asarray(np.log(np.where(valid, target, 1.0)), jnp.float32)
+    losses, best_u, best_i = _program(model, int(steps), float(lr))(
+        coordinates(start, weights_s), jax.random.key(0), wl, params, log_target, jnp.asarray(valid))
+    losses = np.asarray(losses, np.float64)
+    if not np.isfinite(losses).any():
+        raise JaxrouteError("the replay finished no request; the deployment cannot serve this run")
+    factors = CostFactors(*(float(x) for x in factors_of(best_u, weights_s)))
+    return Fit(factors, start, tuple(losses.tolist()), int(best_i), int(valid.sum()))
 
 
 def save(path: str | Path, result: Fit, dep, source: str) -> Path:

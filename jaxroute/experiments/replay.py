@@ -120,7 +120,6 @@ def format_comparison(result: dict[str, dict]) -> str:
         cells += [f"{c['measured'][k] * 1e3:.4g} / {c['simulated'][k] * 1e3:.4g}" for k in STATS]
         cells += [f"{c['mape_pct']:.2f}", f"{c['pearson_r']:.3f}", c["bias"], c["quality"]]
         rows.append(cells)
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(head, widths, strict=True)), "  ".join("-" * w for w in widths)]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
-    return "\n".join(lines)
+    from jaxroute.report import text_table
+
+    return text_table(head, rows)

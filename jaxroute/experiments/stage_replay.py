@@ -96,6 +96,6 @@ def format_stages(result: list[StageComparison]) -> str:
                 err = 100 * (s.mean / c.measured[m] - 1) if c.measured[m] > 0 else np.nan
                 cells.append(f"{c.measured[m] * 1e3:.4g} / {s.mean * 1e3:.4g} ± {s.half_width * 1e3:.2g} ({err:+.0f} %)")
         lines.append(cells)
-    widths = [max(len(h), *(len(r[i]) for r in lines)) for i, h in enumerate(head)]
-    text = ["  ".join(h.ljust(w) for h, w in zip(head, widths, strict=True)), "  ".join("-" * w for w in widths)]
-    return "\n".join(text + ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in lines])
+    from jaxroute.report import text_table
+
+    return text_table(head, lines)
