@@ -13,7 +13,7 @@ import jax
 import numpy as np
 
 from jaxroute import cost_models
-from tests import reference_gateways, reference_llmd_dynamo
+from tests import reference_control, reference_gateways, reference_llmd_dynamo
 from tests import reference_routers as rr_mod
 
 F32 = np.float32
@@ -196,7 +196,8 @@ def preble_costs(window, last, record, locked, segs_i, match, prompt, a, cap, H,
 
 
 def simulate(table, *, G, cap, policy, cost, chunk=512, B=64, Q=256, max_admit=4, local="fcfs",
-             router=None, stale=0.0, check=None, router_key=None, admission="reserve", priority_groups=10):
+             router=None, stale=0.0, check=None, router_key=None, admission="reserve", priority_groups=10,
+             control=None):
     """Run the reference; returns per-request records and a list of invariant violations.
 
     local: "fcfs", "lpm" or "priority" (Preble's priority groups: a request's group is fixed at
@@ -210,7 +211,11 @@ def simulate(table, *, G, cap, policy, cost, chunk=512, B=64, Q=256, max_admit=4
     one that does not fit preempts the last admitted, which frees its KV and waits at the queue's
     front; no admission after a preemption; a waiting request needs room for this step's tokens only;
     a readmitted one recomputes its prompt and generated output). rec["metrics"] has the
-    throughput / time-average metrics, rec["preemptions"] the count."""
+    throughput / time-average metrics, rec["preemptions"] the count.
+
+    control: a `reference_control.Control` (autoscaler and gateway): control events come first on ties,
+    the gateway may shed an arrival (never routed), the router (`reference_control.route`) sees the ready
+    replicas only, and a replica that leaves comes back with an empty cache."""
     rp = dict(theta=0.5, guard_abs=8.0, guard_rel=1.5, e2_window_s=180.0, e2_th_bal=1.5, weights=None,
               e2_pairing=policy == "preble", e2_autoscale=policy == "preble", e2_pair_hit=0.7, e2_pair_window_s=30.0,
               e2_overload_window_s=180.0)
@@ -339,15 +344,34 @@ def simulate(table, *, G, cap, policy, cost, chunk=512, B=64, Q=256, max_admit=4
             rep.cache.evict_one(set())
         return n_pre
 
+    def observed():
+        return dict(waiting=[len(r.queue) for r in reps], running=[sum(s is not None for s in r.slots) for r in reps],
+                    kv_usage=[F32(F32(kv_in_use(r)) / F32(cap)) for r in reps], inflight=list(inflight), arrivals=nxt)
+
+    def empty(r):
+        return not r.queue and all(s is None for s in r.slots)
+
+    ready_area = 0.0
     while True:
         a = arrival[nxt] if nxt < N else np.inf
         gmin = int(np.argmin([r.clock for r in reps]))
         m = reps[gmin].clock
         if a == np.inf and m == np.inf:
             break
-        t_ev = F32(min(a, m))
+        c = control.next_time() if control is not None else np.inf
+        t_ev = F32(min(a, m, c))
         q_area += sum(len(r.queue) for r in reps) * float(F32(t_ev - F32(t_prev)))
+        if control is not None:
+            ready_area += len(control.ready()) * float(F32(t_ev - F32(t_prev)))
         t_prev = t_ev
+        if c <= min(a, m):  # a control event
+            g = control.event(F32(c), observed(), [empty(r) for r in reps])
+            if g is not None:
+                reps[g].cache = RadixCache()
+            continue
+        if a <= m and control is not None and not control.admit(nxt, prompt[nxt], a, observed()):
+            nxt += 1  # shed at the gateway
+            continue
         if a <= m:  # route
             i = nxt
             fresh = dict(present=[set(reps[g].cache.nodes) | {k for k, v in dispatched[g].items() if v > 0}
@@ -372,7 +396,9 @@ def simulate(table, *, G, cap, policy, cost, chunk=512, B=64, Q=256, max_admit=4
                              inflight=list(v_inf), tokens=list(v_tok), record=record, match=match,
                              cached=seen["cached"], cached_match=[rr_mod.leading_tokens(segs[i], c) for c in seen["cached"]],
                              waiting=seen["waiting"], running=seen["running"], kv_usage=seen["kv_usage"])
-            if ref_router is not None:
+            if control is not None:
+                g = reference_control.route(policy, control.ready(), i, v_inf, v_tok, match)
+            elif ref_router is not None:
                 g = ref_router.choose(ctx)
                 ref_router.on_dispatch(ctx, g)
             else:
@@ -547,8 +573,12 @@ def simulate(table, *, G, cap, policy, cost, chunk=512, B=64, Q=256, max_admit=4
             inflight[g] -= 1
             tokens[g] -= prompt[i] + int(out_tok[i])
             rep.slots[k] = None
+            if control is not None:
+                control.finished(i)
         busy = any(s is not None for s in rep.slots) or rep.queue
         rep.clock = t_end if busy else np.inf
+        if control is not None:
+            control.drained(g, empty(rep), t_end)
         # invariants
         if used(rep) > cap:
             violations.append(f"replica {g} uses {used(rep)} > {cap} tokens at {t_end}")
@@ -574,4 +604,8 @@ def simulate(table, *, G, cap, policy, cost, chunk=512, B=64, Q=256, max_admit=4
     stats.update(e2_mean_L_s=float(e2_terms[0] / F32(n_dec)), e2_mean_M_s=float(e2_terms[1] / F32(n_dec)),
                  e2_mean_P_s=float(e2_terms[2] / F32(n_dec)))
     rec["stats"] = stats
+    if control is not None:
+        done = np.isfinite(rec["finish"])
+        rec["end"] = max(F32(t_prev), rec["finish"][done].max() if done.any() else F32(0))
+        rec["ready_area"] = ready_area + len(control.ready()) * float(F32(rec["end"] - F32(t_prev)))
     return rec, violations

@@ -34,3 +34,11 @@ DEFAULT_BLOCK_SIZE = 128  # tokens per KV block (issue 12: vLLM-style paged KV, 
 # penalty; γ = 0.95 halves the weight of a step ~14 steps ahead (predictions far ahead count less).
 DEFAULT_ALPHA = 1.0
 DEFAULT_GAMMA = 0.95
+
+# ----------------------------------------------------------------- control plane (replicas/control.py)
+SCALERS: tuple[str, ...] = ("fixed", "hpa", "kpa", "sla")  # autoscalers, in traced-id order
+SCALE_METRICS: tuple[str, ...] = ("waiting", "running", "kv_usage", "in_flight")  # HPA metrics, per ready replica
+GATES: tuple[str, ...] = ("none", "token_bucket", "tier_shed", "saturation")  # gateway admission policies
+# Request classes and their priorities: GAIE's defaults as BLIS documents them (negative = sheddable)
+CLASSES: tuple[str, ...] = ("critical", "standard", "batch", "sheddable", "background")
+CLASS_PRIORITY: tuple[int, ...] = (4, 3, -1, -2, -3)

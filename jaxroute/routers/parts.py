@@ -61,9 +61,13 @@ def imbalanced(load: jax.Array, abs_thr: jax.Array, rel_thr: jax.Array) -> jax.A
 
 
 def turn(view: RouterView, req: Request) -> jax.Array:
-    """1 for the replica whose turn it is (round robin over routed requests and the active replicas), else 0."""
+    """1 for the replica whose turn it is (round robin over routed requests and the active replicas: the k-th
+    active one, k = request id mod their count), else 0."""
     G = view.inflight.shape[0]
-    return (jnp.arange(G) == req.id % n_active(view)).astype(jnp.float32)
+    if view.active is None:
+        return (jnp.arange(G) == req.id % G).astype(jnp.float32)
+    rank = jnp.cumsum(view.active) - 1
+    return (view.active & (rank == req.id % n_active(view))).astype(jnp.float32)
 
 
 def fewest_requests(view: RouterView, req: Request) -> jax.Array:

@@ -70,12 +70,14 @@ from jaxroute import compile_effort, cost_models, sim
 from jaxroute import metrics as mlib
 from jaxroute.clusters.names import (
     ADMISSIONS,
+    CLASSES,
     LOCAL_ORDERS,
     REPLICA_GPU,
     REPLICA_METRICS,
     REPLICA_MODEL,
 )
 from jaxroute.clusters.prefix_cache import leading_run
+from jaxroute.clusters.replicas import control as ctl_lib
 from jaxroute.clusters.replicas.cache import (
     Replication,
     SlotTable,
@@ -104,7 +106,7 @@ _ROUTER_KEY = 0x7E57  # fold_in tag: the router's coin flips never reuse the wor
 def make_params(policy: str = "rr", rate: float = 1.0, stale_s: float = 0.0, kv_capacity: int | None = None,
                 gpu: str = REPLICA_GPU, model: str = REPLICA_MODEL, cost_model: str = "roofline", tp: int = 1,
                 n_active: int | None = None, cost_factors: cost_models.CostFactors | None = None,
-                **router_kw) -> ReplicaParams:
+                control: ctl_lib.ControlParams | None = None, **router_kw) -> ReplicaParams:
     """Traced params of one row; router settings (`router_kw`) go to the router.
 
     Each replica is `tp` GPUs (tensor parallel). The KV capacity follows from GPU memory, tp and 90 %
@@ -112,6 +114,7 @@ def make_params(policy: str = "rr", rate: float = 1.0, stale_s: float = 0.0, kv_
     `n_active`: replicas in use, the first n_active of the model's n_replicas (None = all; checked
     against the model by `ReplicaModel.check_params`). Rows stacked into one batch must all set it or
     all leave it None. `cost_factors`: the roofline's fitted factors (`cost_models.CostFactors`; None: the defaults).
+    `control`: the autoscaler and gateway settings (`control.make`; a model built with control=True).
     """
     pid = routers.REGISTRY.id(policy)
     if stale_s < 0:
@@ -127,7 +130,7 @@ def make_params(policy: str = "rr", rate: float = 1.0, stale_s: float = 0.0, kv_
         cost = cost_models.with_factors(cost, cost_factors)
     return ReplicaParams(jnp.int32(pid), jnp.float32(rate), jnp.float32(stale_s), jnp.int32(cap),
                          routers.router_params(policy, **router_kw), cost,
-                         None if n_active is None else jnp.int32(int(n_active)))
+                         None if n_active is None else jnp.int32(int(n_active)), control)
 
 
 def default_max_queue(n_requests: int, n_replicas: int) -> int:
@@ -157,6 +160,10 @@ class ReplicaModel(sim.Model):
     cache_slots: int = 0  # C: segments a replica's cache table holds (0 = every segment id; cache.slot_bound)
     admission: str = "reserve"  # KV admission: "reserve" (prompt + whole output) or "on-demand" (vLLM V1)
     request_records: bool = False  # metrics carry every request's record ("req.<field>", [N] each; `records`)
+    control: bool = False  # the control plane: autoscaler and gateway (control.py; params.control)
+    control_ticks: int = 4096  # autoscaler ticks a run may take (more: `unfinished`)
+    control_history: int = 256  # K: ticks the autoscaler remembers (its windows must fit)
+    control_log: int = 512  # E: changes of the ready count recorded ("scale.log_*"; more: `scale_log_full`)
 
     def __post_init__(self):
         if self.n_replicas < 1 or self.chunk < 1 or self.max_running < 1 or self.max_queue < 1 or self.max_admit < 1:
@@ -169,6 +176,8 @@ class ReplicaModel(sim.Model):
             raise JaxrouteError(f"unknown local order '{self.local_order}'; choose from: {', '.join(LOCAL_ORDERS)}")
         if self.priority_groups < 1:
             raise JaxrouteError(f"priority groups must be >= 1, got {self.priority_groups}")
+        if min(self.control_ticks, self.control_history, self.control_log) < 1:
+            raise JaxrouteError("control_ticks, control_history and control_log must all be >= 1")
         if self.admission not in ADMISSIONS:
             raise JaxrouteError(f"unknown admission '{self.admission}'; choose from: {', '.join(ADMISSIONS)}")
         for name in self.router_policies or ():
@@ -190,6 +199,17 @@ class ReplicaModel(sim.Model):
         ids = np.asarray(params.policy).reshape(-1)
         routers.REGISTRY.check_id(ids)
         routers.check(self.router_static(1), {routers.REGISTRY.name(int(i)) for i in ids})
+        if self.control != (params.control is not None):
+            raise JaxrouteError("control settings need a model built with control=True, and such a model needs them"
+                                if params.control is not None else "a model built with control=True needs control "
+                                "settings (params.control: control.make)")
+        if self.control:
+            if params.n_active is not None:
+                raise JaxrouteError("n_active and an autoscaler both set the replicas in use; use one")
+            if refused := sorted({routers.REGISTRY.name(int(i)) for i in ids} - set(routers.PARTIAL_OK)):
+                raise JaxrouteError(f"router '{refused[0]}' cannot run with an autoscaler (its own per-replica state "
+                                    f"would outlive a replica that leaves); use one of: {', '.join(routers.PARTIAL_OK)}")
+            ctl_lib.check(params.control, self.n_replicas, self.control_history)
         if not self.stale_view and np.any(np.asarray(params.stale_s) > 0):
             raise JaxrouteError("stale_s > 0 needs a model built with stale_view=True "
                                 "(the router view would silently stay fresh)")
@@ -211,7 +231,8 @@ class ReplicaModel(sim.Model):
         # Also a bound with on-demand admission: every iteration advances its replica's oldest running
         # request, which is never preempted (victims are the last admitted; alone it fits, check_fits),
         # and a readmitted request's steps (recompute chunks + the rest of its output) are no more.
-        return int(workload.step_bound(self.chunk))
+        extra = self.control_ticks * (1 + 2 * self.n_replicas) if self.control else 0  # ticks and transitions
+        return int(workload.step_bound(self.chunk)) + extra
 
     def init(self, key, workload, params: ReplicaParams) -> ReplicaState:
         req = workload.realize(key, params.rate)
@@ -247,7 +268,8 @@ class ReplicaModel(sim.Model):
             rec_replica=i((n,), -1), rec_admit=f((n,), INF), rec_first=f((n,), INF), rec_finish=f((n,), INF),
             rec_preempt=i((n,), 0),
             rec_cached=i((n,), 0), rec_group=i((n if self.local_order == "priority" else 1,), 0), rep_area=jnp.float32(0), rep_time=jnp.float32(0), running_full=jnp.bool_(False),
-            dropped=jnp.int32(0))
+            dropped=jnp.int32(0),
+            ctl=ctl_lib.init(key, params.control, G, n, self.control_history, self.control_log) if self.control else None)
 
     @property
     def _log_len(self) -> int:  # local-queue writes one event can make: preemptions, admissions or one dispatch
@@ -277,6 +299,8 @@ class ReplicaModel(sim.Model):
         _, cached_match = leading_run(held, req.tok)
         # replicas the router may choose (None = all: the routers compute what they did without the mask)
         active = None if params.n_active is None else jnp.arange(self.n_replicas) < params.n_active
+        if self.control:
+            active = s.ctl.status == ctl_lib.READY
         view = RouterView(now=a, inflight=seen.inflight, tokens=seen.tokens, record=seen.present,
                           locked=pending > 0, match_tokens=match.astype(jnp.float32), cached=seen.cached,
                           cached_match=cached_match.astype(jnp.float32), waiting=seen.waiting, running=seen.running,
@@ -296,6 +320,22 @@ class ReplicaModel(sim.Model):
         live = jnp.isfinite(t)
         is_route = live & (a <= m)
         is_iter = live & ~is_route
+        ctl, is_ctl, req = s.ctl, jnp.bool_(False), Request.of(r, i)
+        arrive, next_event = is_route, a  # a leap takes only iterations that start before the next other event
+        if self.control:  # a control event comes first on ties; the gateway may shed the arrival
+            c_t = ctl_lib.next_time(ctl)
+            next_event = jnp.minimum(a, c_t)
+            is_ctl = c_t <= t
+            is_route, is_iter = is_route & ~is_ctl, is_iter & ~is_ctl
+            t = jnp.minimum(t, c_t)
+            live = live | is_ctl
+            obs = self._observed(s, params)
+            ctl = ctl_lib.advance(ctl, jnp.where(live, t - s.now, 0.0))
+            arrive = is_route
+            ctl, admitted_gw = ctl_lib.admit(ctl, i, req.prompt, a, obs, params.control, arrive, self.max_running)
+            is_route = arrive & admitted_gw
+            empty = (s.rep.q_count == 0) & jnp.all(s.rep.run_req < 0, axis=1)
+            ctl, g_leave = ctl_lib.control_event(ctl, t, obs, empty, params.control, is_ctl)
 
         # time-averaged replication factor over [now, t)
         has = s.unique_tok > 0
@@ -306,7 +346,6 @@ class ReplicaModel(sim.Model):
         queue_area = s.queue_area + jnp.sum(s.rep.q_count).astype(jnp.float32) * dt_ev  # waiting requests over [now, t)
 
         # ---- routing decision for request i (used only if is_route)
-        req = Request.of(r, i)
         # the previous event's pending changes, applied before anything reads the counts (so the scatter is
         # their only user and updates them in place: no copy of the [G, M+1] array per event)
         pending = apply_pending(s.pending, s.pending_g, s.pending_req, s.pending_add, r)
@@ -316,6 +355,8 @@ class ReplicaModel(sim.Model):
         g_route = routers.choose(router, view, req, params.policy, params.router, jax.random.fold_in(s.key, i),
                                  self.router_policies)
         g = jnp.where(is_route, g_route, jnp.argmin(s.clock))
+        if self.control:  # a replica leaving: its row (its cache is cleared below)
+            g = jnp.where(is_ctl, jnp.minimum(g_leave, self.n_replicas - 1), g)
         row = jax.tree.map(lambda x: x[g], s.rep)
         router = routers.on_dispatch(router, view, req, g, is_route, params.router)
 
@@ -336,7 +377,7 @@ class ReplicaModel(sim.Model):
                                   q_head=None, q_span=None, q_count=None)
         it, ring_iter, table, index, acct, table_full, side = iterate_row(
             self, run, ring, entries, table, s.cache_index, g, Replication(s.copies, s.unique_tok), r, m, params,
-            s.n_admitted, a, is_iter, s.rec_group)
+            s.n_admitted, next_event, is_iter, s.rec_group)
         # this event's pending changes (dispatch: +1 on the request's segments; iteration: -1 on the finished
         # requests' segments) go to the log
         no_req = jnp.full(side["rid"].shape, n, jnp.int32)
@@ -355,6 +396,14 @@ class ReplicaModel(sim.Model):
                                       slot_seg=table.seg, slot_free=table.free, n_free=table.n_free,
                                       slot_ref=table.ref, slot_last=table.last, q_head=ring.head, q_span=ring.span,
                                       q_count=ring.count)
+        if self.control:
+            leaving = is_ctl & (g_leave < self.n_replicas)
+            table, acct = clear_cache(table, acct, r.seg_len, leaving)
+            new_row = dataclasses.replace(new_row, slot_seg=table.seg, slot_free=table.free, n_free=table.n_free,
+                                          slot_ref=table.ref, slot_last=table.last)
+            empty_after = (ring.count == 0) & jnp.all(new_row.run_req < 0)
+            ctl = ctl_lib.drained(ctl, g, empty_after, side["t_end"], is_iter)
+            ctl = ctl_lib.finished(ctl, side["rid"], is_iter & side["finished"])
         rep = jax.tree.map(lambda x, v: x.at[g].set(v), s.rep, new_row)
         cache_tok = s.cache_tok.at[g].set(table.tokens)
 
@@ -387,7 +436,7 @@ class ReplicaModel(sim.Model):
             pending_g=g, pending_req=log_req, pending_add=log_add,
             cache_full=s.cache_full | table_full, queue=queue, queue_gen=queue_gen, queue_front=queue_front,
             queue_log=ring.log, rep_area=rep_area, rep_time=rep_time,
-            next_req=s.next_req + is_route, n_admitted=jnp.where(is_iter, side["n_admitted"], s.n_admitted),
+            next_req=s.next_req + arrive, n_admitted=jnp.where(is_iter, side["n_admitted"], s.n_admitted),
             inflight=s.inflight.at[g].add(d_inf), inflight_tok=s.inflight_tok.at[g].add(d_tok),
             dropped=s.dropped + (is_route & ~q_ok) + jnp.where(is_iter, side["q_refused"], 0),
             kv_used=kv_used, queue_area=queue_area, kv_area=kv_area, busy_s=busy_s,
@@ -401,7 +450,14 @@ class ReplicaModel(sim.Model):
                 side["t_end"], mode="drop"),
             rec_preempt=s.rec_preempt.at[jnp.where(is_iter & (side["preempted"] >= 0), side["preempted"], nowhere)].add(
                 1, mode="drop"),
+            ctl=ctl,
         )
+
+    def _observed(self, s: ReplicaState, params: ReplicaParams) -> ctl_lib.Observed:
+        return ctl_lib.Observed(waiting=s.rep.q_count.astype(jnp.float32),
+                                running=jnp.sum(s.rep.run_req >= 0, axis=1).astype(jnp.float32),
+                                kv_usage=s.kv_used.astype(jnp.float32) / params.kv_capacity.astype(jnp.float32),
+                                inflight=s.inflight, arrivals=s.next_req)
 
     # ------------------------------------------------------------------ results
 
@@ -432,6 +488,13 @@ class ReplicaModel(sim.Model):
         out_done = jnp.sum(jnp.where(done, r.out_tok, 0)).astype(jnp.float32)
         # per-replica averages over the replicas in use
         n_rep = self.n_replicas if params.n_active is None else params.n_active.astype(jnp.float32)
+        shed = jnp.int32(0)
+        control = {}
+        if self.control:
+            ctl = state.ctl
+            flags.update(replica_slots_full=ctl.slots_full, scale_log_full=ctl.log_n > self.control_log)
+            shed = ctl.shed
+            control = self._control_metrics(state, params, done, fin(ttft), fin(tpot), span)
         for v in flags.values():
             overflow = overflow | v
         return {
@@ -457,11 +520,54 @@ class ReplicaModel(sim.Model):
             **routers.stats(state.router, params.policy),
             "overflow": overflow,
             "dropped": state.dropped,
-            "conservation_error": jnp.abs(arrived - (completed + in_queue + running + state.dropped)),
+            "conservation_error": jnp.abs(arrived - (completed + in_queue + running + state.dropped + shed)),
+            **control,
             **({f"req.{k}": v for k, v in request_fields(state).items()} if self.request_records else {}),
         }
 
 
+
+
+    def _control_metrics(self, state: ReplicaState, params: ReplicaParams, done, ttft, tpot, span) -> dict:
+        """Cost, scaling and per-class metrics of the control plane (`control.py`)."""
+        ctl, p, r = state.ctl, params.control, state.req
+        n = r.arrival_s.shape[0]
+        arrived_mask = jnp.arange(n) < state.next_req
+        shed_mask = arrived_mask & (state.rec_replica < 0)
+        end = jnp.maximum(state.now, jnp.max(jnp.where(done, state.rec_finish, 0.0)))  # the run's last event ends
+        ok = done & (ttft <= p.slo_ttft_s) & ((tpot <= p.slo_tpot_s) | (r.out_tok <= 1))
+        per_s = lambda x: jnp.where(span > 0, x / jnp.where(span > 0, span, 1.0), 0.0)
+        frac = lambda x, of: jnp.sum(x) / jnp.maximum(jnp.sum(of), 1)
+        out = {"shed": ctl.shed, "shed_fraction": frac(shed_mask, arrived_mask),
+               "slo_attainment": frac(ok, arrived_mask), "goodput_rps": per_s(jnp.sum(ok).astype(jnp.float32)),
+               "replica_seconds": ctl_lib.replica_seconds(ctl, end),
+               "mean_ready": ctl_lib.advance(ctl, end - state.now).ready_area / jnp.maximum(end, 1e-30),
+               "scale_ups": ctl.ups, "scale_downs": ctl.downs,
+               "scale.log_t": ctl.log_t, "scale.log_ready": ctl.log_ready, "scale.log_billed": ctl.log_billed,
+               "scale.log_n": ctl.log_n}
+        for k, name in enumerate(CLASSES):
+            mine = arrived_mask & (ctl.klass == k)
+            out.update({f"class.{name}.arrived": jnp.sum(mine), f"class.{name}.shed_fraction": frac(shed_mask & mine, mine),
+                        f"class.{name}.ttft_p90_s": mlib.masked_quantile(ttft, done & mine, 0.9),
+                        f"class.{name}.slo_attainment": frac(ok & mine, mine),
+                        f"class.{name}.goodput_rps": per_s(jnp.sum(ok & mine).astype(jnp.float32))})
+        return out
+
+
+def clear_cache(table: SlotTable, acct: Replication, seg_len: jax.Array, when) -> tuple[SlotTable, Replication]:
+    """Where `when`: the replica's cache emptied (it left; it comes back cold) and the cluster's segment copies
+    and unique tokens updated. The index keeps stale entries, never believed once their slot is free."""
+    segs = table.seg
+    held = when & (segs >= 0)
+    at = jnp.where(held, segs, 0)
+    copies = acct.copies.at[jnp.where(held, segs, acct.copies.shape[0])].add(-1, mode="drop")
+    gone = held & (copies[at] == 0)
+    unique = acct.unique_tok - jnp.sum(jnp.where(gone, seg_len[at], 0))
+    C = segs.shape[0]
+    empty = SlotTable(jnp.full((C,), -1, jnp.int32), jnp.arange(C - 1, -1, -1, dtype=jnp.int32), jnp.int32(C),
+                      jnp.zeros((C,), jnp.int32), jnp.zeros((C,), jnp.float32), jnp.int32(0))
+    table = jax.tree.map(lambda e, x: jnp.where(when, e, x), empty, table)
+    return table, Replication(copies, unique)
 
 
 def apply_pending(pending: jax.Array, g: jax.Array, reqs: jax.Array, add: jax.Array, table) -> jax.Array:

@@ -8,6 +8,7 @@ import dataclasses
 import jax
 
 from jaxroute import cost_models
+from jaxroute.clusters.replicas.control import ControlParams, ControlState
 from jaxroute.clusters.replicas.local_queue import QueueLog
 from jaxroute.routers.prefix import RouterParams
 from jaxroute.workloads.prefix import RequestTable
@@ -27,6 +28,7 @@ class ReplicaParams:
     router: RouterParams
     cost: cost_models.CostParams
     n_active: jax.Array | None = None  # [] int32 replicas in use (the first n_active; None = all n_replicas)
+    control: ControlParams | None = None  # autoscaler and gateway (a model built with control=True; control.py)
 
 
 @jax.tree_util.register_dataclass
@@ -118,3 +120,4 @@ class ReplicaState:
     running_full: jax.Array  # [] bool admission ever waited only for a running slot (max_running)
     dropped: jax.Array  # [] int32 requests a full local queue refused (on dispatch or preemption): lost to that
     #                    capacity; `queue_overflow` (max_queue) is dropped > 0
+    ctl: ControlState | None = None  # the control plane (control=True; control.py)

@@ -1,0 +1,96 @@
+"""The control plane (clusters/replicas/control.py): autoscalers with provisioning delays and drains, and
+gateway admission, matched request by request and event by event against the plain-Python reference
+(tests/reference_control.py driven by tests/reference_replicas.py); conservation with shed requests; one
+compiled program for every policy and threshold; one-line errors for bad settings."""
+
+import jax
+import numpy as np
+import pytest
+
+from jaxroute import sim
+from jaxroute.clusters import replicas as R
+from jaxroute.clusters.replicas import control as C
+from jaxroute.errors import JaxrouteError
+from jaxroute.workloads import prefix as W
+from tests import reference_control as refc
+from tests import reference_replicas as ref
+
+G, B, Q, CAP = 4, 8, 128, 6000
+_WL = {}
+
+
+def _workload():
+    if "wl" not in _WL:  # 160 requests over a cache-heavy toolbench: queues build at 1 replica, drain at 4
+        _WL["wl"] = W.toolbench(160, n_tools=8, tool_mean=1500)
+    return _WL["wl"]
+
+
+MODEL = R.ReplicaModel(n_replicas=G, max_running=B, max_queue=Q, router_modules=("dynamo",), control=True,
+                       control_ticks=600, control_history=64, control_log=128)
+
+# (router, rate, control settings): every scaler, metric and gate, drains with requests in flight, a
+# scale-up during provisioning, KPA's panic, tenant budgets
+ROWS = [
+    ("least_load", 20.0, dict(scaler="hpa", metric="in_flight", target=4.0, interval_s=2.0, down_window_s=8.0,
+                              provision_s=3.0)),
+    ("rr", 20.0, dict(scaler="hpa", metric="waiting", target=2.0, interval_s=1.5, down_window_s=6.0, provision_s=2.5,
+                      max_replicas=3)),
+    ("affinity", 14.0, dict(scaler="hpa", metric="kv_usage", target=0.3, interval_s=2.0, down_window_s=4.0,
+                            provision_s=1.0, initial=2)),
+    ("least_tokens", 20.0, dict(scaler="hpa", metric="running", target=3.0, interval_s=1.0, down_window_s=3.0,
+                                provision_s=4.0)),
+    ("least_load", 20.0, dict(scaler="kpa", target=3.0, interval_s=1.0, stable_window_s=10.0, panic_window_s=2.0,
+                              provision_s=2.0)),
+    ("affinity", 18.0, dict(scaler="kpa", target=6.0, stable_window_s=8.0, panic_window_s=4.0, provision_s=5.0,
+                            initial=2, min_replicas=2)),
+    ("rr", 20.0, dict(scaler="sla", capacity_rps=6.0, interval_s=3.0, provision_s=2.0)),
+    ("least_load", 30.0, dict(scaler="sla", capacity_rps=9.0, interval_s=2.0, provision_s=0.0, gate="token_bucket",
+                              bucket_tokens=20000.0, bucket_refill=30000.0)),
+    ("least_load", 25.0, dict(scaler="fixed", initial=2, gate="tier_shed", tier_threshold=6.0,
+                              class_mix=(0.2, 0.4, 0.2, 0.1, 0.1))),
+    ("affinity", 25.0, dict(scaler="hpa", target=4.0, interval_s=2.0, down_window_s=6.0, provision_s=3.0,
+                            gate="saturation", qd_threshold=3.0, kv_threshold=0.5, class_mix=(0.0, 0.5, 0.5, 0.0, 0.0))),
+    ("rr", 25.0, dict(scaler="fixed", initial=2, tenant_budget=0.3, class_mix=(0.0, 0.3, 0.7, 0.0, 0.0),
+                      tenant_mix=(0.7, 0.2, 0.1))),
+]
+
+
+def _run(policy, rate, settings, key=1):
+    wl = _workload()
+    p = R.make_params(policy, rate=rate, kv_capacity=CAP, control=C.make(G, **settings))
+    st = R.run_single(MODEL, jax.random.key(key), wl, p)
+    return wl, p, st
+
+
+def _reference(st, p, policy, settings):
+    full = {**C.DEFAULTS, "max_replicas": G, "initial": settings.get("min_replicas", 1),
+            "interval_s": C.INTERVAL_S[settings.get("scaler", "fixed")], **settings}
+    ctl = refc.Control(full, G, np.asarray(st.ctl.klass), np.asarray(st.ctl.tenant), C.TENANTS, B)
+    want, violations = ref.simulate(st.req, G=G, cap=CAP, policy=policy, cost=p.cost, B=B, Q=Q, control=ctl)
+    assert violations == []
+    return want, ctl
+
+
+@pytest.mark.parametrize("row", range(len(ROWS)))
+def test_control_plane_matches_reference(row):
+    policy, rate, settings = ROWS[row]
+    wl, p, st = _run(policy, rate, settings)
+    want, ctl = _reference(st, p, policy, settings)
+    got = R.records(st)
+    np.testing.assert_array_equal(got["replica"], want["replica"])
+    np.testing.assert_array_equal(got["cached_tokens"], want["cached"])
+    for a, b in (("admit_s", "admit"), ("first_token_s", "first"), ("finish_s", "finish")):
+        np.testing.assert_allclose(got[a], want[b], rtol=1e-6)
+    m = {k: np.asarray(v) for k, v in MODEL.metrics(st, wl, p).items()}
+    n = int(m["scale.log_n"])
+    assert n == len(ctl.log)
+    np.testing.assert_allclose(m["scale.log_t"][:n], [e[0] for e in ctl.log], rtol=1e-6)
+    np.testing.assert_array_equal(m["scale.log_ready"][:n], [e[1] for e in ctl.log])
+    np.testing.assert_array_equal(m["scale.log_billed"][:n], [e[2] for e in ctl.log])
+    assert (int(m["scale_ups"]), int(m["scale_downs"]), int(m["shed"])) == (ctl.ups, ctl.downs, ctl.shed)
+    np.testing.assert_allclose(m["replica_seconds"], ctl.replica_seconds(want["end"]), rtol=1e-5)
+    np.testing.assert_allclose(m["mean_ready"] * float(want["end"]), want["ready_area"], rtol=1e-5)
+    assert int(m["conservation_error"]) == 0 and not bool(m["overflow"])
+    # the shed requests are exactly those never routed; the others all completed
+    shed = got["replica"] < 0
+    assert shed.sum() == ctl.shed and np.isfinite(got["finish_s"][~shed]).all()
