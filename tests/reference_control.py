@@ -30,6 +30,7 @@ class Control:
         self.hist: list[tuple] = []  # (t, sample, rec)
         self.last_arrivals = 0
         self.panic_until, self.panic_max = -np.inf, 0
+        self.panic_ticks = 0  # KPA ticks decided in panic (for the tests' coverage)
         self.ups = self.downs = 0
         self.slots_full = False
         self.log = [(F32(0), s["initial"], s["initial"])]
@@ -97,8 +98,9 @@ class Control:
             over = F32(F32(panic) / F32(R)) >= s["panic_threshold"]
             until = F32(now + s["stable_window_s"]) if over else self.panic_until
             if now <= until:
-                self.panic_max = max(self.panic_max, min(max(panic, down), up))
+                self.panic_max = max(self.panic_max, min(max(panic, down), up), min(max(stable, down), up))
                 self.panic_until = until
+                self.panic_ticks += 1
                 want = self.panic_max
             else:
                 self.panic_max, self.panic_until = 0, -np.inf

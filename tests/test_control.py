@@ -94,3 +94,74 @@ def test_control_plane_matches_reference(row):
     # the shed requests are exactly those never routed; the others all completed
     shed = got["replica"] < 0
     assert shed.sum() == ctl.shed and np.isfinite(got["finish_s"][~shed]).all()
+
+
+def test_the_rows_exercise_what_they_claim():
+    """Every autoscaler scales up and down, KPA panics, the gateways and budgets shed (in the reference)."""
+    by = {}
+    for policy, rate, settings in ROWS:
+        _, p, st = _run(policy, rate, settings)
+        _, ctl = _reference(st, p, policy, settings)
+        u, d, pt, sh = by.get(settings.get("scaler", "fixed"), (0, 0, 0, 0))
+        by[settings.get("scaler", "fixed")] = (u + ctl.ups, d + ctl.downs, pt + ctl.panic_ticks, sh + ctl.shed)
+    assert all(by[s][0] > 0 and by[s][1] > 0 for s in ("hpa", "kpa", "sla")), by
+    assert by["kpa"][2] > 0 and by["fixed"][3] > 0, by
+
+
+def _grid_rows():
+    return [R.make_params(policy, rate=rate, kv_capacity=CAP, control=C.make(G, **settings))
+            for policy, rate, settings in ROWS]
+
+
+def test_policies_and_thresholds_are_rows_of_one_program_and_conserve_requests():
+    wl = _workload()
+    before = sim.compile_count(MODEL)
+    res = sim.run_grid(MODEL, jax.random.key(3), wl, sim.stack_params(_grid_rows()), n_seeds=2, progress=False)
+    assert sim.compile_count(MODEL) - before <= 1
+    res.check_conserved("control grid")
+    m = res.metrics
+    arrived = m["completed"] + m["shed"] + m["dropped"]
+    assert (arrived == wl.n_requests).all() and (m["conservation_error"] == 0).all()
+    assert (m["shed"][7:] > 0).all() and (m["shed"][:7] == 0).all()  # gates shed; no gate, nothing shed
+    # the replicas that are off at the end hold nothing (they left cold)
+    assert (m["replica_seconds"] > 0).all() and (m["mean_ready"] >= 1).all()
+
+
+@pytest.mark.parametrize("kw, message", [
+    (dict(scaler="vpa"), "unknown scaler 'vpa'"),
+    (dict(metric="gpu"), "unknown metric 'gpu'"),
+    (dict(gate="queue"), "unknown gate 'queue'"),
+    (dict(min_replicas=3, max_replicas=2), "1 <= min (3) <= initial (3) <= max (2)"),
+    (dict(max_replicas=9), "<= max (9) <= the model's replica slots (4)"),
+    (dict(min_replicas=0), "1 <= min (0)"),
+    (dict(min_replicas=1.5), "min_replicas must be a whole number"),
+    (dict(interval_s=0.0), "interval_s must be a positive number"),
+    (dict(target=float("nan")), "target must be a positive number"),
+    (dict(provision_s=-1.0), "provision_s must be a number >= 0"),
+    (dict(kv_threshold=1.5), "kv_threshold must be in (0, 1]"),
+    (dict(tenant_budget=2.0), "tenant_budget must be in [0, 1]"),
+    (dict(class_mix=(1.0, 0.0)), "class_mix needs 5 shares"),
+    (dict(class_mix=(0.0,) * 5), "class_mix shares must be >= 0 with a positive sum"),
+    (dict(tenant_mix=(1.0,) * 9), "tenant_mix needs 1 to 8 shares"),
+    (dict(slo_ttft_s=0.0), "slo_ttft_s must be > 0"),
+    (dict(panic_window="x"), "unknown control setting 'panic_window'"),
+])
+def test_bad_settings_get_one_line(kw, message):
+    with pytest.raises(JaxrouteError) as e:
+        C.make(G, **kw)
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_models_and_params_must_agree():
+    wl = _workload()
+    plain = R.ReplicaModel(n_replicas=G, max_running=B, max_queue=Q)
+    with pytest.raises(JaxrouteError, match="need a model built with control=True"):
+        plain.check_params(R.make_params("rr", kv_capacity=CAP, control=C.make(G)), wl)
+    with pytest.raises(JaxrouteError, match="needs control settings"):
+        MODEL.check_params(R.make_params("rr", kv_capacity=CAP), wl)
+    with pytest.raises(JaxrouteError, match="router 'cache_guard' cannot run with an autoscaler"):
+        MODEL.check_params(R.make_params("cache_guard", kv_capacity=CAP, control=C.make(G)), wl)
+    with pytest.raises(JaxrouteError, match="n_active and an autoscaler"):
+        MODEL.check_params(R.make_params("rr", kv_capacity=CAP, n_active=2, control=C.make(G)), wl)
+    with pytest.raises(JaxrouteError, match="window of 300 ticks does not fit the autoscaler's history of 64"):
+        MODEL.check_params(R.make_params("rr", kv_capacity=CAP, control=C.make(G, scaler="hpa", interval_s=1.0)), wl)

@@ -24,7 +24,7 @@ At a tick the autoscaler sets a desired count d from what it observes, clamped t
   panic window (6 s); desired stable / panic = ceil(average / target), each kept within the rate
   limits [floor(ready / 2), ceil(1000 x ready)]. Panic starts (or is extended) when the unlimited panic
   count / ready >= panic_threshold (2.0) and ends once a stable window has passed since the last time it
-  was over; in panic the count is the highest panic count seen in this panic (never lower).
+  was over; in panic the count is the highest max(stable, panic) seen in this panic (never lower).
 - `sla`, Dynamo's SLA planner (constant load predictor): the arrival rate of the last interval divided by
   `capacity_rps`, a replica's sustainable rate at the SLO (`jaxroute capacity` measures it), rounded up.
 Scaling up provisions OFF replicas, lowest index first; scaling down removes provisioning replicas
@@ -283,8 +283,9 @@ def _decide(c: ControlState, obs: Observed, p: ControlParams, now) -> tuple[jax.
         over = panic / r_f >= p.panic_threshold  # on the unclipped panic count, as Knative
         until = jnp.where(over, now + p.stable_window_s, c.panic_until)
         panicking = now <= until
-        pmax = jnp.where(panicking, jnp.maximum(c.panic_max, jnp.clip(panic, down, up).astype(jnp.int32)), 0)
-        want = jnp.where(panicking, pmax, jnp.clip(stable, down, up).astype(jnp.int32))
+        stable_c, panic_c = (jnp.clip(x, down, up).astype(jnp.int32) for x in (stable, panic))
+        pmax = jnp.where(panicking, jnp.maximum(c.panic_max, jnp.maximum(stable_c, panic_c)), 0)
+        want = jnp.where(panicking, pmax, stable_c)
         return want, dataclasses.replace(c, panic_until=jnp.where(panicking, until, -INF), panic_max=pmax)
 
     def sla(c):
