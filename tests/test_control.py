@@ -123,8 +123,16 @@ def test_policies_and_thresholds_are_rows_of_one_program_and_conserve_requests()
     arrived = m["completed"] + m["shed"] + m["dropped"]
     assert (arrived == wl.n_requests).all() and (m["conservation_error"] == 0).all()
     assert (m["shed"][7:] > 0).all() and (m["shed"][:7] == 0).all()  # gates shed; no gate, nothing shed
-    # the replicas that are off at the end hold nothing (they left cold)
     assert (m["replica_seconds"] > 0).all() and (m["mean_ready"] >= 1).all()
+    # the grid holds a finished run (no autoscaler ticks after the last request): each row and seed is the
+    # single run with its key
+    keys = jax.random.split(jax.random.key(3), 2)
+    for row in (0, 4, 6):
+        policy, rate, settings = ROWS[row]
+        p = R.make_params(policy, rate=rate, kv_capacity=CAP, control=C.make(G, **settings))
+        one = MODEL.metrics(R.run_single(MODEL, keys[1], wl, p), wl, p)
+        for k in ("end_s", "replica_seconds", "ttft_p90_s", "scale_downs"):
+            np.testing.assert_allclose(m[k][row, 1], np.asarray(one[k]), rtol=1e-6, err_msg=k)
 
 
 @pytest.mark.parametrize("kw, message", [

@@ -42,3 +42,12 @@ GATES: tuple[str, ...] = ("none", "token_bucket", "tier_shed", "saturation")  # 
 # Request classes and their priorities: GAIE's defaults as BLIS documents them (negative = sheddable)
 CLASSES: tuple[str, ...] = ("critical", "standard", "batch", "sheddable", "background")
 CLASS_PRIORITY: tuple[int, ...] = (4, 3, -1, -2, -3)
+# The control plane's settings and their defaults (the rules' sources: docs/control.md)
+CONTROL_DEFAULTS: dict = dict(
+    scaler="fixed", min_replicas=1, max_replicas=None, initial=None, interval_s=None, metric="in_flight",
+    target=16.0, tolerance=0.1, down_window_s=300.0, stable_window_s=60.0, panic_window_s=6.0,
+    panic_threshold=2.0, max_up_rate=1000.0, max_down_rate=2.0, capacity_rps=1.0, provision_s=60.0,
+    gate="none", bucket_tokens=10000.0, bucket_refill=1000.0, tier_threshold=0.0, min_priority=3,
+    qd_threshold=5.0, kv_threshold=0.8, tenant_budget=0.0, class_mix=(0.0, 1.0, 0.0, 0.0, 0.0),
+    tenant_mix=(1.0,), slo_ttft_s=float("inf"), slo_tpot_s=float("inf"), gpu_price=1.0)
+SCALER_INTERVAL_S: dict = {"fixed": 15.0, "hpa": 15.0, "kpa": 2.0, "sla": 60.0}  # HPA sync period, KPA tick, planner interval

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from jaxroute import catalog
-from jaxroute.clusters.names import ADMISSIONS, LOCAL_ORDERS, REPLICA_GPU, REPLICA_MODEL
+from jaxroute.clusters.names import ADMISSIONS, CONTROL_DEFAULTS, LOCAL_ORDERS, REPLICA_GPU, REPLICA_MODEL
 from jaxroute.commands._common import (
     add_grid_args,
     add_shared_prefix_args,
@@ -47,6 +47,7 @@ from jaxroute.routers.names import (
 from jaxroute.workloads.names import SP_DEFAULTS, TRACE_WORKLOADS
 
 DEFAULT_POLICIES = "rr,least_load,affinity,threshold,cache_guard,sglang_cache_aware"
+CONTROL_POLICIES = "rr,least_load,affinity,llmd_precise,dynamo_kv"  # the default under an autoscaler or gateway
 DEFAULT_REQUESTS = 2000
 PLOT_METRICS = ("mean_latency_s", "p99_latency_s", "hit_rate", "max_replica_share")
 
@@ -83,8 +84,9 @@ def register(subparsers) -> None:
     p.add_argument("--rate", type=positive_float, default=None, metavar="REQ_PER_S",
                    help="Poisson arrival rate in requests/s (default 1.0); for traces it rescales the "
                    "recorded times to this mean rate (default: replay as recorded)")
-    p.add_argument("--policies", default=DEFAULT_POLICIES, metavar="LIST",
-                   help=f"comma-separated routers from: {', '.join(PREFIX_POLICIES)} (default: {DEFAULT_POLICIES}). "
+    p.add_argument("--policies", default=None, metavar="LIST",
+                   help=f"comma-separated routers from: {', '.join(PREFIX_POLICIES)} (default: {DEFAULT_POLICIES}; "
+                   f"with --autoscaler or --gate: {CONTROL_POLICIES}). "
                    "preble_e2 is Preble's E2 (exploit the longest match when cached > missed tokens, else explore; "
                    "lowest load cost L+M+P in GPU seconds; post-hoc rebalancing); preble adds prefill/decode pairing "
                    "and autoscaling of hot prefixes (use it with --local priority for Preble complete): see "
@@ -185,7 +187,101 @@ def register(subparsers) -> None:
                    "arrival, replica, admission, first token and finish times, prompt, cached and output tokens, TTFT, "
                    "E2E, TPOT and load stage (columns: jaxroute/experiments/requests.py; `jaxroute compare` reads it) "
                    "(default: none)")
+    add_control_args(p)
     p.set_defaults(func=run, requests=None)  # None: DEFAULT_REQUESTS, or the stage total with --rate-stages
+
+
+def add_control_args(p) -> None:
+    """The control plane's flags: autoscalers and gateways as rows (jaxroute/clusters/replicas/control.py)."""
+    from jaxroute.clusters.names import CLASSES, GATES, SCALE_METRICS, SCALERS
+
+    d = CONTROL_DEFAULTS
+    g = p.add_argument_group("control plane (autoscaler and gateway; jaxroute/clusters/replicas/control.py, "
+                             "docs/control.md)")
+    g.add_argument("--autoscaler", type=list_of(str), default=None, metavar="LIST",
+                   help=f"replica autoscalers, each a row per router, from: {', '.join(SCALERS)} (fixed: the initial "
+                   "count throughout; hpa: Kubernetes HPA on --scale-metric; kpa: Knative's stable/panic windows on "
+                   "requests in flight; sla: Dynamo's SLA planner from the arrival rate and --capacity-rps). "
+                   "--replicas is then the most replicas; scale-ups become ready after --provision-s, scale-downs drain "
+                   "(default: none, a fixed cluster)")
+    g.add_argument("--gate", type=list_of(str), default=None, metavar="LIST",
+                   help=f"gateway admission policies, each a row per router and autoscaler, from: {', '.join(GATES)} "
+                   "(token_bucket: prompt tokens from a bucket, BLIS; tier_shed: classes below min_priority shed when "
+                   "the busiest ready replica has more than tier_threshold in flight; saturation: llm-d's GAIE detector "
+                   "sheds sheddable classes at saturation >= 1). Shed requests are counted, never lost (default: none)")
+    g.add_argument("--min-replicas", type=positive_int, default=d["min_replicas"], metavar="N",
+                   help=f"fewest replicas the autoscaler keeps (default {d['min_replicas']})")
+    g.add_argument("--initial-replicas", type=positive_int, default=None, metavar="N",
+                   help="replicas ready at t = 0 (default: --min-replicas; --replicas with --gate alone)")
+    g.add_argument("--replica-slots", type=positive_int, default=None, metavar="N",
+                   help="replica slots the compiled model holds (scale-ups need a slot that is neither provisioning, "
+                   "ready nor draining; a run that finds none is flagged replica_slots_full and rerun with twice as "
+                   "many) (default: --replicas + a quarter, at least 1 more)")
+    g.add_argument("--provision-s", type=non_negative_float, default=d["provision_s"], metavar="S",
+                   help=f"scale-up to ready: node start and model load (default {d['provision_s']:g})")
+    g.add_argument("--scale-metric", default=d["metric"], metavar="NAME",
+                   help=f"hpa: the metric per ready replica, one of {', '.join(SCALE_METRICS)} (default {d['metric']})")
+    g.add_argument("--scale-target", type=positive_float, default=d["target"], metavar="X",
+                   help=f"hpa: the metric's target per replica; kpa: requests in flight per replica (default {d['target']:g})")
+    g.add_argument("--scale-interval", type=positive_float, default=None, metavar="S",
+                   help="seconds between autoscaler ticks (default: HPA's sync period 15, Knative's tick 2, "
+                   "60 for the SLA planner)")
+    g.add_argument("--capacity-rps", type=positive_float, default=d["capacity_rps"], metavar="REQ_PER_S",
+                   help="sla: requests/s one replica sustains within the SLO (`jaxroute capacity` measures it) "
+                   f"(default {d['capacity_rps']:g})")
+    g.add_argument("--class-mix", type=key_values, default=None, metavar="CLASS=SHARE,...",
+                   help=f"request classes (GAIE priorities: {', '.join(CLASSES)} = 4, 3, -1, -2, -3; negative = "
+                   "sheddable), e.g. critical=0.3,batch=0.7 (default: all standard)")
+    g.add_argument("--tenant-mix", type=list_of(positive_float), default=None, metavar="SHARE,...",
+                   help="tenants' shares of the requests, up to 8, for the tenant budget (default: one tenant)")
+    g.add_argument("--gpu-price", type=non_negative_float, default=d["gpu_price"], metavar="PER_GPU_HOUR",
+                   help="price of a GPU-hour for the cost column (default 1: the cost is in GPU-hours)")
+    g.add_argument("--control-set", type=key_values, default=None, metavar="NAME=V,...",
+                   help="other control settings: " + ", ".join(k for k in CONTROL_SET) + " (defaults from the "
+                   "sources: HPA tolerance 0.1 and a 300 s scale-down window; Knative's 60 s stable and 6 s panic "
+                   "windows, panic at 2x, rates 1000 up and 2 down; BLIS's bucket of 10,000 tokens at 1,000/s; GAIE's "
+                   "thresholds 5 waiting and 0.8 KV; tier_shed at any load (0) below priority 3; slo_ttft_s and "
+                   "slo_tpot_s bound goodput and attainment: docs/control.md) (default: those)")
+
+
+CONTROL_SET = ("tolerance", "down_window_s", "stable_window_s", "panic_window_s", "panic_threshold", "max_up_rate",
+               "max_down_rate", "bucket_tokens", "bucket_refill", "tier_threshold", "min_priority", "qd_threshold",
+               "kv_threshold", "tenant_budget", "slo_ttft_s", "slo_tpot_s")
+
+
+def control_variants(args, replicas: int):
+    """(label, ControlParams) rows of the control flags (None without --autoscaler or --gate), and the model's slots."""
+    from jaxroute.clusters.names import CLASSES
+    from jaxroute.experiments import control as ctl_exp
+
+    given = [f for f, v in (("--min-replicas", args.min_replicas != CONTROL_DEFAULTS["min_replicas"]),
+                            ("--initial-replicas", args.initial_replicas), ("--replica-slots", args.replica_slots),
+                            ("--class-mix", args.class_mix), ("--tenant-mix", args.tenant_mix),
+                            ("--control-set", args.control_set), ("--scale-interval", args.scale_interval)) if v]
+    if not args.autoscaler and not args.gate:
+        if given:
+            raise JaxrouteError(f"{given[0]} applies with --autoscaler or --gate")
+        return None, replicas
+    unknown = sorted(set(args.control_set or {}) - set(CONTROL_SET))
+    if unknown:
+        raise JaxrouteError(f"unknown --control-set name '{unknown[0]}'; choose from: {', '.join(CONTROL_SET)}")
+    mix = args.class_mix or {}
+    if bad := sorted(set(mix) - set(CLASSES)):
+        raise JaxrouteError(f"unknown class '{bad[0]}' in --class-mix; choose from: {', '.join(CLASSES)}")
+    scalers = args.autoscaler or ["fixed"]
+    lo = args.min_replicas if args.autoscaler else replicas
+    settings = dict(args.control_set or {}, min_replicas=lo, max_replicas=replicas,
+                    initial=args.initial_replicas or lo, provision_s=args.provision_s, metric=args.scale_metric,
+                    target=args.scale_target, interval_s=args.scale_interval, capacity_rps=args.capacity_rps,
+                    gpu_price=args.gpu_price)
+    if "min_priority" in settings:
+        settings["min_priority"] = int(settings["min_priority"])
+    if mix:
+        settings["class_mix"] = tuple(mix.get(c, 0.0) for c in CLASSES)
+    if args.tenant_mix:
+        settings["tenant_mix"] = tuple(args.tenant_mix)
+    slots = args.replica_slots or replicas + max(1, replicas // 4)
+    return ctl_exp.variants(scalers, args.gate or ["none"], slots, settings), slots
 
 
 def _tuned_row(args, rate: float, cost_model: str, factors=None) -> tuple:
@@ -233,8 +329,10 @@ def run(args) -> int:
         raise JaxrouteError("--priority-groups applies to --local priority")
     admission = choose([args.admission], ADMISSIONS, "admission")[0]
     cost_model = choose([args.cost_model], ("roofline", "preble"), "cost model")[0]
-    policies = choose(csv_list(args.policies), PREFIX_POLICIES, "policy")
     G, seeds, requests, stale = args.replicas, args.seeds, args.requests, args.stale
+    control, slots = control_variants(args, G)
+    policies = choose(csv_list(args.policies or (CONTROL_POLICIES if control else DEFAULT_POLICIES)), PREFIX_POLICIES,
+                      "policy")
     is_trace = name in TRACE_WORKLOADS
     stages = list(ip_load.stages) if ip_load else args.rate_stages
     if ip_load:
@@ -284,13 +382,16 @@ def run(args) -> int:
                        model_name=args.model, cost_model=cost_model, theta=args.theta,
                        e2_window_s=args.e2_window, e2_th_bal=args.e2_th_bal, tp=args.tp,
                        weights=args.weights, router=args.router_set,
-                       e2_switches=e2_variants(args.e2_pairing, args.e2_autoscale), cost_factors=factors)
+                       e2_switches=e2_variants(args.e2_pairing, args.e2_autoscale), cost_factors=factors,
+                       control=control)
+    if args.params_json and control:
+        raise JaxrouteError("--params-json adds one row without control settings; drop it or --autoscaler / --gate")
     if args.params_json:
         rows.append(_tuned_row(args, rate, cost_model, factors))
 
     start = time.perf_counter()
     keep_requests = bool(stages or args.requests_out)
-    results = run_cluster(rows, workload, replicas_n=G, seeds=seeds, local=local, chunk=args.chunk, request_records=keep_requests,
+    results = run_cluster(rows, workload, replicas_n=slots, seeds=seeds, local=local, chunk=args.chunk, request_records=keep_requests,
                           max_running=args.max_running, seed=args.seed, progress=show_progress(args),
                           capacities={"max_queue": args.max_queue, "router_window": args.e2_ring,
                                       "cache_slots": args.cache_slots},
@@ -298,7 +399,8 @@ def run(args) -> int:
     elapsed = time.perf_counter() - start
     records = results.records
     check_conservation(results)
-    check_overflow(records, args, "A replica's local queue or cache table was full or a run did not finish")
+    check_overflow(records, args, "A replica's local queue or cache table was full or a run did not finish"
+                   + (" (or the autoscaler's replica slots, scale log or ticks ran out)" if control else ""))
     cap = records[0].params["kv_capacity"]
     rate_txt = "recorded times" if rate <= 0 else f"{rate:g} req/s"
     if stages:
@@ -309,6 +411,11 @@ def run(args) -> int:
              f"{'stale view T=' + str(stale) if stale > 0 else 'fresh view'}; {seeds} seeds x {requests} requests")
     print(title)
     print(report.format_table(records, METRICS))
+    if control:
+        from jaxroute.experiments import control as ctl_exp
+
+        classes = ctl_exp.uses_classes([p for _, p in rows])
+        print(ctl_exp.format_tables(records, classes))
     e2_rows = [r for r in records if r.policy.split("[")[0] in PREBLE_PRESETS]
     if e2_rows:
         print("Preble's decisions per run: mean load-cost terms L, M, P over replicas and decisions (GPU s); "
@@ -354,12 +461,19 @@ def run(args) -> int:
         config["shared_prefix"] = {**SP_DEFAULTS, **shared_prefix_settings(args)}
     if local == "priority":
         config["priority_groups"] = args.priority_groups
+    if control:
+        config.update(replica_slots=results.model.n_replicas, autoscalers=args.autoscaler or ["fixed"],
+                      gates=args.gate or ["none"])
     if set(policies) & set(PREBLE_PRESETS):
         th = args.e2_th_bal
         config.update(e2_window_s=args.e2_window, e2_th_bal=th if math.isfinite(th) else None,
                       e2_pairing=args.e2_pairing, e2_autoscale=args.e2_autoscale)
     def plot(path):
         report.bar_plot(records, PLOT_METRICS, path, title)
+        if control:
+            replicas_path = Path(path).with_name(Path(path).stem + "-replicas.png")
+            ctl_exp.ready_plot(results, replicas_path, title + ": replicas over time")
+            print(f"wrote {replicas_path}")
         if stage_rows is not None:
             stage_path = Path(path).with_name(Path(path).stem + "-stages.png")
             req_lib.stage_plot(results.labels, stages, stage_rows, stage_path, title + ": per load stage")

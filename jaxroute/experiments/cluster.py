@@ -106,14 +106,17 @@ def policy_rows(policies, *, rate=1.0, stale=0.0, kv_capacity=None, gpu=REPLICA_
                 cost_model="roofline", theta=DEFAULT_THETA, e2_window_s=DEFAULT_E2_WINDOW_S,
                 e2_th_bal=DEFAULT_E2_TH_BAL, tp=1,
                 weights: list[dict] | None = None, router: dict | None = None,
-                e2_switches: list[dict] | None = None, cost_factors=None) -> list[tuple]:
+                e2_switches: list[dict] | None = None, cost_factors=None,
+                control: list[tuple[str, object]] | None = None) -> list[tuple]:
     """(label, params) rows, all with the same settings (each replica is tp GPUs). `weights`: scorer
     weight vectors ({scorer: w}, unnamed = 0) for the presets that use weights, one row per preset and
     vector (labelled `preset[prefix=3,kv=2]` when there are several); other presets get one row.
     `e2_switches`: Preble's switch settings (`e2_variants`), one row per preble preset and setting
     (labelled `preble[pairing=off,autoscale=on]` when there are several).
     `router`: more router settings for every row (module settings such as dyn_overlap_weight).
-    `cost_factors`: the roofline's fitted factors for every row (`cost_models.CostFactors`; None: the defaults)."""
+    `cost_factors`: the roofline's fitted factors for every row (`cost_models.CostFactors`; None: the defaults).
+    `control`: (label, ControlParams) autoscaler and gateway variants (`experiments.control.variants`): every
+    router row runs each, labelled `router+variant`."""
     if weights and not any(uses_weights(p) for p in policies):
         raise JaxrouteError("--weights applies to the weighted presets (" +
                             ", ".join(p for p in PRESETS if uses_weights(p)) + "); none is selected")
@@ -132,10 +135,12 @@ def policy_rows(policies, *, rate=1.0, stale=0.0, kv_capacity=None, gpu=REPLICA_
             name = weights_label(v["weights"]) if "weights" in v else e2_label(v)
             label = p if not v or len(variants) == 1 else f"{p}[{name}]"
             kw = dict(router or {}, **v)
-            rows.append((label, replicas.make_params(p, rate=rate, stale_s=stale, kv_capacity=kv_capacity, gpu=gpu,
-                                                     model=model_name, cost_model=cost_model, tp=tp, theta=theta,
-                                                     e2_window_s=e2_window_s, e2_th_bal=e2_th_bal,
-                                                     cost_factors=cost_factors, **kw)))
+            for c_label, c_params in control or [(None, None)]:
+                rows.append((label if c_label is None else f"{label}+{c_label}",
+                             replicas.make_params(p, rate=rate, stale_s=stale, kv_capacity=kv_capacity, gpu=gpu,
+                                                  model=model_name, cost_model=cost_model, tp=tp, theta=theta,
+                                                  e2_window_s=e2_window_s, e2_th_bal=e2_th_bal,
+                                                  cost_factors=cost_factors, control=c_params, **kw)))
     return rows
 
 
@@ -151,10 +156,31 @@ def row_info(p: replicas.ReplicaParams) -> dict:
     if uses_weights(name):
         w = np.asarray(p.router.weights)
         out["weights"] = {k: float(v) for k, v in zip(SCORERS, w, strict=True) if v != 0}
+    if p.control is not None:
+        out["control"] = control_info(p.control)
     if _is_e2(p):
         th = float(p.router.e2_th_bal)
         out.update(e2_window_s=float(p.router.e2_window_s), e2_th_bal=th if math.isfinite(th) else None,
                    e2_pairing=bool(p.router.e2_pairing), e2_autoscale=bool(p.router.e2_autoscale))
+    return out
+
+
+def control_info(c) -> dict:
+    """The JSON description of a row's control settings (names as `control.make` takes them)."""
+    from jaxroute.clusters.names import CLASSES, GATES, SCALE_METRICS, SCALERS
+
+    out = {}
+    for field in c.__dataclass_fields__:
+        v = np.asarray(getattr(c, field))
+        names = {"scaler": SCALERS, "gate": GATES, "metric": SCALE_METRICS}.get(field)
+        if names is not None:
+            out[field] = names[int(v)]
+        elif field == "class_mix":
+            out[field] = {k: float(x) for k, x in zip(CLASSES, v, strict=True) if x > 0}
+        elif field == "tenant_mix":
+            out[field] = [float(x) for x in np.trim_zeros(v, "b")]
+        else:
+            out[field] = v.item() if math.isfinite(float(v)) else None
     return out
 
 
@@ -195,18 +221,32 @@ def run_cluster(rows, workload, *, replicas_n=4, seeds=16, local="fcfs", chunk=5
         wl_prefix.check_fits(workload, cap)
     rows = [Row(name, p, dict(label_params or {}, **row_info(p))) for name, p in rows]
     caps = initial_capacities(workload, params, replicas_n)
+    control = params[0].control is not None
+    if any((p.control is not None) != control for p in params):
+        raise JaxrouteError("either every row has control settings (an autoscaler or gateway) or none")
+    if control:
+        from jaxroute.experiments import control as ctl_exp
+
+        caps.update(ctl_exp.sizes(workload, params), replica_slots=replicas_n)
+        flags_control = {"control_ticks": "unfinished", "control_log": "scale_log_full",
+                         "replica_slots": "replica_slots_full"}
     for name, size in (capacities or {}).items():
         if size is not None and (name != "router_window" or caps["router_window"] > 0):
             caps[name] = int(size)
     flags = {k: v for k, v in CAPACITY_FLAGS.items() if caps[k] > 0}
+    if control:
+        flags.update(flags_control)
 
     def run(caps):
         model = replicas.ReplicaModel(
-            n_replicas=replicas_n, chunk=chunk, max_running=max_running, max_queue=caps["max_queue"],
+            n_replicas=caps.get("replica_slots", replicas_n), chunk=chunk, max_running=max_running, max_queue=caps["max_queue"],
             local_order=local, stale_view=stale_view, router_window=caps["router_window"],
             router_policies=names, admission=admission, cache_slots=caps["cache_slots"],
-            priority_groups=priority_groups, request_records=request_records)
+            priority_groups=priority_groups, request_records=request_records, control=control,
+            **({k: caps[k] for k in ("control_ticks", "control_history", "control_log")} if control else {}))
         metrics = METRICS + (E2_METRICS if any(_is_e2(p) for p in params) else ()) + tuple(extra_metrics)
+        if control:
+            metrics += ctl_exp.METRICS + ctl_exp.class_metric_names()
         return Comparison(model, rows, seeds, metrics, workload=workload, seed=seed, chunk=1000,
                           progress="cluster" if progress else False).run()
 

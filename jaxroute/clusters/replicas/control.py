@@ -53,7 +53,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxroute.clusters.names import CLASS_PRIORITY, GATES, SCALE_METRICS, SCALERS
+from jaxroute.clusters.names import CLASS_PRIORITY, CONTROL_DEFAULTS, GATES, SCALE_METRICS, SCALER_INTERVAL_S, SCALERS
 from jaxroute.errors import JaxrouteError
 
 OFF, PROVISIONING, READY, DRAINING = 0, 1, 2, 3
@@ -61,15 +61,7 @@ INF = jnp.inf
 TENANTS = 8  # tenants a mix may name (a fixed shape: every mix shares one compiled program)
 _CLASS_TAG, _TENANT_TAG = 0xC1A5, 0x7E4A  # fold_in tags of the class and tenant draws
 
-# Each default defined once (the rules' sources: docs/control.md)
-DEFAULTS = dict(
-    scaler="fixed", min_replicas=1, max_replicas=None, initial=None, interval_s=None, metric="in_flight",
-    target=16.0, tolerance=0.1, down_window_s=300.0, stable_window_s=60.0, panic_window_s=6.0,
-    panic_threshold=2.0, max_up_rate=1000.0, max_down_rate=2.0, capacity_rps=1.0, provision_s=60.0,
-    gate="none", bucket_tokens=10000.0, bucket_refill=1000.0, tier_threshold=0.0, min_priority=3,
-    qd_threshold=5.0, kv_threshold=0.8, tenant_budget=0.0, class_mix=(0.0, 1.0, 0.0, 0.0, 0.0),
-    tenant_mix=(1.0,), slo_ttft_s=float("inf"), slo_tpot_s=float("inf"))
-INTERVAL_S = {"fixed": 15.0, "hpa": 15.0, "kpa": 2.0, "sla": 60.0}  # HPA sync period, KPA tick, planner interval
+DEFAULTS, INTERVAL_S = CONTROL_DEFAULTS, SCALER_INTERVAL_S  # each default defined once (clusters/names.py)
 
 
 @jax.tree_util.register_dataclass
@@ -105,6 +97,7 @@ class ControlParams:
     tenant_mix: jax.Array  # [TENANTS] float32 tenant probabilities (zero-padded)
     slo_ttft_s: jax.Array  # [] float32 per-request SLO for goodput and attainment (inf = none)
     slo_tpot_s: jax.Array  # [] float32
+    gpu_price: jax.Array  # [] float32 price of one GPU-hour (cost = GPU-hours x price; 1 = in GPU-hours)
 
 
 @jax.tree_util.register_dataclass
@@ -170,6 +163,8 @@ def make(n_replicas: int, **kw) -> ControlParams:
         raise JaxrouteError(f"kv_threshold must be in (0, 1], got {v['kv_threshold']}")
     if not 0 <= v["tenant_budget"] <= 1:
         raise JaxrouteError(f"tenant_budget must be in [0, 1] (a share of the in-flight slots), got {v['tenant_budget']}")
+    if not (np.isfinite(v["gpu_price"]) and v["gpu_price"] >= 0):
+        raise JaxrouteError(f"gpu_price must be a number >= 0 (per GPU-hour), got {v['gpu_price']}")
     for name in ("slo_ttft_s", "slo_tpot_s"):
         if not v[name] > 0:
             raise JaxrouteError(f"{name} must be > 0 seconds, got {v[name]}")
@@ -193,7 +188,7 @@ def make(n_replicas: int, **kw) -> ControlParams:
         tier_threshold=f32(v["tier_threshold"]), min_priority=i32(v["min_priority"]),
         qd_threshold=f32(v["qd_threshold"]), kv_threshold=f32(v["kv_threshold"]),
         tenant_budget=f32(v["tenant_budget"]), class_mix=mixes["class_mix"], tenant_mix=mixes["tenant_mix"],
-        slo_ttft_s=f32(v["slo_ttft_s"]), slo_tpot_s=f32(v["slo_tpot_s"]))
+        slo_ttft_s=f32(v["slo_ttft_s"]), slo_tpot_s=f32(v["slo_tpot_s"]), gpu_price=f32(v["gpu_price"]))
 
 
 def check(p: ControlParams, n_replicas: int, history: int) -> None:

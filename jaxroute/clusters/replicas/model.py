@@ -325,7 +325,7 @@ class ReplicaModel(sim.Model):
         if self.control:  # a control event comes first on ties; the gateway may shed the arrival
             c_t = ctl_lib.next_time(ctl)
             next_event = jnp.minimum(a, c_t)
-            is_ctl = c_t <= t
+            is_ctl = (c_t <= t) & live  # none once the run is done (`is_done`): the step holds a done state
             is_route, is_iter = is_route & ~is_ctl, is_iter & ~is_ctl
             t = jnp.minimum(t, c_t)
             live = live | is_ctl
@@ -486,8 +486,11 @@ class ReplicaModel(sim.Model):
         span = jnp.where(completed > 0, span, 0.0)
         per_s = lambda x: jnp.where(span > 0, x / jnp.where(span > 0, span, 1.0), 0.0)
         out_done = jnp.sum(jnp.where(done, r.out_tok, 0)).astype(jnp.float32)
-        # per-replica averages over the replicas in use
+        # per-replica averages over the replicas in use (with an autoscaler: the mean ready count)
         n_rep = self.n_replicas if params.n_active is None else params.n_active.astype(jnp.float32)
+        if self.control:
+            end = _run_end(state, done)
+            n_rep = ctl_lib.advance(state.ctl, end - state.now).ready_area / jnp.maximum(end, 1e-30)
         shed = jnp.int32(0)
         control = {}
         if self.control:
@@ -534,15 +537,18 @@ class ReplicaModel(sim.Model):
         n = r.arrival_s.shape[0]
         arrived_mask = jnp.arange(n) < state.next_req
         shed_mask = arrived_mask & (state.rec_replica < 0)
-        end = jnp.maximum(state.now, jnp.max(jnp.where(done, state.rec_finish, 0.0)))  # the run's last event ends
+        end = _run_end(state, done)
+        seconds = ctl_lib.replica_seconds(ctl, end)
+        gpu_hours = seconds * params.cost.tp / 3600.0
         ok = done & (ttft <= p.slo_ttft_s) & ((tpot <= p.slo_tpot_s) | (r.out_tok <= 1))
         per_s = lambda x: jnp.where(span > 0, x / jnp.where(span > 0, span, 1.0), 0.0)
         frac = lambda x, of: jnp.sum(x) / jnp.maximum(jnp.sum(of), 1)
         out = {"shed": ctl.shed, "shed_fraction": frac(shed_mask, arrived_mask),
                "slo_attainment": frac(ok, arrived_mask), "goodput_rps": per_s(jnp.sum(ok).astype(jnp.float32)),
-               "replica_seconds": ctl_lib.replica_seconds(ctl, end),
+               "replica_seconds": seconds, "gpu_hours": gpu_hours, "cost": gpu_hours * p.gpu_price,
                "mean_ready": ctl_lib.advance(ctl, end - state.now).ready_area / jnp.maximum(end, 1e-30),
-               "scale_ups": ctl.ups, "scale_downs": ctl.downs,
+               "peak_ready": jnp.max(jnp.where(jnp.arange(ctl.log_ready.shape[0]) < ctl.log_n, ctl.log_ready, 0)),
+               "scale_ups": ctl.ups, "scale_downs": ctl.downs, "end_s": end,
                "scale.log_t": ctl.log_t, "scale.log_ready": ctl.log_ready, "scale.log_billed": ctl.log_billed,
                "scale.log_n": ctl.log_n}
         for k, name in enumerate(CLASSES):
@@ -552,6 +558,11 @@ class ReplicaModel(sim.Model):
                         f"class.{name}.slo_attainment": frac(ok & mine, mine),
                         f"class.{name}.goodput_rps": per_s(jnp.sum(ok & mine).astype(jnp.float32))})
         return out
+
+
+def _run_end(state: ReplicaState, done) -> jax.Array:
+    """The end of the run's last event (a leaped iteration ends after its event's time)."""
+    return jnp.maximum(state.now, jnp.max(jnp.where(done, state.rec_finish, 0.0)))
 
 
 def clear_cache(table: SlotTable, acct: Replication, seg_len: jax.Array, when) -> tuple[SlotTable, Replication]:

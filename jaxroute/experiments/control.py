@@ -1,0 +1,102 @@
+"""Control-plane rows of a cluster comparison: autoscalers and gateways as rows of one compiled grid, the model's
+static sizes for them, their summary metrics and the plot of ready replicas over time (clusters/replicas/control.py)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from jaxroute import report
+from jaxroute.clusters.names import CLASSES, GATES, SCALERS
+from jaxroute.clusters.replicas import control as ctl_lib
+from jaxroute.errors import JaxrouteError
+
+# summarised into every record of a control-plane comparison
+METRICS = ("mean_ready", "peak_ready", "gpu_hours", "cost", "scale_ups", "scale_downs", "shed_fraction",
+           "slo_attainment", "goodput_rps")
+CLASS_METRICS = ("arrived", "shed_fraction", "ttft_p90_s", "slo_attainment", "goodput_rps")
+
+
+def class_metric_names(classes: Sequence[str] = CLASSES) -> tuple[str, ...]:
+    return tuple(f"class.{c}.{m}" for c in classes for m in CLASS_METRICS)
+
+
+def variants(scalers: Sequence[str], gates: Sequence[str], n_slots: int, settings: dict) -> list[tuple[str, object]]:
+    """(label suffix, ControlParams) for every autoscaler x gate, all with `settings` (control.DEFAULTS' names)."""
+    for name, given, known in (("autoscaler", scalers, SCALERS), ("gate", gates, GATES)):
+        for x in given:
+            if x not in known:
+                raise JaxrouteError(f"unknown {name} '{x}'; choose from: {', '.join(known)}")
+    out = []
+    for s in scalers:
+        for g in gates:
+            label = s if len(gates) == 1 and g == "none" else f"{s}+{g}"
+            out.append((label, ctl_lib.make(n_slots, scaler=s, gate=g, **settings)))
+    return out
+
+
+def sizes(workload, params: Sequence, spare: float = 3.0) -> dict[str, int]:
+    """Static sizes for control rows: ticks (the arrival horizon x `spare`, for the drain, over the shortest
+    interval), history (the longest window in ticks), and the scale log (grown on `scale_log_full`)."""
+    horizon = 0.0
+    for p in params:
+        rate = float(np.asarray(p.rate))
+        span = workload.n_requests / rate if rate > 0 else float(np.max(np.asarray(workload.table.arrival_s)))
+        horizon = max(horizon, span)
+    interval = min(float(np.asarray(p.control.interval_s)) for p in params)
+    window = max(max(float(np.asarray(p.control.down_window_s)), float(np.asarray(p.control.stable_window_s)))
+                 / float(np.asarray(p.control.interval_s)) for p in params)
+    return {"control_ticks": int(math.ceil(spare * horizon / interval)) + 64,
+            "control_history": int(math.ceil(window)) + 2, "control_log": 256}
+
+
+def uses_classes(params: Sequence) -> list[str]:
+    """The classes some row draws (a class table is printed when there are several)."""
+    mix = np.max(np.stack([np.asarray(p.control.class_mix) for p in params]), axis=0)
+    return [c for c, share in zip(CLASSES, mix, strict=True) if share > 0]
+
+
+def ready_plot(results, path: str | Path, title: str, seed: int = 0) -> Path:
+    """PNG: ready replicas (solid) and billed ones (dotted: provisioning and draining too) over time, one line
+    per row, for one seed (the scale log)."""
+    from jaxroute.report import _pyplot
+
+    plt = _pyplot()
+    m = results.grid.metrics
+    fig, ax = plt.subplots(figsize=(8.5, 4.0))
+    for c, label in enumerate(results.labels):
+        n = int(m["scale.log_n"][c, seed])
+        t = np.asarray(m["scale.log_t"][c, seed][:n], float)
+        t = np.append(t, max(float(m["end_s"][c, seed]), t[-1]))
+        for key, style in (("scale.log_ready", "-"), ("scale.log_billed", ":")):
+            y = np.asarray(m[key][c, seed][:n])
+            line = ax.step(t, np.append(y, y[-1]), where="post", linestyle=style,
+                           label=label if style == "-" else None)
+            if style == "-":
+                color = line[0].get_color()
+            else:
+                line[0].set_color(color)
+    ax.set_xlabel("time (s)")
+    ax.set_ylabel("replicas (solid: ready; dotted: billed)")
+    ax.legend(fontsize=7, ncol=2)
+    fig.suptitle(title + f" (seed {seed})", fontsize=9)
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return Path(path)
+
+
+def format_tables(records, classes: Sequence[str]) -> str:
+    """The control-plane table, and a table per class when the rows draw several."""
+    out = ["control plane: mean and peak ready replicas, GPU-hours and their cost, scale events, shed share, "
+           "SLO attainment (shed requests miss it) and goodput (requests/s within the SLO)",
+           report.format_table(records, METRICS)]
+    if len(classes) > 1:
+        for c in classes:
+            out.append(f"class {c}")
+            out.append(report.format_table(records, [f"class.{c}.{m}" for m in CLASS_METRICS]))
+    return "\n".join(out)
