@@ -227,8 +227,21 @@ def test_shared_prefix_cycle_restarts_at_each_stage():
     np.testing.assert_array_equal(t.seg_ids[second:second + 20], t.seg_ids[:20])
 
 
-def test_traces_refuse_rate_stages(tmp_path):
+def test_trace_arrivals_warp_to_load_stages(tmp_path):
+    """A trace's arrivals follow the stages' rates (time-warped; the recorded gaps scale with the stage), in
+    order, and replay as warped at `stage_mean_rate`; a bad stage gets one line."""
     p = tmp_path / "a.csv"
-    p.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n0.0,100,10\n1.0,200,20\n")
-    with pytest.raises(JaxrouteError, match="recorded times"):
-        W.with_rate_stages(W.from_azure(traces.load_azure_csv(p)), [(1.0, 5.0)])
+    times = np.cumsum(np.random.default_rng(0).exponential(0.5, 600))  # 2 req/s as recorded
+    p.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(f"{t:.6f},100,10\n" for t in times))
+    wl = W.from_azure(traces.load_azure_csv(p))
+    stages = [(10.0, 20.0), (40.0, 5.0), (10.0, 10.0)]
+    warped = W.with_rate_stages(wl, stages)
+    assert warped.stage_mean_rate == pytest.approx((200 + 200 + 100) / 35)
+    t = _np(warped.realize(jax.random.key(0), warped.stage_mean_rate)).arrival_s
+    assert (np.diff(t) >= 0).all() and t[0] == 0
+    counts = [np.sum((t >= a) & (t < b)) for a, b in ((0, 20), (20, 25), (25, 35))]
+    assert abs(counts[0] - 200) < 40 and abs(counts[1] - 200) < 40 and abs(counts[2] - 100) < 30
+    # past the stages the last rate continues: 600 requests need (600 - 500) / 10 s more
+    assert t[-1] == pytest.approx(35 + (600 - 500) / 10, rel=0.1)
+    with pytest.raises(JaxrouteError, match="a load stage needs a rate > 0"):
+        W.with_rate_stages(wl, [(1.0, 0.0)])

@@ -98,7 +98,6 @@ def test_cluster_on_traces(tmp_path, capsys):
     (["--rate", "2", "--rate-stages", "1:5"], "mutually exclusive"),
     (["--rate-stages", "1:0"], "--rate-stages"),
     (["--rate-stages", "10"], "--rate-stages"),
-    (["--workload", "azure-conv", "--rate-stages", "1:5"], "replays its recorded arrival times"),
     (["--sp-groups", "3"], "--sp-* flags apply to --workload shared-prefix only"),
     (["--priority-groups", "5"], "--priority-groups applies to --local priority"),
     (["--local", "priority", "--priority-groups", "0"], "--priority-groups"),

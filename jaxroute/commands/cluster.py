@@ -162,7 +162,7 @@ def register(subparsers) -> None:
                    help="staged Poisson load for synthetic workloads, like inference-perf's load stages, e.g. "
                    "10:60,20:60,40:60: the rate is piecewise constant over the stages and stays at the last "
                    "stage's rate after it. --requests defaults to the expected stage total round(sum rate x "
-                   "seconds); fewer end the run early. Not with --rate or a trace. A staged run prints a table per router with a row per "
+                   "seconds); fewer end the run early. A trace's recorded arrivals are time-warped to the stages (its burstiness kept, scaled). Not with --rate. A staged run prints a table per router with a row per "
                    "stage (the requests that arrived in it) and --plot also draws them against the stage rate in "
                    "PATH-stages.png (default: one --rate)")
     add_shared_prefix_args(p)

@@ -35,7 +35,7 @@ def build_workload(name: str, requests: int, trace: str | None = None, hot_tool:
 
     shared_prefix: settings of the shared-prefix workload (keys of `wl_prefix.SP_DEFAULTS`; None or
     empty = inference-perf's defaults). rate_stages: [(requests/s, seconds), ...] for staged Poisson load
-    (synthetic workloads only; realize at `workload.stage_mean_rate`).
+    (a trace's recorded arrivals are time-warped to them; realize at `workload.stage_mean_rate`).
     """
     if name not in WORKLOADS:
         raise JaxrouteError(f"unknown workload '{name}'; choose from: {', '.join(WORKLOADS)}")
@@ -58,12 +58,10 @@ def build_workload(name: str, requests: int, trace: str | None = None, hot_tool:
             raise JaxrouteError(f"'{name}' draws its own lengths and Poisson arrivals: --hot-tool, --rate-stages "
                                 "and --trace do not apply (--rate rescales its arrivals)")
         return lengths_workload(name, requests)
-    if rate_stages:
-        raise JaxrouteError(f"--rate-stages is for the synthetic workloads; the trace '{name}' replays its "
-                            "recorded arrival times (--rate rescales them to a mean rate)")
     path = trace or wl_prefix.DEFAULT_TRACE_PATHS[name]
     trace = traces.load_named(name, path).head(requests)
-    return wl_prefix.from_mooncake(trace) if name == "mooncake" else wl_prefix.from_azure(trace, name=name)
+    wl = wl_prefix.from_mooncake(trace) if name == "mooncake" else wl_prefix.from_azure(trace, name=name)
+    return wl_prefix.with_rate_stages(wl, rate_stages) if rate_stages else wl
 
 
 def lengths_workload(name: str, requests: int, seed: int = 0) -> wl_prefix.TracePrefixWorkload:
@@ -227,7 +225,8 @@ def run_cluster(rows, workload, *, replicas_n=4, seeds=16, local="fcfs", chunk=5
     if control:
         from jaxroute.experiments import control as ctl_exp
 
-        caps.update(ctl_exp.sizes(workload, params), replica_slots=replicas_n)
+        # a replica may hold every request while the cluster is small: the local queue holds them all
+        caps.update(ctl_exp.sizes(workload, params), replica_slots=replicas_n, max_queue=workload.n_requests)
         flags_control = {"control_ticks": "unfinished", "control_log": "scale_log_full",
                          "replica_slots": "replica_slots_full"}
     for name, size in (capacities or {}).items():

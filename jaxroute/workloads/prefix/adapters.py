@@ -16,7 +16,7 @@ import numpy as np
 
 from jaxroute.errors import JaxrouteError
 from jaxroute.workloads.names import TRACE_WORKLOADS  # noqa: F401  (prefix.TRACE_WORKLOADS)
-from jaxroute.workloads.prefix.types import RequestTable, request_steps
+from jaxroute.workloads.prefix.types import RequestTable, check_stages, request_steps, stage_mean_rate
 from jaxroute.workloads.traces import MOONCAKE_BLOCK_TOKENS, Trace
 
 DEFAULT_TRACE_PATHS = {
@@ -37,6 +37,13 @@ class TracePrefixWorkload:
     n_segments: int = dataclasses.field(metadata=dict(static=True), default=0)
     # distinct (prompt tokens, output tokens, count) of the requests: static, for step_bound and check_fits
     request_shapes: tuple[tuple[int, int, int], ...] = dataclasses.field(metadata=dict(static=True), default=())
+    # the load stages its arrivals were warped to (`warp_to_stages`); () = as recorded
+    rate_stages: tuple[tuple[float, float], ...] = dataclasses.field(metadata=dict(static=True), default=())
+
+    @property
+    def stage_mean_rate(self) -> float | None:
+        """Time-averaged rate of the stages: the `rate` that replays the warped arrivals as they are; None without."""
+        return stage_mean_rate(self.rate_stages)
 
     @property
     def n_requests(self) -> int:
@@ -62,6 +69,25 @@ class TracePrefixWorkload:
         """Replay the trace; rate > 0 rescales time so the mean rate becomes `rate` requests/s."""
         scale = jnp.where(rate > 0, self.native_rate / jnp.where(rate > 0, rate, 1.0), 1.0)
         return dataclasses.replace(self.table, arrival_s=self.table.arrival_s * scale)
+
+
+def warp_to_stages(workload: TracePrefixWorkload, stages) -> TracePrefixWorkload:
+    """The trace with its arrivals time-warped to load stages [(requests/s, seconds), ...]: request i's recorded
+    time t_i, as the expected count u_i = (t_i - t_0) x the trace's mean rate, arrives when the stages'
+    cumulative count reaches u_i (after the last stage its rate continues). The trace's burstiness around its
+    mean is kept, scaled by each stage's rate; every seed replays the same arrivals. Realize it at
+    `stage_mean_rate` (the CLI does) to replay them as warped."""
+    stages = check_stages(stages)
+    rates = np.array([r for r, _ in stages])
+    secs = np.array([d for _, d in stages])
+    count_at = np.concatenate([[0.0], np.cumsum(rates * secs)])  # expected arrivals at each stage start
+    t_at = np.concatenate([[0.0], np.cumsum(secs)])
+    t = np.asarray(workload.table.arrival_s, np.float64)
+    u = (t - t[0]) * workload.native_rate
+    k = np.minimum(np.searchsorted(count_at, u, side="right") - 1, len(stages) - 1)
+    warped = t_at[k] + (u - count_at[k]) / rates[k]
+    table = dataclasses.replace(workload.table, arrival_s=jnp.asarray(warped, jnp.float32))
+    return dataclasses.replace(workload, table=table, native_rate=stage_mean_rate(stages), rate_stages=stages)
 
 
 def _trace_workload(name: str, trace: Trace, segs: list[list[tuple[int, int]]], n_seg: int,

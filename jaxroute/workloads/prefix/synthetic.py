@@ -27,7 +27,13 @@ import numpy as np
 
 from jaxroute.errors import JaxrouteError
 from jaxroute.workloads.names import PREFIX_WORKLOADS, SP_DEFAULTS  # noqa: F401  (SP_DEFAULTS: inference-perf's)
-from jaxroute.workloads.prefix.types import RequestTable, request_steps
+from jaxroute.workloads.prefix.types import (
+    RequestTable,
+    check_stages,
+    request_steps,
+    stage_mean_rate,
+    stage_requests,
+)
 
 
 def _zipf(n: int, s: float) -> np.ndarray:
@@ -85,14 +91,12 @@ class SyntheticPrefixWorkload:
     @property
     def stage_mean_rate(self) -> float | None:
         """Time-averaged rate of the stages (requests/s): the `rate` that reproduces them; None without stages."""
-        if not self.rate_stages:
-            return None
-        return sum(r * d for r, d in self.rate_stages) / sum(d for _, d in self.rate_stages)
+        return stage_mean_rate(self.rate_stages)
 
     @property
     def stage_requests(self) -> int | None:
         """Expected requests within the stages, round(sum rate x seconds); None without stages."""
-        return round(sum(r * d for r, d in self.rate_stages)) if self.rate_stages else None
+        return stage_requests(self.rate_stages)
 
     @property
     def n_segments(self) -> int:
@@ -351,20 +355,20 @@ def private_prompts(n_requests: int, prompt_tokens, output_tokens, name: str = "
 
 
 def with_rate_stages(workload: SyntheticPrefixWorkload, stages) -> SyntheticPrefixWorkload:
-    """The workload with staged Poisson load: stages = [(requests/s, seconds), ...], run in order.
+    """The workload with staged Poisson load: stages = [(requests/s, seconds), ...], run in order (a trace:
+    its recorded arrivals time-warped to the stages, `adapters.warp_to_stages`).
 
     Realize it at `rate = workload.stage_mean_rate` for the stages as given (another rate scales every
     stage by rate / stage_mean_rate). Arrivals past the last stage continue at its rate, so a run of
     more requests than the stages hold goes on at that rate, and a run of fewer ends early.
     """
+    from jaxroute.workloads.prefix.adapters import TracePrefixWorkload, warp_to_stages
+
+    if isinstance(workload, TracePrefixWorkload):
+        return warp_to_stages(workload, stages)
     if not isinstance(workload, SyntheticPrefixWorkload):
-        raise JaxrouteError("load stages apply to synthetic workloads; a trace keeps its recorded times")
-    stages = [(float(r), float(d)) for r, d in stages]
-    if not stages:
-        raise JaxrouteError("give at least one load stage RATE:SECONDS")
-    for r, d in stages:
-        if not (math.isfinite(r) and math.isfinite(d) and r > 0 and d > 0):
-            raise JaxrouteError(f"a load stage needs a rate > 0 and seconds > 0, got {r:g}:{d:g}")
+        raise JaxrouteError("load stages apply to synthetic workloads and traces")
+    stages = list(check_stages(stages))
     rates, secs = np.array([r for r, _ in stages]), np.array([d for _, d in stages])
     mult = rates / ((rates * secs).sum() / secs.sum())
     t0 = np.concatenate([[0.0], np.cumsum(secs)[:-1]])

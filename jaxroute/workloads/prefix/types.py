@@ -50,3 +50,29 @@ def check_fits(workload, kv_capacity: int) -> None:
         raise JaxrouteError(f"workload '{workload.name}' has a request needing {worst} KV tokens "
                             f"(prompt + output) but a replica holds only {kv_capacity}; "
                             "raise the capacity or shorten the requests")
+
+
+def stage_mean_rate(stages) -> float | None:
+    """Time-averaged rate of load stages ((requests/s, seconds), ...): the `rate` that reproduces them; None if none."""
+    if not stages:
+        return None
+    return sum(r * d for r, d in stages) / sum(d for _, d in stages)
+
+
+def stage_requests(stages) -> int | None:
+    """Expected requests within the stages, round(sum rate x seconds); None without stages."""
+    return round(sum(r * d for r, d in stages)) if stages else None
+
+
+def check_stages(stages) -> tuple[tuple[float, float], ...]:
+    """The stages as floats; one line naming a bad one."""
+    import math
+
+    stages = tuple((float(r), float(d)) for r, d in stages)
+    if not stages:
+        raise JaxrouteError("give at least one load stage RATE:SECONDS")
+    for r, d in stages:
+        if not (math.isfinite(r) and math.isfinite(d) and r > 0 and d > 0):
+            raise JaxrouteError(f"a load stage needs a rate > 0 and seconds > 0, got {r:g}:{d:g}")
+    return stages
+
