@@ -9,7 +9,13 @@ import time
 from pathlib import Path
 
 from jaxroute import catalog
-from jaxroute.clusters.names import ADMISSIONS, CONTROL_DEFAULTS, LOCAL_ORDERS, REPLICA_GPU, REPLICA_MODEL
+from jaxroute.clusters.names import (
+    ADMISSIONS,
+    CONTROL_DEFAULTS,
+    LOCAL_ORDERS,
+    REPLICA_GPU,
+    REPLICA_MODEL,
+)
 from jaxroute.commands._common import (
     add_grid_args,
     add_shared_prefix_args,

@@ -31,7 +31,15 @@ from jaxroute.experiments import control as ctl_exp
 from jaxroute.experiments.cluster import build_workload, policy_rows, run_cluster
 from jaxroute.experiments.comparison import paired_difference
 from jaxroute.metrics import summarize
-from jaxroute.reproduce.document import Claim, Context, Experiment, Section, fmt, holds_verdict, records_table
+from jaxroute.reproduce.document import (
+    Claim,
+    Context,
+    Experiment,
+    Section,
+    fmt,
+    holds_verdict,
+    records_table,
+)
 
 SOURCE = "production-routers"
 ROUTER = "llmd_precise"

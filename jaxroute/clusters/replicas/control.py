@@ -53,7 +53,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxroute.clusters.names import CLASS_PRIORITY, CONTROL_DEFAULTS, GATES, SCALE_METRICS, SCALER_INTERVAL_S, SCALERS
+from jaxroute.clusters.names import (
+    CLASS_PRIORITY,
+    CONTROL_DEFAULTS,
+    GATES,
+    SCALE_METRICS,
+    SCALER_INTERVAL_S,
+    SCALERS,
+)
 from jaxroute.errors import JaxrouteError
 
 OFF, PROVISIONING, READY, DRAINING = 0, 1, 2, 3

@@ -16,7 +16,12 @@ import numpy as np
 
 from jaxroute.errors import JaxrouteError
 from jaxroute.workloads.names import TRACE_WORKLOADS  # noqa: F401  (prefix.TRACE_WORKLOADS)
-from jaxroute.workloads.prefix.types import RequestTable, check_stages, request_steps, stage_mean_rate
+from jaxroute.workloads.prefix.types import (
+    RequestTable,
+    check_stages,
+    request_steps,
+    stage_mean_rate,
+)
 from jaxroute.workloads.traces import MOONCAKE_BLOCK_TOKENS, Trace
 
 DEFAULT_TRACE_PATHS = {
