@@ -1,7 +1,7 @@
 """Experiment specs: a command's settings as a YAML file, run by `jaxroute run SPEC.yaml`.
 
 A spec names its command and gives that command's settings (the dests of its flags: `tp`, `policies`,
-`rate_stages`, ...) in sections a reader scans: deployment, workload, routers, slo, run, outputs and
+`rate_stages`, ...) in sections a reader scans: deployment, workload, routers, control, slo, run, outputs and
 options (whatever fits none). The command's own parser checks every value, so a spec accepts exactly what
 the flags accept and a setting's default lives in one place, the flag's. Every comparison command writes
 the spec of what it just ran with `--save-spec PATH` (the flags given, in their sections), and running it
@@ -41,10 +41,13 @@ SECTION_OF = {
                      "e2_autoscale", "router_set", "params_json", "prefill_router", "decode_router", "predictor",
                      "pd_threshold", "d"), "routers"),
     **dict.fromkeys(("slo", "slo_ttft", "slo_tpot", "goodput"), "slo"),
+    **dict.fromkeys(("autoscaler", "gate", "min_replicas", "initial_replicas", "replica_slots", "provision_s",
+                     "scale_metric", "scale_target", "scale_interval", "capacity_rps", "class_mix", "tenant_mix",
+                     "gpu_price", "control_set"), "control"),
     **dict.fromkeys(("seeds", "seed", "allow_overflow", "no_progress"), "run"),
     **dict.fromkeys(("out", "plot", "requests_out", "stage_plot"), "outputs"),
 }
-SECTIONS = ("deployment", "workload", "routers", "slo", "run", "outputs", "options")
+SECTIONS = ("deployment", "workload", "routers", "control", "slo", "run", "outputs", "options")
 NOT_SAVED = ("save_spec", "func", "command", "no_compile_cache")  # settings of the saving, not of the experiment
 
 
@@ -57,6 +60,7 @@ class Spec(BaseModel):
     deployment: dict[str, Any] = {}
     workload: dict[str, Any] = {}
     routers: dict[str, Any] = {}
+    control: dict[str, Any] = {}
     slo: dict[str, Any] = {}
     run: dict[str, Any] = {}
     outputs: dict[str, Any] = {}

@@ -84,7 +84,7 @@ MINIMAL_ARGV = {
     "bench": [[]], "bins": [[]], "cluster": [[]], "cost": [[]], "decode": [[]], "dispatch": [[]], "pd": [[]],
     "select": [[]], "reproduce": [["lecture"]], "run": [["job.yaml"], ["job.yaml", "--seeds", "4"]], "compare": [["measured.json"]],
     "capacity": [[model, "--slo", "mean_response<=5"] for model in ("dispatch", "cluster", "pd", "decode")],
-    "tune": [["cluster", "--router", "threshold"], ["decode"]],
+    "tune": [["cluster", "--router", "threshold"], ["control", "--autoscaler", "hpa"], ["decode"]],
     "eval-predictor": [["--workload", "synthetic-prod"]],
     "train-predictor": [["--workload", "synthetic-prod", "--save", "DIR"]],
 }

@@ -172,7 +172,7 @@ def add_save_spec(p: argparse.ArgumentParser) -> None:
     """--save-spec: write the experiment spec of this run (`jaxroute run` reruns it; `jaxroute.spec`)."""
     p.add_argument("--save-spec", metavar="PATH.yaml",
                    help="after a successful run, write its experiment spec (the flags given, by section: "
-                   "deployment, workload, routers, slo, run, outputs); `jaxroute run PATH.yaml` reruns it "
+                   "deployment, workload, routers, control, slo, run, outputs); `jaxroute run PATH.yaml` reruns it "
                    "(default: none)")
 
 

@@ -238,7 +238,8 @@ def add_control_args(p) -> None:
     g.add_argument("--class-mix", type=key_values, default=None, metavar="CLASS=SHARE,...",
                    help=f"request classes (GAIE priorities: {', '.join(CLASSES)} = 4, 3, -1, -2, -3; negative = "
                    "sheddable), e.g. critical=0.3,batch=0.7 (default: all standard)")
-    g.add_argument("--tenant-mix", type=list_of(positive_float), default=None, metavar="SHARE,...",
+    g.add_argument("--tenant-mix", type=lambda text: [positive_float(x) for x in text.split(",")], default=None,
+                   metavar="SHARE,...",
                    help="tenants' shares of the requests, up to 8, for the tenant budget (default: one tenant)")
     g.add_argument("--gpu-price", type=non_negative_float, default=d["gpu_price"], metavar="PER_GPU_HOUR",
                    help="price of a GPU-hour for the cost column (default 1: the cost is in GPU-hours)")
@@ -255,10 +256,10 @@ CONTROL_SET = ("tolerance", "down_window_s", "stable_window_s", "panic_window_s"
                "kv_threshold", "tenant_budget", "slo_ttft_s", "slo_tpot_s")
 
 
-def control_variants(args, replicas: int):
-    """(label, ControlParams) rows of the control flags (None without --autoscaler or --gate), and the model's slots."""
+def control_settings(args, replicas: int):
+    """(autoscalers, gates, settings for `control.make`, replica slots) of the control flags; None without
+    --autoscaler or --gate."""
     from jaxroute.clusters.names import CLASSES
-    from jaxroute.experiments import control as ctl_exp
 
     given = [f for f, v in (("--min-replicas", args.min_replicas != CONTROL_DEFAULTS["min_replicas"]),
                             ("--initial-replicas", args.initial_replicas), ("--replica-slots", args.replica_slots),
@@ -267,14 +268,13 @@ def control_variants(args, replicas: int):
     if not args.autoscaler and not args.gate:
         if given:
             raise JaxrouteError(f"{given[0]} applies with --autoscaler or --gate")
-        return None, replicas
+        return None
     unknown = sorted(set(args.control_set or {}) - set(CONTROL_SET))
     if unknown:
         raise JaxrouteError(f"unknown --control-set name '{unknown[0]}'; choose from: {', '.join(CONTROL_SET)}")
     mix = args.class_mix or {}
     if bad := sorted(set(mix) - set(CLASSES)):
         raise JaxrouteError(f"unknown class '{bad[0]}' in --class-mix; choose from: {', '.join(CLASSES)}")
-    scalers = args.autoscaler or ["fixed"]
     lo = args.min_replicas if args.autoscaler else replicas
     settings = dict(args.control_set or {}, min_replicas=lo, max_replicas=replicas,
                     initial=args.initial_replicas or lo, provision_s=args.provision_s, metric=args.scale_metric,
@@ -287,7 +287,18 @@ def control_variants(args, replicas: int):
     if args.tenant_mix:
         settings["tenant_mix"] = tuple(args.tenant_mix)
     slots = args.replica_slots or replicas + max(1, replicas // 4)
-    return ctl_exp.variants(scalers, args.gate or ["none"], slots, settings), slots
+    return args.autoscaler or ["fixed"], args.gate or ["none"], settings, slots
+
+
+def control_variants(args, replicas: int):
+    """(label, ControlParams) rows of the control flags (None without --autoscaler or --gate), and the model's slots."""
+    from jaxroute.experiments import control as ctl_exp
+
+    got = control_settings(args, replicas)
+    if got is None:
+        return None, replicas
+    scalers, gates, settings, slots = got
+    return ctl_exp.variants(scalers, gates, slots, settings), slots
 
 
 def _tuned_row(args, rate: float, cost_model: str, factors=None) -> tuple:

@@ -14,7 +14,7 @@ def register(subparsers) -> None:
         description=textwrap.fill(
             "Run the experiment a spec file describes: `command` (cluster, pd, decode, dispatch, bins, select, "
             "capacity cluster, tune cluster, ...) and that command's settings, named as its flags without the "
-            "dashes (tp, policies, rate_stages, ...), in sections: deployment, workload, routers, slo, run, "
+            "dashes (tp, policies, rate_stages, ...), in sections: deployment, workload, routers, control, slo, run, "
             "outputs, options. Every comparison command writes the spec of what it ran with --save-spec. An "
             "inference-perf config.yml (its data and load sections) runs as `jaxroute cluster` on that workload "
             "with the cluster's defaults, or under `workload: {inference_perf: FILE}` in a spec. Relative paths "

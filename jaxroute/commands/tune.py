@@ -26,6 +26,7 @@ from jaxroute.commands._common import (
     positive_int,
     probability,
     rate_range,
+    rate_stages,
     shared_prefix_settings,
     show_progress,
     slo_clauses,
@@ -47,7 +48,7 @@ from jaxroute.workloads.names import DECODE_WORKLOADS, TRACE_WORKLOADS
 if TYPE_CHECKING:
     from jaxroute.experiments import tune as tn
 
-MODELS = ("cluster", "decode")
+MODELS = ("cluster", "control", "decode")
 DECODE_REQUESTS = 500
 DEFAULT_SLO = f"ttft_p90_s<={DEFAULT_SLO_TTFT_S:g},tpot_p90_s<={DEFAULT_SLO_TPOT_S:g}"
 
@@ -66,6 +67,7 @@ def register(subparsers) -> None:
                                 help="which simulation: cluster (replicas with prefix caches) or decode (decode DP "
                                 "workers behind a barrier, BR-H)")
     _register_cluster(models)
+    _register_control(models)
     _register_decode(models)
 
 
@@ -101,6 +103,15 @@ def _register_cluster(models) -> None:
                    help="capacity: relative width of a known bracket (default 0.05)")
     p.add_argument("--points", type=positive_int, default=4, metavar="K", help="capacity: rates per candidate per round (default 4)")
     p.add_argument("--max-rounds", type=positive_int, default=6, metavar="N", help="capacity: rounds at most per generation (default 6)")
+    _add_cluster_args(p)
+    _add_search_args(p)
+    p.add_argument("--params-out", metavar="PATH.json",
+                   help="write the best candidate's settings for `jaxroute cluster --params-json` (default: none)")
+    p.set_defaults(func=run)
+
+
+def _add_cluster_args(p) -> None:
+    """The workload and deployment flags of `tune cluster` and `tune control` (as `jaxroute cluster` has them)."""
     p.add_argument("--workload", default="toolbench", metavar="NAME", help=f"one of {', '.join(CLUSTER_WORKLOADS)} (default toolbench)")
     p.add_argument("--trace", default=None, metavar="PATH", help="trace file for mooncake / azure-conv (default: the public trace)")
     p.add_argument("--hot-tool", type=probability, default=0.0, metavar="SHARE",
@@ -120,10 +131,37 @@ def _register_cluster(models) -> None:
     p.add_argument("--admission", default="reserve", metavar="MODE", help=f"KV admission: {', '.join(ADMISSIONS)} (default reserve)")
     p.add_argument("--chunk", type=positive_int, default=512, metavar="TOKENS", help="prefill tokens per iteration (default 512)")
     p.add_argument("--max-running", type=positive_int, default=64, metavar="B", help="max running requests per replica (default 64)")
+
+
+def _register_control(models) -> None:
+    from jaxroute.commands.cluster import add_control_args
+    from jaxroute.experiments.knobs import CONTROL_KNOBS
+
+    knobs = "; ".join(f"{s}: " + ", ".join(f"{k.name} in [{k.lo:g}, {k.hi:g}]" for k in ks)
+                      for s, ks in CONTROL_KNOBS.items())
+    p = models.add_parser(
+        "control", help="tune an autoscaler's settings for the least cost (GPU-hours) that meets an SLO",
+        description="Search an autoscaler's traced settings (jaxroute/clusters/replicas/control.py) with CMA-ES "
+        "(evosax) for the least GPU-hours whose SLO attainment reaches --min-attainment (a shortfall adds its share "
+        "of every replica slot's GPU-hours: jaxroute/experiments/tune_control.py). Every candidate is a row of one "
+        "compiled grid; the final candidates and the defaults (the sources': docs/control.md) are rerun on fresh "
+        f"seeds with 95 %% CIs and the cost saved (+ = cheaper), paired per seed. Tunable settings: {knobs}. The SLO is "
+        "--control-set slo_ttft_s=S,slo_tpot_s=S. --replicas is the most replicas; use --rate-stages for a load that "
+        "steps up and down.")
+    p.add_argument("--router", default="least_load", metavar="NAME",
+                   help="the router (one that runs under an autoscaler: routers.prefix.PARTIAL_OK) (default least_load)")
+    p.add_argument("--params", default=None, metavar="NAME,...",
+                   help="settings to tune (default: all tunable ones of the autoscaler)")
+    p.add_argument("--min-attainment", type=probability, default=0.9, metavar="F",
+                   help="SLO attainment a candidate must reach (default 0.9)")
+    p.add_argument("--rate", type=positive_float, default=None, metavar="REQ_PER_S",
+                   help="Poisson arrival rate (default 1.0; traces: replay the recorded times unless given)")
+    p.add_argument("--rate-stages", type=rate_stages, default=None, metavar="RATE:SECONDS,...",
+                   help="staged load, as jaxroute cluster (default: one --rate)")
+    _add_cluster_args(p)
+    add_control_args(p)
     _add_search_args(p)
-    p.add_argument("--params-out", metavar="PATH.json",
-                   help="write the best candidate's settings for `jaxroute cluster --params-json` (default: none)")
-    p.set_defaults(func=run)
+    p.set_defaults(func=run_control, requests=None)
 
 
 def _register_decode(models) -> None:
@@ -325,6 +363,62 @@ def run(args) -> int:
         print(f"wrote {report.write_json(args.params_out, res.params_json(about))} "
               f"(rerun: jaxroute cluster --params-json {args.params_out})")
     return 0
+
+
+def run_control(args) -> int:
+    from jaxroute.commands.cluster import control_settings
+    from jaxroute.routers.names import PARTIAL_OK
+
+    router = choose([args.router], PARTIAL_OK, "router under an autoscaler")[0]
+    name = choose([args.workload], CLUSTER_WORKLOADS, "workload")[0]
+    got = control_settings(args, args.replicas)
+    if got is None or len(got[0]) != 1 or got[0][0] == "fixed":
+        raise JaxrouteError("give one autoscaler to tune: --autoscaler hpa, kpa or sla")
+    scalers, gates, base, slots = got
+    if len(gates) != 1:
+        raise JaxrouteError("give at most one --gate: every candidate runs it")
+    if not (math.isfinite(base.get("slo_ttft_s", math.inf)) or math.isfinite(base.get("slo_tpot_s", math.inf))):
+        raise JaxrouteError("tune control needs an SLO: --control-set slo_ttft_s=S (and/or slo_tpot_s=S)")
+    if args.rate is not None and args.rate_stages:
+        raise JaxrouteError("--rate and --rate-stages are mutually exclusive: give one rate or the stages")
+    # the models, once the flags are checked
+    from jaxroute.experiments import tune as tn
+    from jaxroute.experiments import tune_control as tc
+    from jaxroute.experiments.cluster import build_workload
+
+    stages = args.rate_stages
+    requests = args.requests or (round(sum(r * d for r, d in stages)) if stages else 300)
+    workload = build_workload(name, requests, args.trace, args.hot_tool, shared_prefix=shared_prefix_settings(args),
+                              rate_stages=stages)
+    args.requests, args.workload = requests, name
+    setup = _setup(args, workload)
+    if stages:
+        setup = dataclasses.replace(setup, rate=workload.stage_mean_rate)
+    base = {k: v for k, v in base.items() if v is not None}
+    base["gate"] = gates[0]
+    space = tc.ControlSpace.of(router, scalers[0], base, csv_list(args.params) if args.params is not None else None)
+    csetup = tc.ControlSetup(setup, router=router, slots=slots, min_attainment=args.min_attainment)
+    slo = ", ".join(f"{k.removeprefix('slo_').removesuffix('_s').upper()} <= {base[k]:g} s"
+                    for k in ("slo_ttft_s", "slo_tpot_s") if math.isfinite(base.get(k, math.inf)))
+    load = ("stages " + ",".join(f"{r:g}:{d:g}" for r, d in stages) if stages else
+            "recorded times" if setup.rate <= 0 else f"{setup.rate:g} req/s")
+    title = (f"tune {scalers[0]} ({', '.join(space.names)}) for {router}: min GPU-hours with SLO attainment >= "
+             f"{args.min_attainment:g} ({slo}); {name}, {requests} requests, up to {args.replicas} replicas "
+             f"({args.model} on {args.gpu}), {load}")
+    res = _search(args, title, lambda on_gen: tc.tune(space, csetup, **_search_kw(args), on_generation=on_gen))
+    _report(res)
+    config = {"router": router, "autoscaler": scalers[0], "gate": gates[0], "control": tn_jsonable(base),
+              "min_attainment": args.min_attainment, "workload": name, "requests": requests, "replicas": args.replicas,
+              "replica_slots": slots, "rate": setup.rate, "rate_stages": stages, "model": args.model, "gpu": args.gpu,
+              "tp": args.tp, "seed": args.seed}
+    _write(res, args, title, config)
+    return 0
+
+
+def tn_jsonable(d: dict) -> dict:
+    from jaxroute import report
+
+    return report.jsonable(d)
 
 
 def run_decode(args) -> int:
