@@ -382,7 +382,6 @@ def run_control(args) -> int:
     if args.rate is not None and args.rate_stages:
         raise JaxrouteError("--rate and --rate-stages are mutually exclusive: give one rate or the stages")
     # the models, once the flags are checked
-    from jaxroute.experiments import tune as tn
     from jaxroute.experiments import tune_control as tc
     from jaxroute.experiments.cluster import build_workload
 
