@@ -65,7 +65,7 @@ def _run(policy, rate, settings, key=1):
 def _reference(st, p, policy, settings):
     full = {**C.DEFAULTS, "max_replicas": G, "initial": settings.get("min_replicas", 1),
             "interval_s": C.INTERVAL_S[settings.get("scaler", "fixed")], **settings}
-    ctl = refc.Control(full, G, np.asarray(st.ctl.klass), np.asarray(st.ctl.tenant), C.TENANTS, B)
+    ctl = refc.Control(full, G, np.asarray(st.req.klass), np.asarray(st.req.tenant), C.TENANTS, B)
     want, violations = ref.simulate(st.req, G=G, cap=CAP, policy=policy, cost=p.cost, B=B, Q=Q, control=ctl)
     assert violations == []
     return want, ctl
@@ -173,3 +173,54 @@ def test_models_and_params_must_agree():
         MODEL.check_params(R.make_params("rr", kv_capacity=CAP, n_active=2, control=C.make(G)), wl)
     with pytest.raises(JaxrouteError, match="window of 300 ticks does not fit the autoscaler's history of 64"):
         MODEL.check_params(R.make_params("rr", kv_capacity=CAP, control=C.make(G, scaler="hpa", interval_s=1.0)), wl)
+
+
+def _trace_csv(tmp_path, rows, extra_header=",slo_class,tenant_id"):
+    p = tmp_path / "t.csv"
+    p.write_text("TIMESTAMP,ContextTokens,GeneratedTokens" + extra_header + "\n" + "".join(r + "\n" for r in rows))
+    return p
+
+
+def test_trace_classes_and_tenants_reach_the_gateway(tmp_path):
+    """A trace's slo_class / tenant_id columns replace the mixes' draws: tier shedding sheds its batch rows only."""
+    from jaxroute.workloads import traces
+
+    classes = ["critical", "batch", "standard", "Batch"] * 15
+    rows = [f"{0.05 * i:.3f},{600 + 7 * i},20,{c},{'a' if i % 3 else 'b'}" for i, c in enumerate(classes)]
+    trace = traces.load_azure_csv(_trace_csv(tmp_path, rows))
+    assert trace.tenant_names == ("b", "a") and list(trace.slo_class[:4]) == [0, 2, 1, 2]
+    wl = W.from_azure(trace)
+    model = R.ReplicaModel(n_replicas=2, max_running=4, max_queue=64, router_modules=("dynamo",), control=True,
+                           control_ticks=64, control_history=8, control_log=16)
+    p = R.make_params("least_load", rate=0.0, kv_capacity=CAP,
+                      control=C.make(2, scaler="fixed", min_replicas=2, gate="tier_shed", tier_threshold=1.0))
+    st = R.run_single(model, jax.random.key(0), wl, p)
+    np.testing.assert_array_equal(np.asarray(st.req.klass), trace.slo_class)
+    np.testing.assert_array_equal(np.asarray(st.req.tenant), trace.tenant)
+    shed = np.asarray(st.rec_replica) < 0
+    assert shed.any() and not shed[trace.slo_class != 2].any()  # only batch (priority -1 < 3) is shed
+    m = model.metrics(st, wl, p)
+    assert int(m["conservation_error"]) == 0 and int(m["shed"]) == shed.sum()
+
+
+@pytest.mark.parametrize("rows, header, message", [
+    (["0,10,5,gold,a"], ",slo_class,tenant_id", "line 2: slo_class 'gold' is not one of critical, standard"),
+    (["0,10,5,batch,"], ",slo_class,tenant_id", "line 2: empty value in column tenant_id"),
+    ([f"{i},10,5,t{i}" for i in range(9)], ",tenant_id", "9 tenants in column tenant_id; the gateway tells at most 8"),
+])
+def test_bad_trace_classes_get_one_line(tmp_path, rows, header, message):
+    from jaxroute.workloads import traces
+
+    with pytest.raises(JaxrouteError) as e:
+        traces.load_azure_csv(_trace_csv(tmp_path, rows, header))
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_mooncake_lines_must_all_or_none_carry_a_class(tmp_path):
+    from jaxroute.workloads import traces
+
+    p = tmp_path / "m.jsonl"
+    p.write_text('{"timestamp": 0, "input_length": 10, "output_length": 5, "hash_ids": [1], "slo_class": "batch"}\n'
+                 '{"timestamp": 5, "input_length": 10, "output_length": 5, "hash_ids": [1]}\n')
+    with pytest.raises(JaxrouteError, match="m.jsonl line 2: missing key slo_class"):
+        traces.load_mooncake_jsonl(p)

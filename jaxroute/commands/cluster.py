@@ -431,7 +431,7 @@ def run(args) -> int:
     if control:
         from jaxroute.experiments import control as ctl_exp
 
-        classes = ctl_exp.uses_classes([p for _, p in rows])
+        classes = ctl_exp.uses_classes([p for _, p in rows], workload)
         print(ctl_exp.format_tables(records, classes))
     e2_rows = [r for r in records if r.policy.split("[")[0] in PREBLE_PRESETS]
     if e2_rows:

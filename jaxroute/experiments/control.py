@@ -53,8 +53,13 @@ def sizes(workload, params: Sequence, spare: float = 3.0) -> dict[str, int]:
             "control_history": int(math.ceil(window)) + 2, "control_log": 256}
 
 
-def uses_classes(params: Sequence) -> list[str]:
-    """The classes some row draws (a class table is printed when there are several)."""
+def uses_classes(params: Sequence, workload=None) -> list[str]:
+    """The classes of the requests: the trace's column, else those some row draws (a class table is printed
+    when there are several)."""
+    klass = getattr(getattr(workload, "table", None), "klass", None)
+    if klass is not None:
+        present = set(np.asarray(klass).tolist())
+        return [c for i, c in enumerate(CLASSES) if i in present]
     mix = np.max(np.stack([np.asarray(p.control.class_mix) for p in params]), axis=0)
     return [c for c, share in zip(CLASSES, mix, strict=True) if share > 0]
 

@@ -118,6 +118,23 @@ class Space:
         return {k.name: float(v) for k, v in zip(self.knobs, values, strict=True)}
 
 
+@dataclasses.dataclass(frozen=True)
+class DefaultsSpace(Space):
+    """A space whose candidates are plain settings dicts: `defaults()` with the knobs' values over it."""
+
+    def defaults(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def default_values(self) -> np.ndarray:
+        d = self.defaults()
+        return np.array([float(d[k.name]) for k in self.knobs])
+
+    def settings(self, values) -> dict:
+        out = self.defaults()
+        out.update({k.name: float(v) for k, v in zip(self.knobs, values, strict=True)})
+        return out
+
+
 # --------------------------------------------------------------------------- settings files (`cluster --params-json`)
 
 ROUTER_SETTINGS = ("theta", "guard_abs", "guard_rel", "temperature", "load_threshold")

@@ -31,7 +31,7 @@ from jaxroute.workloads import prefix as wl_prefix
 
 
 @dataclasses.dataclass(frozen=True)
-class ControlSpace(tn.Space):
+class ControlSpace(tn.DefaultsSpace):
     """An autoscaler's knobs (`knobs.CONTROL_KNOBS[scaler]`); the defaults are the sources' (`control.DEFAULTS`)
     over `base` (the settings the search starts from)."""
 
@@ -47,18 +47,9 @@ class ControlSpace(tn.Space):
         return cls(f"{router}+{scaler}", knobs, scaler, tuple(sorted(base.items())))
 
     def defaults(self) -> dict[str, Any]:
+        """The control settings (`control.make` keywords) a candidate's knobs go over."""
         interval = {"interval_s": SCALER_INTERVAL_S[self.scaler]}
         return {**CONTROL_DEFAULTS, **interval, **dict(self.base), "scaler": self.scaler}
-
-    def default_values(self) -> np.ndarray:
-        d = self.defaults()
-        return np.array([float(d[k.name]) for k in self.knobs])
-
-    def settings(self, values) -> dict:
-        """The control settings of one candidate (`control.make` keywords)."""
-        out = self.defaults()
-        out.update({k.name: float(v) for k, v in zip(self.knobs, values, strict=True)})
-        return out
 
 
 @dataclasses.dataclass(frozen=True)

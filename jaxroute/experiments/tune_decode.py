@@ -45,7 +45,7 @@ def objective(name: str) -> tn.Objective:
 
 
 @dataclasses.dataclass(frozen=True)
-class DecodeSpace(tn.Space):
+class DecodeSpace(tn.DefaultsSpace):
     """BR-H's knobs: values are in the order of `knobs`; the defaults are beta = G, DEFAULT_GAMMA, DEFAULT_ALPHA."""
 
     workers: int = 8
@@ -60,17 +60,8 @@ class DecodeSpace(tn.Space):
         return cls(POLICY, tn.pick_knobs(table, names, "brh"), workers)
 
     def defaults(self) -> dict[str, float]:
+        """alpha, beta and gamma of a BR-H row (`settings`: untuned ones keep these)."""
         return {"beta": float(self.workers), "gamma": float(dd.DEFAULT_GAMMA), "alpha": float(dd.DEFAULT_ALPHA)}
-
-    def default_values(self) -> np.ndarray:
-        d = self.defaults()
-        return np.array([d[k.name] for k in self.knobs])
-
-    def settings(self, values) -> dict:
-        """alpha, beta and gamma of one BR-H row (untuned ones keep their defaults)."""
-        out = self.defaults()
-        out.update({k.name: float(v) for k, v in zip(self.knobs, values, strict=True)})
-        return out
 
 
 @dataclasses.dataclass(frozen=True)

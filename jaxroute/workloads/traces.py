@@ -8,6 +8,10 @@
   `Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type` (BurstGPT_3 adds `Session ID`,
   `Elapsed time`); failed requests are recorded with 0 response tokens.
 
+Optional columns (CSV) or keys (JSONL) in any of them: `slo_class` (one of `clusters.names.CLASSES`: critical,
+standard, batch, sheddable, background; BLIS's SLOClass) and `tenant_id` (any text; at most 8 tenants), which
+the control plane's gateway reads (`clusters/replicas/control.py`) instead of drawing them from its mixes.
+
 The files are not bundled: pass a path (the repo's CI reads them from ../shared/data).
 """
 
@@ -30,6 +34,8 @@ AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 BURSTGPT_COLUMNS = ("Timestamp", "Model", "Request tokens", "Response tokens")
 MOONCAKE_KEYS = ("timestamp", "input_length", "output_length", "hash_ids")
 MOONCAKE_BLOCK_TOKENS = 512
+OPTIONAL_COLUMNS = ("slo_class", "tenant_id")  # the gateway's request class and tenant, where a trace has them
+MAX_TENANTS = 8  # clusters/replicas/control.TENANTS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,6 +48,9 @@ class Trace:
     output_tokens: np.ndarray  # [N] int64, > 0
     block_ids: list[np.ndarray] | None = None  # N arrays of int64 prompt-block ids (Mooncake), else None
     model: np.ndarray | None = None  # [N] str, the model each request called (BurstGPT), else None
+    slo_class: np.ndarray | None = None  # [N] int64 index in clusters.names.CLASSES (column slo_class), else None
+    tenant: np.ndarray | None = None  # [N] int64 tenant index (column tenant_id, in order of first appearance)
+    tenant_names: tuple[str, ...] = ()  # the tenant ids, by index
 
     def __len__(self) -> int:
         return len(self.arrival_s)
@@ -50,9 +59,47 @@ class Trace:
         """The first n requests."""
         if n < 1:
             raise JaxrouteError(f"need at least 1 request, got {n}")
-        blocks = None if self.block_ids is None else self.block_ids[:n]
-        model = None if self.model is None else self.model[:n]
-        return Trace(self.name, self.arrival_s[:n], self.prompt_tokens[:n], self.output_tokens[:n], blocks, model)
+        cut = lambda x: None if x is None else x[:n]
+        return dataclasses.replace(self, arrival_s=self.arrival_s[:n], prompt_tokens=self.prompt_tokens[:n],
+                                   output_tokens=self.output_tokens[:n], block_ids=cut(self.block_ids),
+                                   model=cut(self.model), slo_class=cut(self.slo_class), tenant=cut(self.tenant))
+
+
+def _classes_and_tenants(values: dict[str, list | None], p: Path, lines: list[int]) -> dict:
+    """Trace fields of the optional columns (`OPTIONAL_COLUMNS`: a list of the values, or None when absent):
+    classes by name, tenants by first appearance; one line naming a bad value."""
+    from jaxroute.clusters.names import CLASSES
+
+    out: dict = {}
+    if values.get("slo_class") is not None:
+        idx = np.empty(len(lines), np.int64)
+        for k, (v, line) in enumerate(zip(values["slo_class"], lines, strict=True)):
+            name = str(v).strip().lower()
+            if name not in CLASSES:
+                raise JaxrouteError(f"{p.name} line {line}: slo_class {v!r} is not one of {', '.join(CLASSES)}")
+            idx[k] = CLASSES.index(name)
+        out["slo_class"] = idx
+    if values.get("tenant_id") is not None:
+        names = list(dict.fromkeys(str(v).strip() for v in values["tenant_id"]))
+        if len(names) > MAX_TENANTS:
+            raise JaxrouteError(f"{p.name}: {len(names)} tenants in column tenant_id; the gateway tells at most "
+                                f"{MAX_TENANTS} apart")
+        where = {n: i for i, n in enumerate(names)}
+        out["tenant"] = np.array([where[str(v).strip()] for v in values["tenant_id"]], np.int64)
+        out["tenant_names"] = tuple(names)
+    return out
+
+
+def _optional_csv(rows: list[dict[str, str]], p: Path) -> dict:
+    """`_classes_and_tenants` of a CSV's optional columns (an empty cell: an error naming its line)."""
+    values = {}
+    for c in OPTIONAL_COLUMNS:
+        if c in rows[0]:
+            empty = next((i for i, r in enumerate(rows) if not (r.get(c) or "").strip()), None)
+            if empty is not None:
+                raise JaxrouteError(f"{p.name} line {empty + 2}: empty value in column {c}")
+            values[c] = [r[c] for r in rows]
+    return _classes_and_tenants(values, p, list(range(2, len(rows) + 2)))
 
 
 def _open_nonempty(path: str | Path) -> Path:
@@ -157,7 +204,7 @@ def load_azure_csv(path: str | Path) -> Trace:
     _check_sorted(times, p, 2)
     prompt = _check_lengths([r["ContextTokens"] for r in rows], "ContextTokens", p, 2)
     output = _check_lengths([r["GeneratedTokens"] for r in rows], "GeneratedTokens", p, 2)
-    return Trace(p.stem, times - times[0], prompt, output, None)
+    return Trace(p.stem, times - times[0], prompt, output, None, **_optional_csv(rows, p))
 
 
 def jsonl_objects(p: Path, lines, required: tuple[str, ...], kind: str = "key(s)") -> list[tuple[int, dict]]:
@@ -203,7 +250,14 @@ def load_mooncake_jsonl(path: str | Path) -> Trace:
                 f"({MOONCAKE_BLOCK_TOKENS}-token blocks)"
             )
         blocks.append(np.asarray(ids, dtype=np.int64))
-    return Trace(p.stem, times - times[0], prompt, output, blocks)
+    values = {}
+    for key in OPTIONAL_COLUMNS:
+        have = [key in o for _, o in recs]
+        if any(have) and not all(have):
+            i = recs[have.index(False)][0]
+            raise JaxrouteError(f"{p.name} line {i}: missing key {key} (other lines have it)")
+        values[key] = [o[key] for _, o in recs] if all(have) else None
+    return Trace(p.stem, times - times[0], prompt, output, blocks, **_classes_and_tenants(values, p, [i for i, _ in recs]))
 
 
 def load_burstgpt_csv(path: str | Path, model: str | None = None) -> Trace:
@@ -248,7 +302,11 @@ def load_burstgpt_csv(path: str | Path, model: str | None = None) -> Trace:
             raise JaxrouteError(f"{p.name}: nothing is left of its {of} once the {why} are dropped")
         warn(f"{p.name}: dropped {int((failed | empty).sum())} of its {of}: {why}")
     t = times[keep]
-    return Trace(p.stem, t - t[0], prompt[keep], output[keep], None, models[keep])
+    extra = _optional_csv(rows, p)
+    for k in ("slo_class", "tenant"):
+        if k in extra:
+            extra[k] = extra[k][keep]
+    return Trace(p.stem, t - t[0], prompt[keep], output[keep], None, models[keep], **extra)
 
 
 def _csv_loader(p: Path):

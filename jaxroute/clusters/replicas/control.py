@@ -33,7 +33,8 @@ that finds no OFF replica (all slots provisioning, ready or draining) sets `repl
 
 Gateway admission, at each arrival (shed requests never reach the router; BLIS sim/admission.go): every
 request has a class (GAIE's priorities: critical 4, standard 3, batch -1, sheddable -2, background -3;
-sheddable = negative) and a tenant, drawn from `class_mix` / `tenant_mix`:
+sheddable = negative) and a tenant, from the trace's columns (`workloads.traces`) or drawn from `class_mix` /
+`tenant_mix`:
 - `none`: admit all. `token_bucket`: a request costs its prompt tokens from a bucket of
   `bucket_tokens` refilled at `bucket_refill` tokens/s (full at the start); refused when short.
 - `tier_shed`: when the largest in-flight count over the ready replicas exceeds `tier_threshold`,
@@ -133,8 +134,6 @@ class ControlState:
     log_n: jax.Array  # [] int32 entries written (more than E: `scale_log_full`)
     bucket: jax.Array  # [] float32 token bucket level
     bucket_t: jax.Array  # [] float32 its last refill
-    klass: jax.Array  # [N] int32 each request's class
-    tenant: jax.Array  # [N] int32 each request's tenant
     tenant_inflight: jax.Array  # [TENANTS] int32 dispatched, unfinished requests per tenant
     shed: jax.Array  # [] int32 requests shed at the gateway
 
@@ -213,12 +212,22 @@ def check(p: ControlParams, n_replicas: int, history: int) -> None:
                             f"{history} ticks; lengthen interval_s or build the model with a larger control_history")
 
 
-def init(key: jax.Array, p: ControlParams, G: int, n: int, history: int, log_len: int) -> ControlState:
+def with_classes(key: jax.Array, p: ControlParams, req):
+    """The realised `RequestTable` with each request's class and tenant: the trace's, or drawn from the mixes
+    (kept in the table, which no event rewrites, so an event never touches an [N] array)."""
+    n = req.arrival_s.shape[0]
+    klass = req.klass if req.klass is not None else jax.random.categorical(
+        jax.random.fold_in(key, _CLASS_TAG), jnp.log(p.class_mix), shape=(n,))
+    tenant = req.tenant if req.tenant is not None else jax.random.categorical(
+        jax.random.fold_in(key, _TENANT_TAG), jnp.log(p.tenant_mix), shape=(n,))
+    return dataclasses.replace(req, klass=klass.astype(jnp.int32), tenant=tenant.astype(jnp.int32))
+
+
+def init(p: ControlParams, G: int, history: int, log_len: int) -> ControlState:
+    """The state at t = 0: `initial` replicas ready, the first tick one interval on."""
     f = lambda shape, x: jnp.full(shape, x, jnp.float32)
     i = lambda shape, x: jnp.full(shape, x, jnp.int32)
     status = jnp.where(jnp.arange(G) < p.initial, READY, OFF).astype(jnp.int32)
-    klass = jax.random.categorical(jax.random.fold_in(key, _CLASS_TAG), jnp.log(p.class_mix), shape=(n,))
-    tenant = jax.random.categorical(jax.random.fold_in(key, _TENANT_TAG), jnp.log(p.tenant_mix), shape=(n,))
     return ControlState(
         status=status, ready_at=f((G,), INF), leave_at=f((G,), INF), up_since=f((G,), 0.0), billed_s=f((), 0.0),
         ready_area=f((), 0.0), next_tick=p.interval_s, ticks=i((), 0), hist_t=f((history,), -INF),
@@ -226,7 +235,6 @@ def init(key: jax.Array, p: ControlParams, G: int, n: int, history: int, log_len
         panic_max=i((), 0), ups=i((), 0), downs=i((), 0), slots_full=jnp.bool_(False),
         log_t=f((log_len,), 0.0).at[0].set(0.0), log_ready=i((log_len,), 0).at[0].set(p.initial),
         log_billed=i((log_len,), 0).at[0].set(p.initial), log_n=i((), 1), bucket=p.bucket_tokens, bucket_t=f((), 0.0),
-        klass=klass.astype(jnp.int32), tenant=tenant.astype(jnp.int32),
         tenant_inflight=i(p.tenant_mix.shape, 0), shed=i((), 0))
 
 
@@ -368,15 +376,15 @@ def drained(c: ControlState, g, empty_after, t_end, go) -> ControlState:
     return dataclasses.replace(c, leave_at=c.leave_at.at[g].set(jnp.where(hit, t_end, c.leave_at[g])))
 
 
-def admit(c: ControlState, i, prompt, now, obs: Observed, p: ControlParams, go, max_running: int
+def admit(c: ControlState, req, i, now, obs: Observed, p: ControlParams, go, max_running: int
           ) -> tuple[ControlState, jax.Array]:
-    """The gateway's decision on request i arriving at `now` (where `go`): (state, admitted)."""
+    """The gateway's decision on request i of `req` (its table) arriving at `now` (where `go`): (state, admitted)."""
     ready = c.status == READY
     n_ready = jnp.sum(ready).astype(jnp.float32)
-    prio = jnp.asarray(CLASS_PRIORITY, jnp.int32)[c.klass[i]]
+    prio = jnp.asarray(CLASS_PRIORITY, jnp.int32)[req.klass[i]]
     sheddable = prio < 0
     level = jnp.minimum(p.bucket_tokens, c.bucket + jnp.maximum(now - c.bucket_t, 0.0) * p.bucket_refill)
-    cost = prompt.astype(jnp.float32)
+    cost = req.prompt_tok[i].astype(jnp.float32)
     overload = jnp.max(jnp.where(ready, obs.inflight, -INF)) > p.tier_threshold
     sat = jnp.sum(jnp.where(ready, jnp.maximum(obs.waiting / p.qd_threshold, obs.kv_usage / p.kv_threshold), 0.0)
                   ) / n_ready
@@ -386,7 +394,7 @@ def admit(c: ControlState, i, prompt, now, obs: Observed, p: ControlParams, go, 
         lambda: ~(overload & (prio < p.min_priority)),
         lambda: ~(sheddable & (sat >= 1.0)),
     ))
-    t = c.tenant[i]
+    t = req.tenant[i]
     limit = p.tenant_budget * (max_running * n_ready)
     over = (p.tenant_budget > 0) & sheddable & (c.tenant_inflight[t].astype(jnp.float32) > limit)
     ok = rule & ~over
@@ -398,10 +406,10 @@ def admit(c: ControlState, i, prompt, now, obs: Observed, p: ControlParams, go, 
     return new, ok
 
 
-def finished(c: ControlState, rids: jax.Array, done: jax.Array) -> ControlState:
-    """Requests `rids` [B] finished where `done`: their tenants' in-flight counts drop."""
-    n = c.tenant.shape[0]
-    t = c.tenant[jnp.clip(rids, 0, n - 1)]
+def finished(c: ControlState, req, rids: jax.Array, done: jax.Array) -> ControlState:
+    """Requests `rids` [B] of `req` finished where `done`: their tenants' in-flight counts drop."""
+    n = req.tenant.shape[0]
+    t = req.tenant[jnp.clip(rids, 0, n - 1)]
     return dataclasses.replace(c, tenant_inflight=c.tenant_inflight.at[t].add(-done.astype(jnp.int32)))
 
 

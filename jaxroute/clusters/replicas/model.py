@@ -36,6 +36,12 @@ n_active replicas in use, so a sweep over replica counts is one compilation. The
 routers of `routers.prefix.PARTIAL_OK` support it (`check_params` refuses the others), each deciding
 exactly as on a cluster of n_active replicas, so records equal a run with n_replicas = n_active.
 
+Control plane (`control=True`, `params.control`; `control.py` states its rules): an autoscaler changes the
+ready replicas at its ticks (scale-ups ready after a provisioning delay, scale-downs drain, a replica that
+leaves is cleared and comes back cold) and a gateway may shed an arrival. Control events are a third event
+kind (first on ties); the router sees the ready replicas as `RouterView.active` (the routers of `PARTIAL_OK`
+only); a leap stops before the next control event; conservation counts the shed requests.
+
 Capacities (each one has its own bool metric, OR-ed into `overflow`; grow it and rerun):
 - `max_queue` (Q), the local queue per replica: `queue_overflow` (also when a preempted request finds
   it full; with "lpm", holes left inside the ring count until its head passes them); `default_max_queue`
@@ -46,6 +52,8 @@ Capacities (each one has its own bool metric, OR-ed into `overflow`; grow it and
 - `router_window`, the dispatch-window ring per replica of routers that keep one: the
   router module's own flag; the router module sizes it.
   0 = no window: a router that needs one is refused by `check_params`.
+- with `control`: `n_replicas` (the replica slots: a scale-up that finds none free sets `replica_slots_full`),
+  `control_log` (`scale_log_full`) and `control_ticks` (a run that needs more ticks is `unfinished`).
 - `max_running` (B) is a modeled engine limit (SGLang's max_running_requests), not a capacity:
   requests wait for a slot and `running_full` reports that it bound.
 
@@ -237,6 +245,8 @@ class ReplicaModel(sim.Model):
     def init(self, key, workload, params: ReplicaParams) -> ReplicaState:
         req = workload.realize(key, params.rate)
         req = dataclasses.replace(req, seg_end=jnp.cumsum(req.seg_tok, axis=1, dtype=jnp.int32))
+        if self.control:  # each request's class and tenant (the gateway's)
+            req = ctl_lib.with_classes(key, params.control, req)
         n, m1 = req.arrival_s.shape[0], req.seg_len.shape[0]
         G, B, Q = self.n_replicas, self.max_running, self.max_queue
         C = m1 if self.cache_slots == 0 else min(self.cache_slots, m1)
@@ -269,7 +279,7 @@ class ReplicaModel(sim.Model):
             rec_preempt=i((n,), 0),
             rec_cached=i((n,), 0), rec_group=i((n if self.local_order == "priority" else 1,), 0), rep_area=jnp.float32(0), rep_time=jnp.float32(0), running_full=jnp.bool_(False),
             dropped=jnp.int32(0),
-            ctl=ctl_lib.init(key, params.control, G, n, self.control_history, self.control_log) if self.control else None)
+            ctl=ctl_lib.init(params.control, G, self.control_history, self.control_log) if self.control else None)
 
     @property
     def _log_len(self) -> int:  # local-queue writes one event can make: preemptions, admissions or one dispatch
@@ -332,7 +342,7 @@ class ReplicaModel(sim.Model):
             obs = self._observed(s, params)
             ctl = ctl_lib.advance(ctl, jnp.where(live, t - s.now, 0.0))
             arrive = is_route
-            ctl, admitted_gw = ctl_lib.admit(ctl, i, req.prompt, a, obs, params.control, arrive, self.max_running)
+            ctl, admitted_gw = ctl_lib.admit(ctl, r, i, a, obs, params.control, arrive, self.max_running)
             is_route = arrive & admitted_gw
             empty = (s.rep.q_count == 0) & jnp.all(s.rep.run_req < 0, axis=1)
             ctl, g_leave = ctl_lib.control_event(ctl, t, obs, empty, params.control, is_ctl)
@@ -403,7 +413,7 @@ class ReplicaModel(sim.Model):
                                           slot_ref=table.ref, slot_last=table.last)
             empty_after = (ring.count == 0) & jnp.all(new_row.run_req < 0)
             ctl = ctl_lib.drained(ctl, g, empty_after, side["t_end"], is_iter)
-            ctl = ctl_lib.finished(ctl, side["rid"], is_iter & side["finished"])
+            ctl = ctl_lib.finished(ctl, r, side["rid"], is_iter & side["finished"])
         rep = jax.tree.map(lambda x, v: x.at[g].set(v), s.rep, new_row)
         cache_tok = s.cache_tok.at[g].set(table.tokens)
 
@@ -552,7 +562,7 @@ class ReplicaModel(sim.Model):
                "scale.log_t": ctl.log_t, "scale.log_ready": ctl.log_ready, "scale.log_billed": ctl.log_billed,
                "scale.log_n": ctl.log_n}
         for k, name in enumerate(CLASSES):
-            mine = arrived_mask & (ctl.klass == k)
+            mine = arrived_mask & (r.klass == k)
             out.update({f"class.{name}.arrived": jnp.sum(mine), f"class.{name}.shed_fraction": frac(shed_mask & mine, mine),
                         f"class.{name}.ttft_p90_s": mlib.masked_quantile(ttft, done & mine, 0.9),
                         f"class.{name}.slo_attainment": frac(ok & mine, mine),

@@ -36,6 +36,9 @@ class RequestTable:
     #                                   seg_tok): derived once per run by the replica model's init (None before)
     key_id: jax.Array | None = None  # [N] int32 prompt key (template / hash id) a decode tier's exact-match
     #                                  predictor matches on; -1 = unknown (None: no keys recorded)
+    klass: jax.Array | None = None  # [N] int32 request class (clusters.names.CLASSES) from a trace (None: the
+    #                                 control plane draws it from its class_mix)
+    tenant: jax.Array | None = None  # [N] int32 tenant from a trace (None: drawn from tenant_mix)
 
 
 def request_steps(prompt_tok: int, out_tok: int, chunk: int) -> int:
