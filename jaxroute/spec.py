@@ -43,7 +43,7 @@ SECTION_OF = {
     **dict.fromkeys(("slo", "slo_ttft", "slo_tpot", "goodput"), "slo"),
     **dict.fromkeys(("autoscaler", "gate", "min_replicas", "initial_replicas", "replica_slots", "provision_s",
                      "scale_metric", "scale_target", "scale_interval", "capacity_rps", "class_mix", "tenant_mix",
-                     "gpu_price", "control_set"), "control"),
+                     "gpu_price", "control_set", "fairness"), "control"),
     **dict.fromkeys(("seeds", "seed", "allow_overflow", "no_progress"), "run"),
     **dict.fromkeys(("out", "plot", "requests_out", "stage_plot"), "outputs"),
 }

@@ -13,7 +13,7 @@ OFF, PROVISIONING, READY, DRAINING = 0, 1, 2, 3
 PRIORITY = (4, 3, -1, -2, -3)
 SCALERS = ("fixed", "hpa", "kpa", "sla")
 METRICS = ("waiting", "running", "kv_usage", "in_flight")
-GATES = ("none", "token_bucket", "tier_shed", "saturation")
+GATES = ("none", "token_bucket", "tier_shed", "saturation", "flow_control")
 
 
 class Control:
@@ -38,6 +38,9 @@ class Control:
         self.klass, self.tenant = list(klass), list(tenant)
         self.tenant_inflight = [0] * n_tenants
         self.shed = 0
+        self.queues: dict[tuple[int, int], list[int]] = {}  # flow control: (band, tenant) -> request ids, in order
+        self.last = [n_tenants - 1] * len(PRIORITY)  # round robin: the tenant each band served last
+        self.n_tenants = n_tenants
 
     # ------------------------------------------------------------------ events
     def transitions(self):
@@ -151,10 +154,10 @@ class Control:
         elif gate == "tier_shed":
             overload = max(obs["inflight"][g] for g in ready) > s["tier_threshold"]
             ok = not (overload and prio < s["min_priority"])
-        else:
-            sat = F32(sum(max(F32(F32(obs["waiting"][g]) / s["qd_threshold"]), F32(obs["kv_usage"][g] / s["kv_threshold"]))
-                          for g in ready))
-            ok = not (prio < 0 and F32(sat / F32(len(ready))) >= 1.0)
+        elif gate == "saturation":
+            ok = not (prio < 0 and self.saturation(obs) >= 1.0)
+        else:  # flow_control: it waits at the gateway
+            ok = True
         t = self.tenant[i]
         limit = F32(s["tenant_budget"] * F32(self.B * len(ready)))
         if s["tenant_budget"] > 0 and prio < 0 and F32(self.tenant_inflight[t]) > limit:
@@ -167,6 +170,38 @@ class Control:
         else:
             self.shed += 1
         return ok
+
+    def saturation(self, obs):
+        s, ready = self.s, self.ready()
+        total = F32(sum(max(F32(F32(obs["waiting"][g]) / s["qd_threshold"]), F32(obs["kv_usage"][g] / s["kv_threshold"]))
+                        for g in ready))
+        return F32(total / F32(len(ready)))
+
+    # ------------------------------------------------------------------ the flow-control gateway
+    @property
+    def flow_control(self):
+        return self.s["gate"] == "flow_control"
+
+    def waiting(self):
+        return sum(len(q) for q in self.queues.values())
+
+    def releasable(self, obs):
+        return self.flow_control and self.waiting() > 0 and self.saturation(obs) < self.s["band_ceiling"]
+
+    def push(self, i):
+        self.queues.setdefault((self.klass[i], self.tenant[i]), []).append(i)
+        self.max_waiting = max(getattr(self, "max_waiting", 0), self.waiting())
+
+    def pop(self):
+        band = min(k for (k, _), q in self.queues.items() if q)  # classes in priority order
+        flows = [f for f in range(self.n_tenants) if self.queues.get((band, f))]
+        if self.s["fairness"] == "round_robin":
+            flow = next(f for f in ((self.last[band] + 1 + d) % self.n_tenants for d in range(self.n_tenants))
+                        if f in flows)
+        else:  # global strict: the oldest head request of the band
+            flow = min(flows, key=lambda f: self.queues[(band, f)][0])
+        self.last[band] = flow
+        return self.queues[(band, flow)].pop(0)
 
     def finished(self, i):
         self.tenant_inflight[self.tenant[i]] -= 1

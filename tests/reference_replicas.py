@@ -356,24 +356,34 @@ def simulate(table, *, G, cap, policy, cost, chunk=512, B=64, Q=256, max_admit=4
         a = arrival[nxt] if nxt < N else np.inf
         gmin = int(np.argmin([r.clock for r in reps]))
         m = reps[gmin].clock
-        if a == np.inf and m == np.inf:
+        rel = t_prev if control is not None and control.releasable(observed()) else np.inf  # the gateway dispatches now
+        if a == np.inf and m == np.inf and rel == np.inf:
             break
         c = control.next_time() if control is not None else np.inf
-        t_ev = F32(min(a, m, c))
+        t_ev = F32(min(a, m, c, rel))
         q_area += sum(len(r.queue) for r in reps) * float(F32(t_ev - F32(t_prev)))
         if control is not None:
             ready_area += len(control.ready()) * float(F32(t_ev - F32(t_prev)))
         t_prev = t_ev
-        if c <= min(a, m):  # a control event
+        if c <= min(a, m, rel):  # a control event
             g = control.event(F32(c), observed(), [empty(r) for r in reps])
             if g is not None:
                 reps[g].cache = RadixCache()
             continue
-        if a <= m and control is not None and not control.admit(nxt, prompt[nxt], a, observed()):
-            nxt += 1  # shed at the gateway
-            continue
-        if a <= m:  # route
-            i = nxt
+        releasing = rel <= min(a, m)
+        if not releasing and a <= m and control is not None:
+            if not control.admit(nxt, prompt[nxt], a, observed()):
+                nxt += 1  # shed at the gateway
+                continue
+            if control.flow_control:  # it waits at the gateway
+                control.push(nxt)
+                nxt += 1
+                continue
+        if releasing or a <= m:  # route (a gateway release: the next request it dispatches, now)
+            if releasing:
+                i, a = control.pop(), F32(rel)
+            else:
+                i = nxt
             fresh = dict(present=[set(reps[g].cache.nodes) | {k for k, v in dispatched[g].items() if v > 0}
                                   for g in range(G)], inflight=list(inflight), tokens=list(tokens), time=a,
                          cached=[set(reps[g].cache.nodes) for g in range(G)],
@@ -445,7 +455,7 @@ def simulate(table, *, G, cap, policy, cost, chunk=512, B=64, Q=256, max_admit=4
                 dispatched[g][sid] = dispatched[g].get(sid, 0) + 1
             rec["replica"][i] = g
             rr += 1
-            nxt += 1
+            nxt += 0 if releasing else 1
             continue
 
         # ---- one iteration on replica gmin
@@ -473,8 +483,8 @@ def simulate(table, *, G, cap, policy, cost, chunk=512, B=64, Q=256, max_admit=4
                 if not in_turn:
                     break
                 cand = min(in_turn)
-            else:
-                cand = min(rep.queue)
+            else:  # fcfs: the earliest dispatched (a gateway may dispatch out of arrival order)
+                cand = rep.queue[0]
             path = rep.cache.match(segs[cand])
             mtok = sum(n.tokens for n in path)
             tgt = prompt[cand] + saved_gen[cand]

@@ -26,7 +26,7 @@ def _workload():
 
 
 MODEL = R.ReplicaModel(n_replicas=G, max_running=B, max_queue=Q, router_modules=("dynamo",), control=True,
-                       control_ticks=600, control_history=64, control_log=128)
+                       control_ticks=600, control_history=64, control_log=128, gateway_queue=160)
 
 # (router, rate, control settings): every scaler, metric and gate, drains with requests in flight, a
 # scale-up during provisioning, KPA's panic, tenant budgets
@@ -52,7 +52,14 @@ ROWS = [
                             gate="saturation", qd_threshold=3.0, kv_threshold=0.5, class_mix=(0.0, 0.5, 0.5, 0.0, 0.0))),
     ("rr", 25.0, dict(scaler="fixed", initial=2, tenant_budget=0.3, class_mix=(0.0, 0.3, 0.7, 0.0, 0.0),
                       tenant_mix=(0.7, 0.2, 0.1))),
+    # the flow-control gateway: requests wait by band and tenant while the pool is saturated
+    ("least_load", 30.0, dict(scaler="fixed", initial=2, gate="flow_control", qd_threshold=2.0,
+                              class_mix=(0.3, 0.3, 0.4, 0.0, 0.0), tenant_mix=(0.6, 0.4))),
+    ("affinity", 30.0, dict(scaler="hpa", target=4.0, interval_s=2.0, down_window_s=6.0, provision_s=3.0,
+                            gate="flow_control", fairness="round_robin", qd_threshold=3.0, kv_threshold=0.6,
+                            class_mix=(0.0, 0.5, 0.5, 0.0, 0.0), tenant_mix=(0.5, 0.3, 0.2))),
 ]
+SHEDDING = (7, 8, 9, 10)  # the rows whose gate or budget sheds
 
 
 def _run(policy, rate, settings, key=1):
@@ -106,6 +113,12 @@ def test_the_rows_exercise_what_they_claim():
         by[settings.get("scaler", "fixed")] = (u + ctl.ups, d + ctl.downs, pt + ctl.panic_ticks, sh + ctl.shed)
     assert all(by[s][0] > 0 and by[s][1] > 0 for s in ("hpa", "kpa", "sla")), by
     assert by["kpa"][2] > 0 and by["fixed"][3] > 0, by
+    # the gateway held requests back (their dispatch came after their arrival) and dispatched by band
+    for row in (11, 12):
+        policy, rate, settings = ROWS[row]
+        _, p, st = _run(policy, rate, settings)
+        _, ctl = _reference(st, p, policy, settings)
+        assert ctl.max_waiting > 5, (row, ctl.max_waiting)
 
 
 def _grid_rows():
@@ -122,7 +135,8 @@ def test_policies_and_thresholds_are_rows_of_one_program_and_conserve_requests()
     m = res.metrics
     arrived = m["completed"] + m["shed"] + m["dropped"]
     assert (arrived == wl.n_requests).all() and (m["conservation_error"] == 0).all()
-    assert (m["shed"][7:] > 0).all() and (m["shed"][:7] == 0).all()  # gates shed; no gate, nothing shed
+    sheds = np.isin(np.arange(len(ROWS)), SHEDDING)
+    assert (m["shed"][sheds] > 0).all() and (m["shed"][~sheds] == 0).all()  # gates shed; the others never
     assert (m["replica_seconds"] > 0).all() and (m["mean_ready"] >= 1).all()
     # the grid holds a finished run (no autoscaler ticks after the last request): each row and seed is the
     # single run with its key

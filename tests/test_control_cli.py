@@ -46,7 +46,22 @@ def test_cluster_with_autoscalers_and_gates(tmp_path, capsys):
             assert again[label][k]["per_seed"] == row["metrics"][k]["per_seed"], (label, k)
 
 
+def test_flow_control_gateway_holds_the_low_band(tmp_path, capsys):
+    out = tmp_path / "f.json"
+    assert main(["cluster", "--workload", "toolbench", "--requests", "300", "--seeds", "2", "--rate", "60",
+                 "--replicas", "2", "--policies", "least_load", "--gate", "none,flow_control", "--fairness",
+                 "round_robin", "--class-mix", "critical=0.3,batch=0.7", "--tenant-mix", "0.5,0.5",
+                 "--out", str(out)]) == 0
+    by = {r["policy"]: r for r in json.loads(out.read_text())["results"]}
+    flow = by["least_load+fixed+flow_control"]
+    assert flow["params"]["control"]["fairness"] == "round_robin" and flow["metrics"]["shed_fraction"]["mean"] == 0
+    m, none = flow["metrics"], by["least_load+fixed+none"]["metrics"]
+    assert m["class.critical.ttft_p90_s"]["mean"] < m["class.batch.ttft_p90_s"]["mean"]
+    assert m["class.critical.ttft_p90_s"]["mean"] < none["class.critical.ttft_p90_s"]["mean"]
+
+
 @pytest.mark.parametrize("argv, msg", [
+    (["--gate", "flow_control", "--fairness", "lottery"], "unknown fairness 'lottery'"),
     (["--autoscaler", "vpa"], "unknown autoscaler 'vpa'; choose from: fixed, hpa, kpa, sla"),
     (["--gate", "queue"], "unknown gate 'queue'; choose from: none, token_bucket, tier_shed, saturation"),
     (["--min-replicas", "2"], "--min-replicas applies with --autoscaler or --gate"),

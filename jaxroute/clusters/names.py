@@ -38,7 +38,8 @@ DEFAULT_GAMMA = 0.95
 # ----------------------------------------------------------------- control plane (replicas/control.py)
 SCALERS: tuple[str, ...] = ("fixed", "hpa", "kpa", "sla")  # autoscalers, in traced-id order
 SCALE_METRICS: tuple[str, ...] = ("waiting", "running", "kv_usage", "in_flight")  # HPA metrics, per ready replica
-GATES: tuple[str, ...] = ("none", "token_bucket", "tier_shed", "saturation")  # gateway admission policies
+GATES: tuple[str, ...] = ("none", "token_bucket", "tier_shed", "saturation", "flow_control")  # gateway admission
+FAIRNESS: tuple[str, ...] = ("global_strict", "round_robin")  # flow_control: how a priority band picks among tenants
 # Request classes and their priorities: GAIE's defaults as BLIS documents them (negative = sheddable)
 CLASSES: tuple[str, ...] = ("critical", "standard", "batch", "sheddable", "background")
 CLASS_PRIORITY: tuple[int, ...] = (4, 3, -1, -2, -3)
@@ -49,5 +50,6 @@ CONTROL_DEFAULTS: dict = dict(
     panic_threshold=2.0, max_up_rate=1000.0, max_down_rate=2.0, capacity_rps=1.0, provision_s=60.0,
     gate="none", bucket_tokens=10000.0, bucket_refill=1000.0, tier_threshold=0.0, min_priority=3,
     qd_threshold=5.0, kv_threshold=0.8, tenant_budget=0.0, class_mix=(0.0, 1.0, 0.0, 0.0, 0.0),
-    tenant_mix=(1.0,), slo_ttft_s=float("inf"), slo_tpot_s=float("inf"), gpu_price=1.0)
+    tenant_mix=(1.0,), slo_ttft_s=float("inf"), slo_tpot_s=float("inf"), gpu_price=1.0, band_ceiling=1.0,
+    fairness="global_strict")
 SCALER_INTERVAL_S: dict = {"fixed": 15.0, "hpa": 15.0, "kpa": 2.0, "sla": 60.0}  # HPA sync period, KPA tick, planner interval

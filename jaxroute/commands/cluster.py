@@ -214,7 +214,12 @@ def add_control_args(p) -> None:
                    help=f"gateway admission policies, each a row per router and autoscaler, from: {', '.join(GATES)} "
                    "(token_bucket: prompt tokens from a bucket, BLIS; tier_shed: classes below min_priority shed when "
                    "the busiest ready replica has more than tier_threshold in flight; saturation: llm-d's GAIE detector "
-                   "sheds sheddable classes at saturation >= 1). Shed requests are counted, never lost (default: none)")
+                   "sheds sheddable classes at saturation >= 1; flow_control: llm-d's flow-control queue, every "
+                   "request waits by priority band and tenant and is dispatched while saturation < band_ceiling, "
+                   "highest band first, --fairness within a band). Shed requests are counted, never lost (default: none)")
+    g.add_argument("--fairness", default=d["fairness"], metavar="NAME",
+                   help="flow_control: how a band picks among its tenants, global_strict (the oldest request first, "
+                   f"GAIE's default) or round_robin (default {d['fairness']})")
     g.add_argument("--min-replicas", type=positive_int, default=d["min_replicas"], metavar="N",
                    help=f"fewest replicas the autoscaler keeps (default {d['min_replicas']})")
     g.add_argument("--initial-replicas", type=positive_int, default=None, metavar="N",
@@ -253,7 +258,7 @@ def add_control_args(p) -> None:
 
 CONTROL_SET = ("tolerance", "down_window_s", "stable_window_s", "panic_window_s", "panic_threshold", "max_up_rate",
                "max_down_rate", "bucket_tokens", "bucket_refill", "tier_threshold", "min_priority", "qd_threshold",
-               "kv_threshold", "tenant_budget", "slo_ttft_s", "slo_tpot_s")
+               "kv_threshold", "tenant_budget", "band_ceiling", "slo_ttft_s", "slo_tpot_s")
 
 
 def control_settings(args, replicas: int):
@@ -264,7 +269,8 @@ def control_settings(args, replicas: int):
     given = [f for f, v in (("--min-replicas", args.min_replicas != CONTROL_DEFAULTS["min_replicas"]),
                             ("--initial-replicas", args.initial_replicas), ("--replica-slots", args.replica_slots),
                             ("--class-mix", args.class_mix), ("--tenant-mix", args.tenant_mix),
-                            ("--control-set", args.control_set), ("--scale-interval", args.scale_interval)) if v]
+                            ("--control-set", args.control_set), ("--scale-interval", args.scale_interval),
+                            ("--fairness", args.fairness != CONTROL_DEFAULTS["fairness"])) if v]
     if not args.autoscaler and not args.gate:
         if given:
             raise JaxrouteError(f"{given[0]} applies with --autoscaler or --gate")
@@ -279,7 +285,7 @@ def control_settings(args, replicas: int):
     settings = dict(args.control_set or {}, min_replicas=lo, max_replicas=replicas,
                     initial=args.initial_replicas or lo, provision_s=args.provision_s, metric=args.scale_metric,
                     target=args.scale_target, interval_s=args.scale_interval, capacity_rps=args.capacity_rps,
-                    gpu_price=args.gpu_price)
+                    gpu_price=args.gpu_price, fairness=args.fairness)
     if "min_priority" in settings:
         settings["min_priority"] = int(settings["min_priority"])
     if mix:

@@ -165,12 +165,12 @@ def row_info(p: replicas.ReplicaParams) -> dict:
 
 def control_info(c) -> dict:
     """The JSON description of a row's control settings (names as `control.make` takes them)."""
-    from jaxroute.clusters.names import CLASSES, GATES, SCALE_METRICS, SCALERS
+    from jaxroute.clusters.names import CLASSES, FAIRNESS, GATES, SCALE_METRICS, SCALERS
 
     out = {}
     for field in c.__dataclass_fields__:
         v = np.asarray(getattr(c, field))
-        names = {"scaler": SCALERS, "gate": GATES, "metric": SCALE_METRICS}.get(field)
+        names = {"scaler": SCALERS, "gate": GATES, "metric": SCALE_METRICS, "fairness": FAIRNESS}.get(field)
         if names is not None:
             out[field] = names[int(v)]
         elif field == "class_mix":
@@ -226,7 +226,8 @@ def run_cluster(rows, workload, *, replicas_n=4, seeds=16, local="fcfs", chunk=5
         from jaxroute.experiments import control as ctl_exp
 
         # a replica may hold every request while the cluster is small: the local queue holds them all
-        caps.update(ctl_exp.sizes(workload, params), replica_slots=replicas_n, max_queue=workload.n_requests)
+        caps.update(ctl_exp.sizes(workload, params), replica_slots=replicas_n, max_queue=workload.n_requests,
+                    gateway_queue=ctl_exp.gateway_size(workload, params))
         flags_control = {"control_ticks": "unfinished", "control_log": "scale_log_full",
                          "replica_slots": "replica_slots_full"}
     for name, size in (capacities or {}).items():
@@ -242,7 +243,8 @@ def run_cluster(rows, workload, *, replicas_n=4, seeds=16, local="fcfs", chunk=5
             local_order=local, stale_view=stale_view, router_window=caps["router_window"],
             router_policies=names, admission=admission, cache_slots=caps["cache_slots"],
             priority_groups=priority_groups, request_records=request_records, control=control,
-            **({k: caps[k] for k in ("control_ticks", "control_history", "control_log")} if control else {}))
+            **({k: caps[k] for k in ("control_ticks", "control_history", "control_log", "gateway_queue")}
+               if control else {}))
         metrics = METRICS + (E2_METRICS if any(_is_e2(p) for p in params) else ()) + tuple(extra_metrics)
         if control:
             metrics += ctl_exp.METRICS + ctl_exp.class_metric_names()

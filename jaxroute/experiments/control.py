@@ -53,6 +53,12 @@ def sizes(workload, params: Sequence, spare: float = 3.0) -> dict[str, int]:
             "control_history": int(math.ceil(window)) + 2, "control_log": 256}
 
 
+def gateway_size(workload, params: Sequence) -> int:
+    """Requests each flow-control queue holds: every request (none when no row runs gate flow_control)."""
+    flow = GATES.index("flow_control")
+    return workload.n_requests if any(int(np.asarray(p.control.gate)) == flow for p in params) else 0
+
+
 def uses_classes(params: Sequence, workload=None) -> list[str]:
     """The classes of the requests: the trace's column, else those some row draws (a class table is printed
     when there are several)."""

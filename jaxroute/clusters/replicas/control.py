@@ -57,6 +57,7 @@ import numpy as np
 from jaxroute.clusters.names import (
     CLASS_PRIORITY,
     CONTROL_DEFAULTS,
+    FAIRNESS,
     GATES,
     SCALE_METRICS,
     SCALER_INTERVAL_S,
@@ -106,6 +107,8 @@ class ControlParams:
     slo_ttft_s: jax.Array  # [] float32 per-request SLO for goodput and attainment (inf = none)
     slo_tpot_s: jax.Array  # [] float32
     gpu_price: jax.Array  # [] float32 price of one GPU-hour (cost = GPU-hours x price; 1 = in GPU-hours)
+    band_ceiling: jax.Array  # [] float32 flow_control: the gateway dispatches while saturation < this
+    fairness: jax.Array  # [] int32 flow_control: id in FAIRNESS (how a band picks among its tenants)
 
 
 @jax.tree_util.register_dataclass
@@ -144,7 +147,7 @@ def make(n_replicas: int, **kw) -> ControlParams:
     if unknown:
         raise JaxrouteError(f"unknown control setting '{unknown[0]}'; choose from: {', '.join(DEFAULTS)}")
     v = {**DEFAULTS, **{k: x for k, x in kw.items() if x is not None}}
-    for name, choices in (("scaler", SCALERS), ("metric", SCALE_METRICS), ("gate", GATES)):
+    for name, choices in (("scaler", SCALERS), ("metric", SCALE_METRICS), ("gate", GATES), ("fairness", FAIRNESS)):
         if v[name] not in choices:
             raise JaxrouteError(f"unknown {name} '{v[name]}'; choose from: {', '.join(choices)}")
     v["max_replicas"] = n_replicas if v["max_replicas"] is None else v["max_replicas"]
@@ -158,7 +161,7 @@ def make(n_replicas: int, **kw) -> ControlParams:
         raise JaxrouteError(f"replica counts need 1 <= min ({mn}) <= initial ({ini}) <= max ({mx}) <= the model's "
                             f"replica slots ({n_replicas})")
     positive = ("interval_s", "target", "panic_threshold", "max_up_rate", "max_down_rate", "capacity_rps",
-                "bucket_tokens", "bucket_refill", "qd_threshold")
+                "bucket_tokens", "bucket_refill", "qd_threshold", "band_ceiling")
     for name in positive:
         if not (np.isfinite(v[name]) and v[name] > 0):
             raise JaxrouteError(f"{name} must be a positive number, got {v[name]}")
@@ -194,7 +197,8 @@ def make(n_replicas: int, **kw) -> ControlParams:
         tier_threshold=f32(v["tier_threshold"]), min_priority=i32(v["min_priority"]),
         qd_threshold=f32(v["qd_threshold"]), kv_threshold=f32(v["kv_threshold"]),
         tenant_budget=f32(v["tenant_budget"]), class_mix=mixes["class_mix"], tenant_mix=mixes["tenant_mix"],
-        slo_ttft_s=f32(v["slo_ttft_s"]), slo_tpot_s=f32(v["slo_tpot_s"]), gpu_price=f32(v["gpu_price"]))
+        slo_ttft_s=f32(v["slo_ttft_s"]), slo_tpot_s=f32(v["slo_tpot_s"]), gpu_price=f32(v["gpu_price"]),
+        band_ceiling=f32(v["band_ceiling"]), fairness=i32(FAIRNESS.index(v["fairness"])))
 
 
 def check(p: ControlParams, n_replicas: int, history: int) -> None:
@@ -386,13 +390,12 @@ def admit(c: ControlState, req, i, now, obs: Observed, p: ControlParams, go, max
     level = jnp.minimum(p.bucket_tokens, c.bucket + jnp.maximum(now - c.bucket_t, 0.0) * p.bucket_refill)
     cost = req.prompt_tok[i].astype(jnp.float32)
     overload = jnp.max(jnp.where(ready, obs.inflight, -INF)) > p.tier_threshold
-    sat = jnp.sum(jnp.where(ready, jnp.maximum(obs.waiting / p.qd_threshold, obs.kv_usage / p.kv_threshold), 0.0)
-                  ) / n_ready
     rule = jax.lax.switch(p.gate, (
         lambda: jnp.bool_(True),
         lambda: level >= cost,
         lambda: ~(overload & (prio < p.min_priority)),
-        lambda: ~(sheddable & (sat >= 1.0)),
+        lambda: ~(sheddable & (saturation(c, obs, p) >= 1.0)),
+        lambda: jnp.bool_(True),  # flow_control: every request waits at the gateway (gateway.py)
     ))
     t = req.tenant[i]
     limit = p.tenant_budget * (max_running * n_ready)
@@ -404,6 +407,14 @@ def admit(c: ControlState, req, i, now, obs: Observed, p: ControlParams, go, max
         c, bucket=jnp.where(go & is_bucket, spent, c.bucket), bucket_t=jnp.where(go & is_bucket, now, c.bucket_t),
         tenant_inflight=c.tenant_inflight.at[t].add(jnp.where(go & ok, 1, 0)), shed=c.shed + (go & ~ok))
     return new, ok
+
+
+def saturation(c: ControlState, obs: Observed, p: ControlParams) -> jax.Array:
+    """GAIE's pool saturation: the mean over the ready replicas of max(waiting / qd_threshold, KV usage /
+    kv_threshold) (detector.go `Saturation`)."""
+    ready = c.status == READY
+    per = jnp.maximum(obs.waiting / p.qd_threshold, obs.kv_usage / p.kv_threshold)
+    return jnp.sum(jnp.where(ready, per, 0.0)) / jnp.sum(ready).astype(jnp.float32)
 
 
 def finished(c: ControlState, req, rids: jax.Array, done: jax.Array) -> ControlState:

@@ -79,6 +79,7 @@ from jaxroute import metrics as mlib
 from jaxroute.clusters.names import (
     ADMISSIONS,
     CLASSES,
+    GATES,
     LOCAL_ORDERS,
     REPLICA_GPU,
     REPLICA_METRICS,
@@ -92,6 +93,7 @@ from jaxroute.clusters.replicas.cache import (
     cached_at,
     cached_mask,
 )
+from jaxroute.clusters.replicas.gateway import Gateway
 from jaxroute.clusters.replicas.iteration import iterate_row, priority_group
 from jaxroute.clusters.replicas.local_queue import Entries, QueueLog, Ring, apply_log
 from jaxroute.clusters.replicas.types import (
@@ -172,6 +174,8 @@ class ReplicaModel(sim.Model):
     control_ticks: int = 4096  # autoscaler ticks a run may take (more: `unfinished`)
     control_history: int = 256  # K: ticks the autoscaler remembers (its windows must fit)
     control_log: int = 512  # E: changes of the ready count recorded ("scale.log_*"; more: `scale_log_full`)
+    gateway_queue: int = 0  # requests each (band, tenant) queue of the flow-control gateway holds (0 = no gateway
+    #                         queue: gate flow_control is refused; full: `gateway_full`; gateway.py)
 
     def __post_init__(self):
         if self.n_replicas < 1 or self.chunk < 1 or self.max_running < 1 or self.max_queue < 1 or self.max_admit < 1:
@@ -186,6 +190,8 @@ class ReplicaModel(sim.Model):
             raise JaxrouteError(f"priority groups must be >= 1, got {self.priority_groups}")
         if min(self.control_ticks, self.control_history, self.control_log) < 1:
             raise JaxrouteError("control_ticks, control_history and control_log must all be >= 1")
+        if self.gateway_queue < 0 or (self.gateway_queue and not self.control):
+            raise JaxrouteError("gateway_queue needs control=True and must be >= 0")
         if self.admission not in ADMISSIONS:
             raise JaxrouteError(f"unknown admission '{self.admission}'; choose from: {', '.join(ADMISSIONS)}")
         for name in self.router_policies or ():
@@ -218,6 +224,8 @@ class ReplicaModel(sim.Model):
                 raise JaxrouteError(f"router '{refused[0]}' cannot run with an autoscaler (its own per-replica state "
                                     f"would outlive a replica that leaves); use one of: {', '.join(routers.PARTIAL_OK)}")
             ctl_lib.check(params.control, self.n_replicas, self.control_history)
+            if not self.gateway_queue and np.any(np.asarray(params.control.gate) == GATES.index("flow_control")):
+                raise JaxrouteError("gate flow_control needs a model built with gateway_queue > 0 (its queues' size)")
         if not self.stale_view and np.any(np.asarray(params.stale_s) > 0):
             raise JaxrouteError("stale_s > 0 needs a model built with stale_view=True "
                                 "(the router view would silently stay fresh)")
@@ -279,14 +287,16 @@ class ReplicaModel(sim.Model):
             rec_preempt=i((n,), 0),
             rec_cached=i((n,), 0), rec_group=i((n if self.local_order == "priority" else 1,), 0), rep_area=jnp.float32(0), rep_time=jnp.float32(0), running_full=jnp.bool_(False),
             dropped=jnp.int32(0),
-            ctl=ctl_lib.init(params.control, G, self.control_history, self.control_log) if self.control else None)
+            ctl=ctl_lib.init(params.control, G, self.control_history, self.control_log) if self.control else None,
+            gw=Gateway.empty(ctl_lib.TENANTS, self.gateway_queue) if self.gateway_queue else None)
 
     @property
     def _log_len(self) -> int:  # local-queue writes one event can make: preemptions, admissions or one dispatch
         return max(self.max_running, self.max_admit)
 
     def is_done(self, state: ReplicaState) -> jax.Array:
-        return (state.next_req >= state.req.arrival_s.shape[0]) & jnp.all(jnp.isinf(state.clock))
+        done = (state.next_req >= state.req.arrival_s.shape[0]) & jnp.all(jnp.isinf(state.clock))
+        return done & (state.gw.waiting == 0) if self.gateway_queue else done
 
     def _view(self, s: ReplicaState, pending, params: ReplicaParams, a, is_route, req: Request):
         """(router view, the snapshot to keep) for a request arriving at `a` (`pending`: the counts now)."""
@@ -330,22 +340,39 @@ class ReplicaModel(sim.Model):
         live = jnp.isfinite(t)
         is_route = live & (a <= m)
         is_iter = live & ~is_route
-        ctl, is_ctl, req = s.ctl, jnp.bool_(False), Request.of(r, i)
+        ctl, gw, is_ctl, req = s.ctl, s.gw, jnp.bool_(False), Request.of(r, i)
         arrive, next_event = is_route, a  # a leap takes only iterations that start before the next other event
-        if self.control:  # a control event comes first on ties; the gateway may shed the arrival
+        i_route, a_route, gw_refused = i, a, jnp.bool_(False)  # the request routed and when (a gateway release: later)
+        if self.control:  # events: control, then a gateway release, then arrival, then iteration, on ties
+            obs = self._observed(s, params)
+            fc = params.control.gate == GATES.index("flow_control")
+            rel_t = INF
+            if self.gateway_queue:  # the gateway dispatches now while it holds requests and the pool is unsaturated
+                releasable = fc & (gw.waiting > 0) & (ctl_lib.saturation(ctl, obs, params.control)
+                                                      < params.control.band_ceiling)
+                rel_t = jnp.where(releasable, s.now, INF)
+            pending_any = live | jnp.isfinite(rel_t)
             c_t = ctl_lib.next_time(ctl)
             next_event = jnp.minimum(a, c_t)
-            is_ctl = (c_t <= t) & live  # none once the run is done (`is_done`): the step holds a done state
-            is_route, is_iter = is_route & ~is_ctl, is_iter & ~is_ctl
-            t = jnp.minimum(t, c_t)
-            live = live | is_ctl
-            obs = self._observed(s, params)
+            if self.gateway_queue:  # an iteration may let the gateway dispatch at its start: then no leap
+                next_event = jnp.where(fc & (gw.waiting > 0), m, next_event)
+            is_ctl = (c_t <= jnp.minimum(t, rel_t)) & pending_any  # none once the run is done: a done state holds
+            is_rel = ~is_ctl & (rel_t <= t) & pending_any
+            is_route, is_iter = is_route & ~is_ctl & ~is_rel, is_iter & ~is_ctl & ~is_rel
+            t = jnp.minimum(jnp.minimum(t, c_t), rel_t)
+            live = pending_any
             ctl = ctl_lib.advance(ctl, jnp.where(live, t - s.now, 0.0))
             arrive = is_route
             ctl, admitted_gw = ctl_lib.admit(ctl, r, i, a, obs, params.control, arrive, self.max_running)
             is_route = arrive & admitted_gw
             empty = (s.rep.q_count == 0) & jnp.all(s.rep.run_req < 0, axis=1)
             ctl, g_leave = ctl_lib.control_event(ctl, t, obs, empty, params.control, is_ctl)
+            if self.gateway_queue:  # flow control: an arrival waits at the gateway; a release routes the next one
+                gw, j = gw.pop(params.control.fairness, is_rel)
+                gw, gw_refused = gw.push(i, r.klass[i], r.tenant[i], is_route & fc)
+                is_route = (is_route & ~fc) | is_rel
+                i_route, a_route = jnp.where(is_rel, j, i), jnp.where(is_rel, t, a)
+                req = Request.of(r, i_route)
 
         # time-averaged replication factor over [now, t)
         has = s.unique_tok > 0
@@ -359,10 +386,10 @@ class ReplicaModel(sim.Model):
         # the previous event's pending changes, applied before anything reads the counts (so the scatter is
         # their only user and updates them in place: no copy of the [G, M+1] array per event)
         pending = apply_pending(s.pending, s.pending_g, s.pending_req, s.pending_add, r)
-        view, snap = self._view(s, pending, params, a, is_route, req)
+        view, snap = self._view(s, pending, params, a_route, is_route, req)
         router = routers.on_refresh(s.router, view, is_route, params.router)
         router = routers.on_arrival(router, view, req, is_route, params.router)
-        g_route = routers.choose(router, view, req, params.policy, params.router, jax.random.fold_in(s.key, i),
+        g_route = routers.choose(router, view, req, params.policy, params.router, jax.random.fold_in(s.key, i_route),
                                  self.router_policies)
         g = jnp.where(is_route, g_route, jnp.argmin(s.clock))
         if self.control:  # a replica leaving: its row (its cache is cleared below)
@@ -378,7 +405,7 @@ class ReplicaModel(sim.Model):
 
         # ---- route: enqueue; the record counts the request's segments at once (insert on dispatch)
         all_segs = req.all_segs
-        ring_route, q_ok = ring.push_back(i, is_route)
+        ring_route, q_ok = ring.push_back(i_route, is_route)
 
         # ---- iterate (an inactive iteration leaves the cache and the queue as they are); its loops carry
         # the running set, the ring's counters and the [C] cache table only
@@ -391,7 +418,7 @@ class ReplicaModel(sim.Model):
         # this event's pending changes (dispatch: +1 on the request's segments; iteration: -1 on the finished
         # requests' segments) go to the log
         no_req = jnp.full(side["rid"].shape, n, jnp.int32)
-        log_req = jnp.where(is_route, no_req.at[0].set(i), jnp.where(is_iter & side["finished"], side["rid"], no_req))
+        log_req = jnp.where(is_route, no_req.at[0].set(i_route), jnp.where(is_iter & side["finished"], side["rid"], no_req))
         log_add = jnp.where(is_route, 1, -1).astype(jnp.int32)
         adm_new = is_iter & side["adm_go"] & side["adm_new"]
         router = routers.on_admit(router, dataclasses.replace(view, now=m), g, side["adm_id"], adm_new,
@@ -419,7 +446,7 @@ class ReplicaModel(sim.Model):
 
         # replica-level vectors
         size = (req.prompt + req.out).astype(jnp.float32)
-        clock_r = jnp.where(jnp.isinf(s.clock[g]), a, s.clock[g])
+        clock_r = jnp.where(jnp.isinf(s.clock[g]), a_route, s.clock[g])
         clock = s.clock.at[g].set(pick(s.clock[g], clock_r, side["clock"]))
         d_inf = jnp.where(is_route, 1.0, jnp.where(is_iter, -side["n_fin"], 0.0))
         d_tok = jnp.where(is_route, size, jnp.where(is_iter, -side["tok_fin"], 0.0))
@@ -439,7 +466,7 @@ class ReplicaModel(sim.Model):
         if self.local_order == "priority":  # the group at dispatch, on g's cache (= at its next iteration's start)
             _, hit = leading_run(cached_at(s.cache_index, s.rep.slot_seg, req.segs)[g], req.tok)
             group = priority_group(hit, req.prompt, self.priority_groups)
-            rec_group = rec_group.at[jnp.where(is_route, i, nowhere)].set(group, mode="drop")
+            rec_group = rec_group.at[jnp.where(is_route, i_route, nowhere)].set(group, mode="drop")
         return dataclasses.replace(
             s, rep=rep, router=router, view=snap, rec_group=rec_group, now=jnp.where(live, t, s.now), clock=clock, copies=acct.copies,
             unique_tok=acct.unique_tok, cache_tok=cache_tok, cache_index=index, pending=pending,
@@ -448,10 +475,10 @@ class ReplicaModel(sim.Model):
             queue_log=ring.log, rep_area=rep_area, rep_time=rep_time,
             next_req=s.next_req + arrive, n_admitted=jnp.where(is_iter, side["n_admitted"], s.n_admitted),
             inflight=s.inflight.at[g].add(d_inf), inflight_tok=s.inflight_tok.at[g].add(d_tok),
-            dropped=s.dropped + (is_route & ~q_ok) + jnp.where(is_iter, side["q_refused"], 0),
+            dropped=s.dropped + (is_route & ~q_ok) + jnp.where(is_iter, side["q_refused"], 0) + gw_refused,
             kv_used=kv_used, queue_area=queue_area, kv_area=kv_area, busy_s=busy_s,
             running_full=s.running_full | (is_iter & side["full"]),
-            rec_replica=s.rec_replica.at[jnp.where(is_route, i, nowhere)].set(g, mode="drop"),
+            rec_replica=s.rec_replica.at[jnp.where(is_route, i_route, nowhere)].set(g, mode="drop"),
             rec_admit=s.rec_admit.at[admitted].set(m, mode="drop"),
             rec_cached=s.rec_cached.at[admitted].set(side["adm_tok"], mode="drop"),
             rec_first=s.rec_first.at[jnp.where(is_iter & side["first"], side["rid"], nowhere)].set(
@@ -460,7 +487,7 @@ class ReplicaModel(sim.Model):
                 side["t_end"], mode="drop"),
             rec_preempt=s.rec_preempt.at[jnp.where(is_iter & (side["preempted"] >= 0), side["preempted"], nowhere)].add(
                 1, mode="drop"),
-            ctl=ctl,
+            ctl=ctl, gw=gw,
         )
 
     def _observed(self, s: ReplicaState, params: ReplicaParams) -> ctl_lib.Observed:
@@ -481,6 +508,7 @@ class ReplicaModel(sim.Model):
         tpot = (state.rec_finish - state.rec_first) / jnp.maximum(r.out_tok - 1, 1)
         arrived = state.next_req
         in_queue = jnp.sum(state.rep.q_count)
+        at_gateway = state.gw.waiting if self.gateway_queue else 0  # waiting in the flow-control gateway
         running = jnp.sum(state.rep.run_req >= 0)
         completed = jnp.sum(done)
         routed = jnp.maximum(jnp.sum(state.rec_replica >= 0), 1)
@@ -506,6 +534,8 @@ class ReplicaModel(sim.Model):
         if self.control:
             ctl = state.ctl
             flags.update(replica_slots_full=ctl.slots_full, scale_log_full=ctl.log_n > self.control_log)
+            if self.gateway_queue:
+                flags["gateway_full"] = state.gw.full
             shed = ctl.shed
             control = self._control_metrics(state, params, done, fin(ttft), fin(tpot), span)
         for v in flags.values():
@@ -533,7 +563,7 @@ class ReplicaModel(sim.Model):
             **routers.stats(state.router, params.policy),
             "overflow": overflow,
             "dropped": state.dropped,
-            "conservation_error": jnp.abs(arrived - (completed + in_queue + running + state.dropped + shed)),
+            "conservation_error": jnp.abs(arrived - (completed + in_queue + running + state.dropped + shed + at_gateway)),
             **control,
             **({f"req.{k}": v for k, v in request_fields(state).items()} if self.request_records else {}),
         }

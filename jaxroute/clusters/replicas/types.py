@@ -9,6 +9,7 @@ import jax
 
 from jaxroute import cost_models
 from jaxroute.clusters.replicas.control import ControlParams, ControlState
+from jaxroute.clusters.replicas.gateway import Gateway
 from jaxroute.clusters.replicas.local_queue import QueueLog
 from jaxroute.routers.prefix import RouterParams
 from jaxroute.workloads.prefix import RequestTable
@@ -121,3 +122,4 @@ class ReplicaState:
     dropped: jax.Array  # [] int32 requests a full local queue refused (on dispatch or preemption): lost to that
     #                    capacity; `queue_overflow` (max_queue) is dropped > 0
     ctl: ControlState | None = None  # the control plane (control=True; control.py)
+    gw: Gateway | None = None  # the flow-control gateway's queues (gateway_queue > 0; gateway.py)
