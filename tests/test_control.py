@@ -238,3 +238,19 @@ def test_mooncake_lines_must_all_or_none_carry_a_class(tmp_path):
                  '{"timestamp": 5, "input_length": 10, "output_length": 5, "hash_ids": [1]}\n')
     with pytest.raises(JaxrouteError, match="m.jsonl line 2: missing key slo_class"):
         traces.load_mooncake_jsonl(p)
+
+
+@pytest.mark.parametrize("policy", ["llmd_precise", "rr"])
+def test_a_fixed_cluster_behind_no_gate_runs_as_the_plain_model(policy):
+    """The control plane with nothing to do (every replica ready, no gate, spare slots off) changes nothing: the
+    records equal the plain model's request by request (random ties included; times to float32 rounding)."""
+    wl = _workload()
+    plain = R.ReplicaModel(n_replicas=G - 1, max_running=B, max_queue=Q, router_modules=("dynamo",))
+    p0 = R.make_params(policy, rate=20.0, kv_capacity=CAP)
+    p1 = R.make_params(policy, rate=20.0, kv_capacity=CAP, control=C.make(G, min_replicas=G - 1, max_replicas=G - 1))
+    a = R.records(R.run_single(plain, jax.random.key(2), wl, p0))
+    b = R.records(R.run_single(MODEL, jax.random.key(2), wl, p1))
+    for k in ("replica", "cached_tokens"):
+        np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+    for k in ("admit_s", "first_token_s", "finish_s"):  # autoscaler ticks split leaps: float32 sums to an ulp
+        np.testing.assert_allclose(a[k], b[k], rtol=1e-6, err_msg=k)

@@ -128,11 +128,11 @@ def test_tune_decode_bad_input(argv, msg, capsys):
 
 
 def test_tune_models_flags_name_their_defaults():
-    """test_cli walks the top-level commands only: check `tune cluster` and `tune decode` here."""
+    """test_cli walks the top-level commands only: check `tune cluster`, `tune control` and `tune decode` here."""
     parser = build_parser()
     top = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices["tune"]
     models = next(a for a in top._actions if isinstance(a, argparse._SubParsersAction)).choices
-    assert set(models) == {"cluster", "decode"}
+    assert set(models) == {"cluster", "control", "decode"}
     for name, sub in models.items():
         for action in sub._actions:
             if isinstance(action, argparse._HelpAction):
