@@ -495,7 +495,7 @@ def run(args) -> int:
         report.bar_plot(records, PLOT_METRICS, path, title)
         if control:
             replicas_path = Path(path).with_name(Path(path).stem + "-replicas.png")
-            ctl_exp.ready_plot(results, replicas_path, title + ": replicas over time")
+            ctl_exp.ready_plot(results, replicas_path, "replicas over time", stages=stages)
             print(f"wrote {replicas_path}")
         if stage_rows is not None:
             stage_path = Path(path).with_name(Path(path).stem + "-stages.png")

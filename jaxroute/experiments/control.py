@@ -70,33 +70,40 @@ def uses_classes(params: Sequence, workload=None) -> list[str]:
     return [c for c, share in zip(CLASSES, mix, strict=True) if share > 0]
 
 
-def ready_plot(results, path: str | Path, title: str, seed: int = 0) -> Path:
-    """PNG: ready replicas (solid) and billed ones (dotted: provisioning and draining too) over time, one line
-    per row, for one seed (the scale log)."""
+def ready_plot(results, path: str | Path, title: str, seed: int = 0, stages=None) -> Path:
+    """PNG, one panel per row: ready replicas (solid) and billed ones (dotted: provisioning and draining too) over
+    time for one seed (the scale log), the load stages' boundaries dashed."""
     from jaxroute.report import _pyplot
 
     plt = _pyplot()
     m = results.grid.metrics
-    fig, ax = plt.subplots(figsize=(8.5, 4.0))
-    for c, label in enumerate(results.labels):
+    labels = list(results.labels)
+    cols = 2 if len(labels) > 1 else 1
+    rows = -(-len(labels) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(5.2 * cols, 1.9 * rows + 0.6), sharex=True, sharey=True,
+                             squeeze=False)
+    top = max(int(np.max(m["scale.log_billed"])), 1)
+    for ax, (c, label) in zip(axes.flat, enumerate(labels)):
         n = int(m["scale.log_n"][c, seed])
         t = np.asarray(m["scale.log_t"][c, seed][:n], float)
         t = np.append(t, max(float(m["end_s"][c, seed]), t[-1]))
-        for key, style in (("scale.log_ready", "-"), ("scale.log_billed", ":")):
+        for key, style, color in (("scale.log_billed", ":", "tab:grey"), ("scale.log_ready", "-", "tab:blue")):
             y = np.asarray(m[key][c, seed][:n])
-            line = ax.step(t, np.append(y, y[-1]), where="post", linestyle=style,
-                           label=label if style == "-" else None)
-            if style == "-":
-                color = line[0].get_color()
-            else:
-                line[0].set_color(color)
-    ax.set_xlabel("time (s)")
-    ax.set_ylabel("replicas (solid: ready; dotted: billed)")
-    ax.legend(fontsize=7, ncol=2)
-    fig.suptitle(title + f" (seed {seed})", fontsize=9)
+            ax.step(t, np.append(y, y[-1]), where="post", linestyle=style, color=color)
+        for edge in np.cumsum([d for _, d in stages or []])[:-1]:
+            ax.axvline(edge, color="tab:red", linestyle="--", linewidth=0.8)
+        ax.set_title(label, fontsize=8)
+        ax.set_ylim(0, top + 0.5)
+    for ax in axes.flat[len(labels):]:
+        ax.set_visible(False)
+    for ax in axes[-1]:
+        ax.set_xlabel("time (s)")
+    for ax in axes[:, 0]:
+        ax.set_ylabel("replicas")
+    fig.suptitle(title + f" (seed {seed}; solid: ready, dotted: billed, dashed: load stages)", fontsize=9)
     fig.tight_layout()
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
     return Path(path)
 

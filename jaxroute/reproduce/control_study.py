@@ -123,7 +123,7 @@ def autoscaling(name: str):
         peak = {label: rows_[1]["ttft_p90_s"] for label, rows_ in zip(res.labels, per_stage, strict=True)}
         fig, file = ctx.figure(SOURCE, f"control_{name}")
         ctl_exp.ready_plot(res, fig, f"{name} stepped {' -> '.join(f'{r:.3g}' for r, _ in stages)} req/s: replicas "
-                           f"over time ({ROUTER}, {model} on {gpu})")
+                           f"over time ({ROUTER}, {model} on {gpu})", stages=stages)
         claims = _claims(res, peak)
         rec = {r.policy: r for r in res.records}
         tables = [(f"{name}, {seeds} seeds x {n} requests: SLO TTFT <= {SLO_TTFT_S:g} s and TPOT <= {SLO_TPOT_S:g} s "
