@@ -83,7 +83,7 @@ def ready_plot(results, path: str | Path, title: str, seed: int = 0, stages=None
     fig, axes = plt.subplots(rows, cols, figsize=(5.2 * cols, 1.9 * rows + 0.6), sharex=True, sharey=True,
                              squeeze=False)
     top = max(int(np.max(m["scale.log_billed"])), 1)
-    for ax, (c, label) in zip(axes.flat, enumerate(labels)):
+    for ax, (c, label) in zip(axes.flat, enumerate(labels), strict=False):  # extra panels are hidden
         n = int(m["scale.log_n"][c, seed])
         t = np.asarray(m["scale.log_t"][c, seed][:n], float)
         t = np.append(t, max(float(m["end_s"][c, seed]), t[-1]))
