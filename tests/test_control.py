@@ -204,10 +204,9 @@ def test_trace_classes_and_tenants_reach_the_gateway(tmp_path):
     trace = traces.load_azure_csv(_trace_csv(tmp_path, rows))
     assert trace.tenant_names == ("b", "a") and list(trace.slo_class[:4]) == [0, 2, 1, 2]
     wl = W.from_azure(trace)
-    model = R.ReplicaModel(n_replicas=2, max_running=4, max_queue=64, router_modules=("dynamo",), control=True,
-                           control_ticks=64, control_history=8, control_log=16)
+    model = MODEL
     p = R.make_params("least_load", rate=0.0, kv_capacity=CAP,
-                      control=C.make(2, scaler="fixed", min_replicas=2, gate="tier_shed", tier_threshold=1.0))
+                      control=C.make(G, scaler="fixed", min_replicas=2, max_replicas=2, gate="tier_shed", tier_threshold=2.0))
     st = R.run_single(model, jax.random.key(0), wl, p)
     np.testing.assert_array_equal(np.asarray(st.req.klass), trace.slo_class)
     np.testing.assert_array_equal(np.asarray(st.req.tenant), trace.tenant)

@@ -11,18 +11,19 @@ from pathlib import Path
 from jaxroute import catalog
 from jaxroute.clusters.names import (
     ADMISSIONS,
-    CONTROL_DEFAULTS,
     LOCAL_ORDERS,
     REPLICA_GPU,
     REPLICA_MODEL,
 )
 from jaxroute.commands._common import (
+    add_control_args,
     add_grid_args,
     add_shared_prefix_args,
     at_least,
     check_conservation,
     check_overflow,
     choose,
+    control_variants,
     csv_list,
     key_values,
     list_of,
@@ -195,116 +196,6 @@ def register(subparsers) -> None:
                    "(default: none)")
     add_control_args(p)
     p.set_defaults(func=run, requests=None)  # None: DEFAULT_REQUESTS, or the stage total with --rate-stages
-
-
-def add_control_args(p) -> None:
-    """The control plane's flags: autoscalers and gateways as rows (jaxroute/clusters/replicas/control.py)."""
-    from jaxroute.clusters.names import CLASSES, GATES, SCALE_METRICS, SCALERS
-
-    d = CONTROL_DEFAULTS
-    g = p.add_argument_group("control plane (autoscaler and gateway; jaxroute/clusters/replicas/control.py, "
-                             "docs/control.md)")
-    g.add_argument("--autoscaler", type=list_of(str), default=None, metavar="LIST",
-                   help=f"replica autoscalers, each a row per router, from: {', '.join(SCALERS)} (fixed: the initial "
-                   "count throughout; hpa: Kubernetes HPA on --scale-metric; kpa: Knative's stable/panic windows on "
-                   "requests in flight; sla: Dynamo's SLA planner from the arrival rate and --capacity-rps). "
-                   "--replicas is then the most replicas; scale-ups become ready after --provision-s, scale-downs drain "
-                   "(default: none, a fixed cluster)")
-    g.add_argument("--gate", type=list_of(str), default=None, metavar="LIST",
-                   help=f"gateway admission policies, each a row per router and autoscaler, from: {', '.join(GATES)} "
-                   "(token_bucket: prompt tokens from a bucket, BLIS; tier_shed: classes below min_priority shed when "
-                   "the busiest ready replica has more than tier_threshold in flight; saturation: llm-d's GAIE detector "
-                   "sheds sheddable classes at saturation >= 1; flow_control: llm-d's flow-control queue, every "
-                   "request waits by priority band and tenant and is dispatched while saturation < band_ceiling, "
-                   "highest band first, --fairness within a band). Shed requests are counted, never lost (default: none)")
-    g.add_argument("--fairness", default=d["fairness"], metavar="NAME",
-                   help="flow_control: how a band picks among its tenants, global_strict (the oldest request first, "
-                   f"GAIE's default) or round_robin (default {d['fairness']})")
-    g.add_argument("--min-replicas", type=positive_int, default=d["min_replicas"], metavar="N",
-                   help=f"fewest replicas the autoscaler keeps (default {d['min_replicas']})")
-    g.add_argument("--initial-replicas", type=positive_int, default=None, metavar="N",
-                   help="replicas ready at t = 0 (default: --min-replicas; --replicas with --gate alone)")
-    g.add_argument("--replica-slots", type=positive_int, default=None, metavar="N",
-                   help="replica slots the compiled model holds (scale-ups need a slot that is neither provisioning, "
-                   "ready nor draining; a run that finds none is flagged replica_slots_full and rerun with twice as "
-                   "many) (default: --replicas + a quarter, at least 1 more)")
-    g.add_argument("--provision-s", type=non_negative_float, default=d["provision_s"], metavar="S",
-                   help=f"scale-up to ready: node start and model load (default {d['provision_s']:g})")
-    g.add_argument("--scale-metric", default=d["metric"], metavar="NAME",
-                   help=f"hpa: the metric per ready replica, one of {', '.join(SCALE_METRICS)} (default {d['metric']})")
-    g.add_argument("--scale-target", type=positive_float, default=d["target"], metavar="X",
-                   help=f"hpa: the metric's target per replica; kpa: requests in flight per replica (default {d['target']:g})")
-    g.add_argument("--scale-interval", type=positive_float, default=None, metavar="S",
-                   help="seconds between autoscaler ticks (default: HPA's sync period 15, Knative's tick 2, "
-                   "60 for the SLA planner)")
-    g.add_argument("--capacity-rps", type=positive_float, default=d["capacity_rps"], metavar="REQ_PER_S",
-                   help="sla: requests/s one replica sustains within the SLO (`jaxroute capacity` measures it) "
-                   f"(default {d['capacity_rps']:g})")
-    g.add_argument("--class-mix", type=key_values, default=None, metavar="CLASS=SHARE,...",
-                   help=f"request classes (GAIE priorities: {', '.join(CLASSES)} = 4, 3, -1, -2, -3; negative = "
-                   "sheddable), e.g. critical=0.3,batch=0.7 (default: all standard)")
-    g.add_argument("--tenant-mix", type=lambda text: [positive_float(x) for x in text.split(",")], default=None,
-                   metavar="SHARE,...",
-                   help="tenants' shares of the requests, up to 8, for the tenant budget (default: one tenant)")
-    g.add_argument("--gpu-price", type=non_negative_float, default=d["gpu_price"], metavar="PER_GPU_HOUR",
-                   help="price of a GPU-hour for the cost column (default 1: the cost is in GPU-hours)")
-    g.add_argument("--control-set", type=key_values, default=None, metavar="NAME=V,...",
-                   help="other control settings: " + ", ".join(k for k in CONTROL_SET) + " (defaults from the "
-                   "sources: HPA tolerance 0.1 and a 300 s scale-down window; Knative's 60 s stable and 6 s panic "
-                   "windows, panic at 2x, rates 1000 up and 2 down; BLIS's bucket of 10,000 tokens at 1,000/s; GAIE's "
-                   "thresholds 5 waiting and 0.8 KV; tier_shed at any load (0) below priority 3; slo_ttft_s and "
-                   "slo_tpot_s bound goodput and attainment: docs/control.md) (default: those)")
-
-
-CONTROL_SET = ("tolerance", "down_window_s", "stable_window_s", "panic_window_s", "panic_threshold", "max_up_rate",
-               "max_down_rate", "bucket_tokens", "bucket_refill", "tier_threshold", "min_priority", "qd_threshold",
-               "kv_threshold", "tenant_budget", "band_ceiling", "slo_ttft_s", "slo_tpot_s")
-
-
-def control_settings(args, replicas: int):
-    """(autoscalers, gates, settings for `control.make`, replica slots) of the control flags; None without
-    --autoscaler or --gate."""
-    from jaxroute.clusters.names import CLASSES
-
-    given = [f for f, v in (("--min-replicas", args.min_replicas != CONTROL_DEFAULTS["min_replicas"]),
-                            ("--initial-replicas", args.initial_replicas), ("--replica-slots", args.replica_slots),
-                            ("--class-mix", args.class_mix), ("--tenant-mix", args.tenant_mix),
-                            ("--control-set", args.control_set), ("--scale-interval", args.scale_interval),
-                            ("--fairness", args.fairness != CONTROL_DEFAULTS["fairness"])) if v]
-    if not args.autoscaler and not args.gate:
-        if given:
-            raise JaxrouteError(f"{given[0]} applies with --autoscaler or --gate")
-        return None
-    unknown = sorted(set(args.control_set or {}) - set(CONTROL_SET))
-    if unknown:
-        raise JaxrouteError(f"unknown --control-set name '{unknown[0]}'; choose from: {', '.join(CONTROL_SET)}")
-    mix = args.class_mix or {}
-    if bad := sorted(set(mix) - set(CLASSES)):
-        raise JaxrouteError(f"unknown class '{bad[0]}' in --class-mix; choose from: {', '.join(CLASSES)}")
-    lo = args.min_replicas if args.autoscaler else replicas
-    settings = dict(args.control_set or {}, min_replicas=lo, max_replicas=replicas,
-                    initial=args.initial_replicas or lo, provision_s=args.provision_s, metric=args.scale_metric,
-                    target=args.scale_target, interval_s=args.scale_interval, capacity_rps=args.capacity_rps,
-                    gpu_price=args.gpu_price, fairness=args.fairness)
-    if "min_priority" in settings:
-        settings["min_priority"] = int(settings["min_priority"])
-    if mix:
-        settings["class_mix"] = tuple(mix.get(c, 0.0) for c in CLASSES)
-    if args.tenant_mix:
-        settings["tenant_mix"] = tuple(args.tenant_mix)
-    slots = args.replica_slots or replicas + max(1, replicas // 4)
-    return args.autoscaler or ["fixed"], args.gate or ["none"], settings, slots
-
-
-def control_variants(args, replicas: int):
-    """(label, ControlParams) rows of the control flags (None without --autoscaler or --gate), and the model's slots."""
-    from jaxroute.experiments import control as ctl_exp
-
-    got = control_settings(args, replicas)
-    if got is None:
-        return None, replicas
-    scalers, gates, settings, slots = got
-    return ctl_exp.variants(scalers, gates, slots, settings), slots
 
 
 def _tuned_row(args, rate: float, cost_model: str, factors=None) -> tuple:

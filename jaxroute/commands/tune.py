@@ -16,9 +16,11 @@ from jaxroute.clusters.names import (
     REPLICA_MODEL,
 )
 from jaxroute.commands._common import (
+    add_control_args,
     add_save_spec,
     add_shared_prefix_args,
     choose,
+    control_settings,
     csv_list,
     non_negative_float,
     non_negative_int,
@@ -134,7 +136,6 @@ def _add_cluster_args(p) -> None:
 
 
 def _register_control(models) -> None:
-    from jaxroute.commands.cluster import add_control_args
     from jaxroute.experiments.knobs import CONTROL_KNOBS
 
     knobs = "; ".join(f"{s}: " + ", ".join(f"{k.name} in [{k.lo:g}, {k.hi:g}]" for k in ks)
@@ -366,7 +367,6 @@ def run(args) -> int:
 
 
 def run_control(args) -> int:
-    from jaxroute.commands.cluster import control_settings
     from jaxroute.routers.names import PARTIAL_OK
 
     router = choose([args.router], PARTIAL_OK, "router under an autoscaler")[0]

@@ -29,6 +29,7 @@ import numpy as np
 from jaxroute.experiments import capacity as cap_lib
 from jaxroute.experiments import control as ctl_exp
 from jaxroute.experiments.cluster import build_workload, policy_rows, run_cluster
+from jaxroute.errors import JaxrouteError
 from jaxroute.experiments.comparison import paired_difference
 from jaxroute.metrics import summarize
 from jaxroute.reproduce.document import (
@@ -50,7 +51,9 @@ QUICK_STAGES = [(10.0, 20.0), (40.0, 30.0), (10.0, 40.0)]
 TOOLBENCH_CAPACITY = 9.3  # req/s of one replica on toolbench at TTFT p90 <= 2 s (this study's search, full size)
 MAX_REPLICAS = 8
 SIZES = {"seeds": 8, "capacity_requests": 1200}
-QUICK = {"seeds": 2, "capacity_requests": 200}
+QUICK = {"seeds": 2}
+# one replica's capacity and requests in flight there, as the full run's search found them (a quick run's)
+QUICK_CAPACITY = {"toolbench": (9.29, 25.5), "mooncake": (0.964, 2.45)}
 SLO = dict(slo_ttft_s=SLO_TTFT_S, slo_tpot_s=SLO_TPOT_S)
 # per workload: deployment (gpu, model) and the trace's rate scale: toolbench is synthetic (rates as given)
 DEPLOYMENTS = {"toolbench": ("a6000", "mistral-7b"), "mooncake": ("h100", "llama-3.1-8b")}
@@ -64,15 +67,17 @@ def _seeds(ctx: Context) -> int:
 
 
 def _replica_capacity(name: str, ctx: Context, gpu: str, model: str) -> tuple[float, float]:
-    """(req/s one replica sustains at TTFT p90 <= 2 s, requests in flight there by Little's law)."""
-    n = (QUICK if ctx.quick else SIZES)["capacity_requests"]
+    """(req/s one replica sustains at TTFT p90 <= 2 s, requests in flight there by Little's law); a quick run
+    takes the full run's (`QUICK_CAPACITY`: the search's code paths are the capacity study's)."""
+    if ctx.quick:
+        return QUICK_CAPACITY[name]
+    n = SIZES["capacity_requests"]
     wl = build_workload(name, n)
-    ev = cap_lib.cluster_evaluator([(ROUTER, 1)], wl, seeds=2 if ctx.quick else 4, gpu=gpu, model_name=model)
-    res = cap_lib.search(ev, 1, 0.2, 60.0, cap_lib.parse_slo(f"ttft_p90_s<={SLO_TTFT_S:g}"),
-                         max_rounds=3 if ctx.quick else 6)
+    ev = cap_lib.cluster_evaluator([(ROUTER, 1)], wl, seeds=4, gpu=gpu, model_name=model)
+    res = cap_lib.search(ev, 1, 0.2, 60.0, cap_lib.parse_slo(f"ttft_p90_s<={SLO_TTFT_S:g}"), max_rounds=6)
     rate = float(np.nanmean(res.capacity))
     if not math.isfinite(rate):
-        rate = 1.0  # a quick run's search may not bracket it: any positive rate runs the code paths
+        raise JaxrouteError(f"the capacity search on {name} found no rate meeting TTFT p90 <= {SLO_TTFT_S:g} s")
     (_, p), = policy_rows([ROUTER], rate=rate, gpu=gpu, model_name=model)
     one = run_cluster([("one", p)], wl, replicas_n=1, seeds=2, extra_metrics=())
     in_flight = rate * one.records[0].metrics["mean_latency_s"].mean
