@@ -26,10 +26,10 @@ import time
 
 import numpy as np
 
+from jaxroute.errors import JaxrouteError
 from jaxroute.experiments import capacity as cap_lib
 from jaxroute.experiments import control as ctl_exp
 from jaxroute.experiments.cluster import build_workload, policy_rows, run_cluster
-from jaxroute.errors import JaxrouteError
 from jaxroute.experiments.comparison import paired_difference
 from jaxroute.metrics import summarize
 from jaxroute.reproduce.document import (
