@@ -406,18 +406,14 @@ def run_control(args) -> int:
              f"({args.model} on {args.gpu}), {load}")
     res = _search(args, title, lambda on_gen: tc.tune(space, csetup, **_search_kw(args), on_generation=on_gen))
     _report(res)
-    config = {"router": router, "autoscaler": scalers[0], "gate": gates[0], "control": tn_jsonable(base),
+    from jaxroute import report
+
+    config = {"router": router, "autoscaler": scalers[0], "gate": gates[0], "control": report.jsonable(base),
               "min_attainment": args.min_attainment, "workload": name, "requests": requests, "replicas": args.replicas,
               "replica_slots": slots, "rate": setup.rate, "rate_stages": stages, "model": args.model, "gpu": args.gpu,
               "tp": args.tp, "seed": args.seed}
     _write(res, args, title, config)
     return 0
-
-
-def tn_jsonable(d: dict) -> dict:
-    from jaxroute import report
-
-    return report.jsonable(d)
 
 
 def run_decode(args) -> int:

@@ -16,6 +16,7 @@ seeds (base key `seed + FRESH_SEED`), with 95 % CIs and the gain over the defaul
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import json
 import math
@@ -119,11 +120,12 @@ class Space:
 
 
 @dataclasses.dataclass(frozen=True)
-class DefaultsSpace(Space):
-    """A space whose candidates are plain settings dicts: `defaults()` with the knobs' values over it."""
+class DefaultsSpace(Space, abc.ABC):
+    """A space whose candidates are plain settings dicts: `defaults()` (each subclass's) with the knobs' values over it."""
 
+    @abc.abstractmethod
     def defaults(self) -> dict[str, Any]:
-        raise NotImplementedError
+        """The settings a candidate's knob values go over."""
 
     def default_values(self) -> np.ndarray:
         d = self.defaults()
