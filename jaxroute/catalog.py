@@ -30,6 +30,7 @@ class GPUSpec:
     mem_bytes: float  # bytes (decimal GB, as on the spec sheet)
     link_bw: float  # bytes/s per direction to peers (NVLink, or PCIe when no NVLink switch)
     int8_ops: float = 0.0  # dense INT8 tensor OP/s (no sparsity); the rate of W8A8 linear layers
+    host_bw: float = 0.0  # bytes/s per direction to host memory (PCIe): KV offload tiers load over it
 
 
 # Sources (spec sheets; dense = half the "with sparsity" figure):
@@ -58,14 +59,20 @@ class GPUSpec:
 #   in Huawei's Ascend 910 launch figures (256 TFLOPS FP16 / 512 TOPS INT8). The BF16 figure counts cube + vector
 #   (cube alone: 24 cores x 4096 MACs x 2 x 1.8 GHz = 353.9 TFLOPS; CANN Ascend910B2C.ini: 24 cube cores at
 #   1800 MHz). link_bw is the UB plane per die, used for TP all-reduces and EP all-to-alls.
+# host_bw (the KV offload tiers' CPU link): PCIe per direction, Gen4 x16 32 GB/s (A6000, A100: their datasheets'
+#   PCIe Gen4 host interface), Gen5 x16 64 GB/s (H100 SXM, H200: "PCIe Gen5: 128 GB/s" bidirectional on their
+#   datasheets). Ascend 910C: assumed Gen5 x16 as well (no per-die host figure found).
 GPUS: dict[str, GPUSpec] = {
     g.name: g
     for g in [
-        GPUSpec("A6000", flops=154.8e12, mem_bw=768e9, mem_bytes=48e9, link_bw=32e9, int8_ops=309.7e12),
-        GPUSpec("A100-80GB", flops=312e12, mem_bw=2039e9, mem_bytes=80e9, link_bw=300e9, int8_ops=624e12),
-        GPUSpec("H100-SXM", flops=989.4e12, mem_bw=3350e9, mem_bytes=80e9, link_bw=450e9, int8_ops=1979e12),
-        GPUSpec("H200", flops=989.4e12, mem_bw=4800e9, mem_bytes=141e9, link_bw=450e9, int8_ops=1979e12),
-        GPUSpec("Ascend-910C", flops=376e12, mem_bw=1600e9, mem_bytes=64e9, link_bw=196e9, int8_ops=752e12),
+        GPUSpec("A6000", flops=154.8e12, mem_bw=768e9, mem_bytes=48e9, link_bw=32e9, int8_ops=309.7e12, host_bw=32e9),
+        GPUSpec("A100-80GB", flops=312e12, mem_bw=2039e9, mem_bytes=80e9, link_bw=300e9, int8_ops=624e12,
+                host_bw=32e9),
+        GPUSpec("H100-SXM", flops=989.4e12, mem_bw=3350e9, mem_bytes=80e9, link_bw=450e9, int8_ops=1979e12,
+                host_bw=64e9),
+        GPUSpec("H200", flops=989.4e12, mem_bw=4800e9, mem_bytes=141e9, link_bw=450e9, int8_ops=1979e12, host_bw=64e9),
+        GPUSpec("Ascend-910C", flops=376e12, mem_bw=1600e9, mem_bytes=64e9, link_bw=196e9, int8_ops=752e12,
+                host_bw=64e9),
     ]
 }
 

@@ -40,7 +40,7 @@ def block_owners(path, B, limit=None) -> tuple[list, bool]:
     return owners, partial
 
 
-LLMD = dict(llmd_block_tokens=64, llmd_max_blocks=256, llmd_lru_blocks=0, llmd_precise_minmax=False)
+LLMD = dict(llmd_block_tokens=64, llmd_max_blocks=256, llmd_lru_blocks=0, llmd_precise_minmax=False, llmd_cpu_weight=0.8)
 
 
 class LlmdPrecise(Router):
@@ -57,6 +57,9 @@ class LlmdPrecise(Router):
         B = int(self.s["llmd_block_tokens"])
         total = self.w.prompt[ctx.i] // B
         matched = [int(m) // B for m in ctx.cached_match]
+        if ctx.cpu_match is not None:  # each block past the GPU prefix found in the CPU tier weighs llmd_cpu_weight
+            w = F32(self.s["llmd_cpu_weight"])
+            matched = [F32(F32(m) + F32(w * F32(int(c) // B - m))) for m, c in zip(matched, ctx.cpu_match, strict=True)]
         if self.s["llmd_precise_minmax"]:
             hits = [m for m in matched if m > 0]
             if not hits:
@@ -149,7 +152,8 @@ class LlmdApprox(LlmdPrecise):
             self.tails[g].discard(victim)
 
 
-DYNAMO = dict(dyn_overlap_weight=1.0, dyn_temperature=0.0, dyn_block_tokens=16)
+DYNAMO = dict(dyn_overlap_weight=1.0, dyn_temperature=0.0, dyn_block_tokens=16, dyn_host_weight=0.75,
+              dyn_disk_weight=0.25)
 
 
 class DynamoKv(Router):
@@ -186,6 +190,11 @@ class DynamoKv(Router):
             active = sum(self.all_blocks[sid] for sid, c in self.count[g].items() if c > 0)
             added = sum(n for sid, n in nb.items() if self.count[g].get(sid, 0) == 0)
             pre = F32(F32(self.prefill[g] + self.new_tokens(ctx, g)) / F32(self.B))
+            if ctx.cpu_match is not None:  # credit for the blocks past the device prefix in lower tiers
+                dev, host, ext = (int(x[g]) // self.B for x in (ctx.cached_match, ctx.cpu_match, ctx.shared_match))
+                credit = F32(F32(F32(self.s["dyn_host_weight"]) * F32(host - dev))
+                             + F32(F32(self.s["dyn_disk_weight"]) * F32(ext - host)))
+                pre = max(F32(pre - credit), F32(0))
             out.append(F32(F32(F32(self.s["dyn_overlap_weight"]) * pre) + F32(active + added)))
         return out
 

@@ -40,6 +40,7 @@ class RadixCache:
         self.root = Node(-1, 0, -1, None)
         self.nodes: dict[int, Node] = {}
         self.n_evicted = 0
+        self.victims: list[tuple[int, float]] = []  # (segment, LRU stamp) evicted since the caller cleared it
 
     def match(self, segs) -> list[Node]:
         path, node = [], self.root
@@ -71,6 +72,7 @@ class RadixCache:
         del victim.parent.children[victim.seg]
         del self.nodes[victim.seg]
         self.n_evicted += 1
+        self.victims.append((victim.seg, victim.last_use))
 
     def is_prefix_closed(self) -> bool:
         return all(n.parent is self.root or (n.parent.seg in self.nodes and self.nodes[n.parent.seg] is n.parent)
@@ -197,7 +199,7 @@ def preble_costs(window, last, record, locked, segs_i, match, prompt, a, cap, H,
 
 def simulate(table, *, G, cap, policy, cost, chunk=512, B=64, Q=256, max_admit=4, local="fcfs",
              router=None, stale=0.0, check=None, router_key=None, admission="reserve", priority_groups=10,
-             control=None):
+             control=None, tiers=None):
     """Run the reference; returns per-request records and a list of invariant violations.
 
     local: "fcfs", "lpm" or "priority" (Preble's priority groups: a request's group is fixed at
@@ -215,7 +217,16 @@ def simulate(table, *, G, cap, policy, cost, chunk=512, B=64, Q=256, max_admit=4
 
     control: a `reference_control.Control` (autoscaler and gateway): control events come first on ties,
     the gateway may shed an arrival (never routed), the router (`reference_control.route`) sees the ready
-    replicas only, and a replica that leaves comes back with an empty cache."""
+    replicas only, and a replica that leaves comes back with an empty cache (and an empty CPU tier).
+
+    tiers: KV offload tiers, a dict of cpu_tokens, cpu_s_per_token, shared_tokens, shared_s_per_token,
+    shared_latency_s (float32 where they are times): each replica's GPU victims of an iteration go to its CPU
+    tier together (segment -> stamp, the larger stamp kept), which then evicts in LRU order (stamp, deeper
+    first, lowest id) down to its capacity into the shared tier, which does the same (its victims are gone).
+    An admission continues its GPU match into the tiers (CPU first, then shared), holds those tokens privately,
+    touches them at t, and the iteration takes the load time longer. rec["tier"] [N, 2]: tokens loaded at the
+    first admission; rec["loaded"], rec["offloaded"]: tokens read and written per tier (written = still held
+    after the tier's eviction)."""
     rp = dict(theta=0.5, guard_abs=8.0, guard_rel=1.5, e2_window_s=180.0, e2_th_bal=1.5, weights=None,
               e2_pairing=policy == "preble", e2_autoscale=policy == "preble", e2_pair_hit=0.7, e2_pair_window_s=30.0,
               e2_overload_window_s=180.0)
@@ -238,6 +249,20 @@ def simulate(table, *, G, cap, policy, cost, chunk=512, B=64, Q=256, max_admit=4
     run_key = None if router_key is None else jax.random.fold_in(router_key, rr_mod.ROUTER_KEY_TAG)
 
     reps = [Replica(B, Q) for _ in range(G)]
+    cpu_tier: list[dict[int, float]] = [dict() for _ in range(G)]  # segment -> LRU stamp
+    shared_tier: dict[int, float] = {}
+    rec_tier, moved = np.zeros((N, 2), np.int64), dict(loaded=[0, 0], offloaded=[0, 0])
+
+    def enter(tier, items, capacity):
+        """Items (segment, stamp) enter together; LRU evicts down to the capacity; returns the victims."""
+        new = [sid for sid, _ in items if sid not in tier]
+        for sid, stamp in items:
+            tier[sid] = max(tier.get(sid, -np.inf), stamp)
+        out = []
+        while sum(int(seg_len[k]) for k in tier) > capacity:
+            victim = min(tier, key=lambda k: (tier[k], -int(seg_depth[k]), k))
+            out.append((victim, tier.pop(victim)))
+        return out, sum(int(seg_len[k]) for k in new if k in tier)
     P = priority_groups
     for rep in reps:
         rep.cursor = P - 1
@@ -369,6 +394,7 @@ def simulate(table, *, G, cap, policy, cost, chunk=512, B=64, Q=256, max_admit=4
             g = control.event(F32(c), observed(), [empty(r) for r in reps])
             if g is not None:
                 reps[g].cache = RadixCache()
+                cpu_tier[g] = {}
             continue
         releasing = rel <= min(a, m)
         if not releasing and a <= m and control is not None:
@@ -406,6 +432,10 @@ def simulate(table, *, G, cap, policy, cost, chunk=512, B=64, Q=256, max_admit=4
                              inflight=list(v_inf), tokens=list(v_tok), record=record, match=match,
                              cached=seen["cached"], cached_match=[rr_mod.leading_tokens(segs[i], c) for c in seen["cached"]],
                              waiting=seen["waiting"], running=seen["running"], kv_usage=seen["kv_usage"])
+            if tiers:  # the replicas' caches and offload tiers as their KV events report them
+                ctx.cpu_match = [rr_mod.leading_tokens(segs[i], seen["cached"][g] | set(cpu_tier[g])) for g in range(G)]
+                ctx.shared_match = [rr_mod.leading_tokens(segs[i], seen["cached"][g] | set(cpu_tier[g]) | set(shared_tier))
+                                    for g in range(G)]
             if control is not None:
                 g = reference_control.route(policy, control.ready(), i, v_inf, v_tok, match)
             elif ref_router is not None:
@@ -460,6 +490,8 @@ def simulate(table, *, G, cap, policy, cost, chunk=512, B=64, Q=256, max_admit=4
 
         # ---- one iteration on replica gmin
         g, rep, t = gmin, reps[gmin], F32(m)
+        rep.cache.victims = []
+        load_s = F32(0)
         preempted = allocate_running(rep, t) if admission == "on-demand" else 0
         quota, turn = max_admit, None
         if local == "priority" and rep.queue:
@@ -488,7 +520,16 @@ def simulate(table, *, G, cap, policy, cost, chunk=512, B=64, Q=256, max_admit=4
             path = rep.cache.match(segs[cand])
             mtok = sum(n.tokens for n in path)
             tgt = prompt[cand] + saved_gen[cand]
-            start = min(mtok, tgt - 1)  # a fully cached prompt recomputes its last token (vLLM)
+            from_cpu, from_shared = [], []  # the match continued into the offload tiers
+            for sid, tk in (segs[cand][len(path):] if tiers else []):
+                if sid in cpu_tier[g]:
+                    from_cpu.append((sid, tk))
+                elif sid in shared_tier:
+                    from_shared.append((sid, tk))
+                else:
+                    break
+            cpu_tok, sh_tok = sum(tk for _, tk in from_cpu), sum(tk for _, tk in from_shared)
+            start = min(mtok + cpu_tok + sh_tok, tgt - 1)  # a fully cached prompt recomputes its last token (vLLM)
             if landed is not None and landed[cand]:  # its KV was transferred in: only the last token is computed
                 start = tgt - 1
             pending_prefill = sum(s.tgt - s.pos for s in rep.slots if s is not None)
@@ -496,7 +537,7 @@ def simulate(table, *, G, cap, policy, cost, chunk=512, B=64, Q=256, max_admit=4
                 break
             if admission == "on-demand":  # this step's share of the chunk (+ the token sampled if it completes)
                 share = min(tgt - start, chunk - pending_prefill)
-                need = share + (share == tgt - start)
+                need = share + (share == tgt - start) + (start - mtok)
             else:
                 need = prompt[cand] - mtok + int(out_tok[cand])
             exclude = {n.seg for n in path}
@@ -518,19 +559,36 @@ def simulate(table, *, G, cap, policy, cost, chunk=512, B=64, Q=256, max_admit=4
             rep.queue.remove(cand)
             if cand in rep.front:
                 rep.front.remove(cand)
+            if tiers:
+                for sid, _ in from_cpu:
+                    cpu_tier[g][sid] = max(cpu_tier[g][sid], t)
+                for sid, _ in from_shared:
+                    shared_tier[sid] = max(shared_tier[sid], t)
+                lat = F32(F32(tiers["shared_latency_s"]) + F32(F32(sh_tok) * F32(tiers["shared_s_per_token"])))
+                load_s = F32(load_s + F32(F32(F32(cpu_tok) * F32(tiers["cpu_s_per_token"]))
+                                          + (lat if sh_tok > 0 else F32(0))))
+                moved["loaded"][0] += cpu_tok
+                moved["loaded"][1] += sh_tok
             if np.isinf(rec["admit"][cand]):  # a readmission keeps the first admission's records
                 rec["admit"][cand] = t
                 rec["cached"][cand] = mtok
+                rec_tier[cand] = cpu_tok, sh_tok
                 adm_hit, adm_prompt = adm_hit + mtok, adm_prompt + prompt[cand]
         if adm_prompt > 0:
             push(hit_trace, g, t, [t, adm_hit, adm_prompt], H_pair)
+        if tiers:  # this iteration's GPU victims go down the tiers
+            down, written = enter(cpu_tier[g], rep.cache.victims, tiers["cpu_tokens"])
+            moved["offloaded"][0] += written
+            moved["offloaded"][1] += enter(shared_tier, down, tiers["shared_tokens"])[1]
 
         # batch
         alloc = chunk_allocation(rep.slots, chunk)
         pos = np.array([s.pos if s else 0 for s in rep.slots], np.float32)
         dec = np.array([s is not None and s.pos == s.tgt for s in rep.slots])
         ctx = np.array([(prompt[s.rid] + s.gen) if s else 0 for s in rep.slots], np.float32)
-        dt = step_time(cost, alloc.astype(np.float32), pos, alloc > 0, ctx, dec)
+        dt = F32(step_time(cost, alloc.astype(np.float32), pos, alloc > 0, ctx, dec))
+        if tiers:
+            dt = F32(dt + load_s)
         t_end = F32(t + F32(dt))
         kv_area += kv_in_use(rep) * float(F32(dt))
         for k, s in enumerate(rep.slots):
@@ -597,6 +655,7 @@ def simulate(table, *, G, cap, policy, cost, chunk=512, B=64, Q=256, max_admit=4
         if check is not None:
             check(g, rep, t_end)
     rec["overflow"] = overflow
+    rec["tier"], rec["loaded"], rec["offloaded"] = rec_tier, moved["loaded"], moved["offloaded"]
     rec["running_full"] = running_full
     rec["preemptions"] = sum(r.n_preempt for r in reps)
     rec["preempted"] = times_preempted

@@ -53,6 +53,8 @@ class Ctx:
     waiting: list  # [G] local queue lengths
     running: list  # [G] running requests
     kv_usage: list  # [G] float32 KV fraction in use
+    cpu_match: list | None = None  # [G] leading prompt tokens on `cached` + the replica's CPU tier (None: no tiers)
+    shared_match: list | None = None  # [G] the same + the shared tier
 
 
 def leading_tokens(segs, present) -> int:

@@ -53,3 +53,8 @@ CONTROL_DEFAULTS: dict = dict(
     tenant_mix=(1.0,), slo_ttft_s=float("inf"), slo_tpot_s=float("inf"), gpu_price=1.0, band_ceiling=1.0,
     fairness="global_strict")
 SCALER_INTERVAL_S: dict = {"fixed": 15.0, "hpa": 15.0, "kpa": 2.0, "sla": 60.0}  # HPA sync period, KPA tick, planner interval
+
+# ----------------------------------------------------------------- KV offload tiers (replicas/tiers.py)
+# Sizes in GiB of KV per replica (CPU) or for the cluster (shared), bandwidths in GB/s per GPU, latency per load;
+# each default's source: docs/tiers.md. cpu_gbps None = the GPU's host link (catalog `host_bw`).
+TIER_DEFAULTS: dict = dict(cpu_gib=0.0, cpu_gbps=None, shared_gib=0.0, shared_gbps=25.0, shared_latency_ms=1.0)

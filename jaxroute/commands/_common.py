@@ -505,3 +505,41 @@ def control_variants(args, replicas: int):
         return None, replicas
     scalers, gates, settings, slots = got
     return ctl_exp.variants(scalers, gates, slots, settings), slots
+
+
+# ----------------------------------------------------------------------------- the KV offload tiers' flags
+
+
+def add_tier_args(p) -> None:
+    """The KV offload tiers' flags: tier sizes as rows (jaxroute/clusters/replicas/tiers.py, docs/tiers.md)."""
+    from jaxroute.clusters.names import TIER_DEFAULTS
+
+    g = p.add_argument_group("KV offload tiers (a CPU tier per replica, one shared tier; jaxroute/clusters/replicas/"
+                             "tiers.py, docs/tiers.md)")
+    g.add_argument("--cpu-tier", type=list_of(non_negative_float), default=None, metavar="GIB,...",
+                   help="CPU offload tier per replica, GiB of KV (vLLM's --kv-offloading-size, summed over the TP "
+                   "ranks), each a row per router: GPU evictions move down to it and a later hit loads back over the "
+                   "GPU's host link, the admitting iteration taking the load time longer; 0 = none (default: no tiers)")
+    g.add_argument("--shared-tier", type=list_of(non_negative_float), default=None, metavar="GIB,...",
+                   help="one tier shared by every replica (LMCache-style store), GiB of KV, each a row per router and "
+                   "CPU tier: the CPU tiers' evictions move down to it; 0 = none (default: no tiers)")
+    g.add_argument("--tier-set", type=key_values, default=None, metavar="NAME=V,...",
+                   help="tier links: cpu_gbps (GB/s per GPU; default the GPU's PCIe host link, 32 for A6000/A100, 64 "
+                   f"for H100/H200), shared_gbps (default {TIER_DEFAULTS['shared_gbps']:g}), shared_latency_ms "
+                   f"(per load; default {TIER_DEFAULTS['shared_latency_ms']:g})")
+
+
+TIER_SET = ("cpu_gbps", "shared_gbps", "shared_latency_ms")
+
+
+def tier_rows(args):
+    """(label, TierParams) rows of the tier flags (`experiments.cluster.tier_variants`); None without them."""
+    if args.cpu_tier is None and args.shared_tier is None:
+        if args.tier_set:
+            raise JaxrouteError("--tier-set applies with --cpu-tier or --shared-tier")
+        return None
+    if unknown := sorted(set(args.tier_set or {}) - set(TIER_SET)):
+        raise JaxrouteError(f"unknown --tier-set name '{unknown[0]}'; choose from: {', '.join(TIER_SET)}")
+    from jaxroute.experiments.cluster import tier_variants
+
+    return tier_variants(args.cpu_tier, args.shared_tier, args.gpu, args.model, args.tp, args.tier_set)

@@ -19,6 +19,7 @@ from jaxroute.commands._common import (
     add_control_args,
     add_grid_args,
     add_shared_prefix_args,
+    add_tier_args,
     at_least,
     check_conservation,
     check_overflow,
@@ -39,6 +40,7 @@ from jaxroute.commands._common import (
     save_outputs,
     shared_prefix_settings,
     show_progress,
+    tier_rows,
     warn,
 )
 from jaxroute.errors import JaxrouteError
@@ -195,6 +197,7 @@ def register(subparsers) -> None:
                    "E2E, TPOT and load stage (columns: jaxroute/experiments/requests.py; `jaxroute compare` reads it) "
                    "(default: none)")
     add_control_args(p)
+    add_tier_args(p)
     p.set_defaults(func=run, requests=None)  # None: DEFAULT_REQUESTS, or the stage total with --rate-stages
 
 
@@ -245,6 +248,9 @@ def run(args) -> int:
     cost_model = choose([args.cost_model], ("roofline", "preble"), "cost model")[0]
     G, seeds, requests, stale = args.replicas, args.seeds, args.requests, args.stale
     control, slots = control_variants(args, G)
+    tiers = tier_rows(args)
+    if tiers and stale > 0:
+        raise JaxrouteError("--cpu-tier / --shared-tier need a fresh router view (--stale 0)")
     policies = choose(csv_list(args.policies or (CONTROL_POLICIES if control else DEFAULT_POLICIES)), PREFIX_POLICIES,
                       "policy")
     is_trace = name in TRACE_WORKLOADS
@@ -297,9 +303,10 @@ def run(args) -> int:
                        e2_window_s=args.e2_window, e2_th_bal=args.e2_th_bal, tp=args.tp,
                        weights=args.weights, router=args.router_set,
                        e2_switches=e2_variants(args.e2_pairing, args.e2_autoscale), cost_factors=factors,
-                       control=control)
-    if args.params_json and control:
-        raise JaxrouteError("--params-json adds one row without control settings; drop it or --autoscaler / --gate")
+                       control=control, tiers=tiers)
+    if args.params_json and (control or tiers):
+        raise JaxrouteError("--params-json adds one row without control or tier settings; drop it or --autoscaler / "
+                            "--gate / --cpu-tier / --shared-tier")
     if args.params_json:
         rows.append(_tuned_row(args, rate, cost_model, factors))
 
@@ -330,6 +337,12 @@ def run(args) -> int:
 
         classes = ctl_exp.uses_classes([p for _, p in rows], workload)
         print(ctl_exp.format_tables(records, classes))
+    if tiers:
+        from jaxroute.experiments.cluster import TIER_METRICS
+
+        print("KV offload tiers: prompt tokens found on the GPU and every tier (hit_rate_all), loaded from the CPU and "
+              "the shared tier, and GB moved")
+        print(report.format_table(records, TIER_METRICS))
     e2_rows = [r for r in records if r.policy.split("[")[0] in PREBLE_PRESETS]
     if e2_rows:
         print("Preble's decisions per run: mean load-cost terms L, M, P over replicas and decisions (GPU s); "
@@ -378,6 +391,9 @@ def run(args) -> int:
     if control:
         config.update(replica_slots=results.model.n_replicas, autoscalers=args.autoscaler or ["fixed"],
                       gates=args.gate or ["none"])
+    if tiers:
+        config.update(cpu_tier_gib=args.cpu_tier or [0.0], shared_tier_gib=args.shared_tier or [0.0],
+                      tier_set=args.tier_set, cpu_slots=results.model.cpu_slots, shared_slots=results.model.shared_slots)
     if set(policies) & set(PREBLE_PRESETS):
         th = args.e2_th_bal
         config.update(e2_window_s=args.e2_window, e2_th_bal=th if math.isfinite(th) else None,

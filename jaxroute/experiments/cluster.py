@@ -10,6 +10,7 @@ import numpy as np
 
 from jaxroute.clusters import replicas
 from jaxroute.clusters.names import REPLICA_GPU, REPLICA_MODEL
+from jaxroute.clusters.replicas import tiers as tier_lib
 from jaxroute.errors import JaxrouteError
 from jaxroute.experiments.comparison import Comparison, Results, Row, run_with_retry
 from jaxroute.experiments.names import CLUSTER_WORKLOADS, LENGTH_WORKLOADS
@@ -27,6 +28,9 @@ E2_METRICS = ("e2_mean_L_s", "e2_mean_M_s", "e2_mean_P_s", "e2_exploits", "e2_re
               "e2_autoscaled")
 # Fixed capacities of the replica model and the bool metric that says each one overflowed.
 CAPACITY_FLAGS = {"max_queue": "queue_overflow", "router_window": "e2_ring_overflow", "cache_slots": "cache_full"}
+TIER_FLAGS = {"cpu_slots": "tier_full", "shared_slots": "tier_full"}
+# the offload tiers' metrics (clusters/replicas/tiers.py), summarised when the rows have tiers
+TIER_METRICS = ("hit_rate_all", "hit_rate_cpu", "hit_rate_shared", "kv_loaded_gb", "kv_offloaded_gb")
 
 
 def build_workload(name: str, requests: int, trace: str | None = None, hot_tool: float = 0.0, *,
@@ -105,7 +109,8 @@ def policy_rows(policies, *, rate=1.0, stale=0.0, kv_capacity=None, gpu=REPLICA_
                 e2_th_bal=DEFAULT_E2_TH_BAL, tp=1,
                 weights: list[dict] | None = None, router: dict | None = None,
                 e2_switches: list[dict] | None = None, cost_factors=None,
-                control: list[tuple[str, object]] | None = None) -> list[tuple]:
+                control: list[tuple[str, object]] | None = None,
+                tiers: list[tuple[str, object]] | None = None) -> list[tuple]:
     """(label, params) rows, all with the same settings (each replica is tp GPUs). `weights`: scorer
     weight vectors ({scorer: w}, unnamed = 0) for the presets that use weights, one row per preset and
     vector (labelled `preset[prefix=3,kv=2]` when there are several); other presets get one row.
@@ -114,7 +119,8 @@ def policy_rows(policies, *, rate=1.0, stale=0.0, kv_capacity=None, gpu=REPLICA_
     `router`: more router settings for every row (module settings such as dyn_overlap_weight).
     `cost_factors`: the roofline's fitted factors for every row (`cost_models.CostFactors`; None: the defaults).
     `control`: (label, ControlParams) autoscaler and gateway variants (`experiments.control.variants`): every
-    router row runs each, labelled `router+variant`."""
+    router row runs each, labelled `router+variant`. `tiers`: (label, TierParams) KV offload tier variants
+    (`tier_variants`), crossed with the rest the same way."""
     if weights and not any(uses_weights(p) for p in policies):
         raise JaxrouteError("--weights applies to the weighted presets (" +
                             ", ".join(p for p in PRESETS if uses_weights(p)) + "); none is selected")
@@ -134,11 +140,12 @@ def policy_rows(policies, *, rate=1.0, stale=0.0, kv_capacity=None, gpu=REPLICA_
             label = p if not v or len(variants) == 1 else f"{p}[{name}]"
             kw = dict(router or {}, **v)
             for c_label, c_params in control or [(None, None)]:
-                rows.append((label if c_label is None else f"{label}+{c_label}",
-                             replicas.make_params(p, rate=rate, stale_s=stale, kv_capacity=kv_capacity, gpu=gpu,
-                                                  model=model_name, cost_model=cost_model, tp=tp, theta=theta,
-                                                  e2_window_s=e2_window_s, e2_th_bal=e2_th_bal,
-                                                  cost_factors=cost_factors, control=c_params, **kw)))
+                for t_label, t_params in tiers or [(None, None)]:
+                    name = "+".join(x for x in (label, c_label, t_label) if x is not None)
+                    rows.append((name, replicas.make_params(
+                        p, rate=rate, stale_s=stale, kv_capacity=kv_capacity, gpu=gpu, model=model_name,
+                        cost_model=cost_model, tp=tp, theta=theta, e2_window_s=e2_window_s, e2_th_bal=e2_th_bal,
+                        cost_factors=cost_factors, control=c_params, tiers=t_params, **kw)))
     return rows
 
 
@@ -156,6 +163,8 @@ def row_info(p: replicas.ReplicaParams) -> dict:
         out["weights"] = {k: float(v) for k, v in zip(SCORERS, w, strict=True) if v != 0}
     if p.control is not None:
         out["control"] = control_info(p.control)
+    if p.tiers is not None:
+        out["tiers"] = {f: np.asarray(getattr(p.tiers, f)).item() for f in p.tiers.__dataclass_fields__}
     if _is_e2(p):
         th = float(p.router.e2_th_bal)
         out.update(e2_window_s=float(p.router.e2_window_s), e2_th_bal=th if math.isfinite(th) else None,
@@ -180,6 +189,26 @@ def control_info(c) -> dict:
         else:
             out[field] = v.item() if math.isfinite(float(v)) else None
     return out
+
+
+def tier_slots(workload, params) -> dict[str, int]:
+    """Slot tables of the offload tiers that never fill: a tier holds its capacity plus what one iteration moves
+    down into it (the GPU's victims, at most the KV capacity; the CPU tier's, at most its capacity + that)."""
+    most = lambda field: max(int(np.asarray(getattr(p.tiers, field))) for p in params)
+    kv, cpu, shared = max(int(np.asarray(p.kv_capacity)) for p in params), most("cpu_tokens"), most("shared_tokens")
+    lengths = workload.segment_lengths()
+    return {"cpu_slots": replicas.slot_bound(lengths, cpu + kv), "shared_slots": replicas.slot_bound(lengths, shared + cpu + kv)}
+
+
+def tier_variants(cpu_gib, shared_gib, gpu: str, model: str, tp: int = 1, settings: dict | None = None) -> list[tuple]:
+    """(label, TierParams) rows: every CPU tier size (GiB per replica) with every shared tier size (GiB), labelled
+    `cpu64G`, `shared512G`, `cpu64G+shared512G`, or `gpu-only` (both 0)."""
+    rows = []
+    for c in cpu_gib or [0.0]:
+        for s in shared_gib or [0.0]:
+            label = "+".join(x for x, v in ((f"cpu{c:g}G", c), (f"shared{s:g}G", s)) if v) or "gpu-only"
+            rows.append((label, tier_lib.make(gpu, model, tp, **dict(settings or {}, cpu_gib=c, shared_gib=s))))
+    return rows
 
 
 def initial_capacities(workload, params, n_replicas: int) -> dict[str, int]:
@@ -222,6 +251,11 @@ def run_cluster(rows, workload, *, replicas_n=4, seeds=16, local="fcfs", chunk=5
     control = params[0].control is not None
     if any((p.control is not None) != control for p in params):
         raise JaxrouteError("either every row has control settings (an autoscaler or gateway) or none")
+    kv_tiers = params[0].tiers is not None
+    if any((p.tiers is not None) != kv_tiers for p in params):
+        raise JaxrouteError("either every row has KV offload tiers or none")
+    if kv_tiers:
+        caps.update(tier_slots(workload, params))
     if control:
         from jaxroute.experiments import control as ctl_exp
 
@@ -236,18 +270,23 @@ def run_cluster(rows, workload, *, replicas_n=4, seeds=16, local="fcfs", chunk=5
     flags = {k: v for k, v in CAPACITY_FLAGS.items() if caps[k] > 0}
     if control:
         flags.update(flags_control)
+    if kv_tiers:
+        flags.update(TIER_FLAGS)
 
     def run(caps):
         model = replicas.ReplicaModel(
             n_replicas=caps.get("replica_slots", replicas_n), chunk=chunk, max_running=max_running, max_queue=caps["max_queue"],
             local_order=local, stale_view=stale_view, router_window=caps["router_window"],
             router_policies=names, admission=admission, cache_slots=caps["cache_slots"],
-            priority_groups=priority_groups, request_records=request_records, control=control,
+            priority_groups=priority_groups, request_records=request_records, control=control, kv_tiers=kv_tiers,
+            **({k: caps[k] for k in TIER_FLAGS} if kv_tiers else {}),
             **({k: caps[k] for k in ("control_ticks", "control_history", "control_log", "gateway_queue")}
                if control else {}))
         metrics = METRICS + (E2_METRICS if any(_is_e2(p) for p in params) else ()) + tuple(extra_metrics)
         if control:
             metrics += ctl_exp.METRICS + ctl_exp.class_metric_names()
+        if kv_tiers:
+            metrics += TIER_METRICS
         return Comparison(model, rows, seeds, metrics, workload=workload, seed=seed, chunk=1000,
                           progress="cluster" if progress else False).run()
 

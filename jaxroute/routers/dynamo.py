@@ -68,16 +68,23 @@ class Params:
     dyn_overlap_weight: jax.Array  # [] float32 weight of the prefill blocks against the decode blocks
     dyn_temperature: jax.Array  # [] float32 router temperature (0 = argmin, random among ties)
     dyn_block_tokens: jax.Array  # [] int32 tokens per KV block
+    dyn_host_weight: jax.Array  # [] float32 credit of a block held in a replica's CPU offload tier (device: 1)
+    dyn_disk_weight: jax.Array  # [] float32 credit of a block held in the shared (external) tier
 
 
-def make_params(dyn_overlap_weight=1.0, dyn_temperature=0.0, dyn_block_tokens=16) -> Params:
+def make_params(dyn_overlap_weight=1.0, dyn_temperature=0.0, dyn_block_tokens=16, dyn_host_weight=0.75,
+                dyn_disk_weight=0.25) -> Params:
     if not dyn_overlap_weight >= 0:
         raise JaxrouteError(f"dyn_overlap_weight must be >= 0, got {dyn_overlap_weight}")
     if not dyn_temperature >= 0:
         raise JaxrouteError(f"dyn_temperature must be >= 0, got {dyn_temperature}")
     if not (dyn_block_tokens >= 1 and float(dyn_block_tokens).is_integer()):
         raise JaxrouteError(f"dyn_block_tokens must be a whole number >= 1, got {dyn_block_tokens}")
-    return Params(jnp.float32(dyn_overlap_weight), jnp.float32(dyn_temperature), jnp.int32(int(dyn_block_tokens)))
+    if not (0 <= dyn_host_weight <= 1 and 0 <= dyn_disk_weight <= 1):
+        raise JaxrouteError(f"dyn_host_weight and dyn_disk_weight must be in [0, 1], got {dyn_host_weight} and "
+                            f"{dyn_disk_weight}")
+    return Params(jnp.float32(dyn_overlap_weight), jnp.float32(dyn_temperature), jnp.int32(int(dyn_block_tokens)),
+                  jnp.float32(dyn_host_weight), jnp.float32(dyn_disk_weight))
 
 
 @jax.tree_util.register_dataclass
@@ -115,6 +122,10 @@ def costs(s: State, view: RouterView, req: Request, p: Params) -> jax.Array:
     """[G] float32 cost (see the module docstring)."""
     B = p.dyn_block_tokens
     prefill_blocks = (s.prefill + _new_tokens(view, req, B)).astype(jnp.float32) / B.astype(jnp.float32)
+    if view.cpu_match is not None:  # lower-tier blocks past the device prefix earn a partial credit
+        dev, host, ext = (x.astype(jnp.int32) // B for x in (view.cached_match, view.cpu_match, view.shared_match))
+        credit = p.dyn_host_weight * (host - dev).astype(jnp.float32) + p.dyn_disk_weight * (ext - host).astype(jnp.float32)
+        prefill_blocks = jnp.maximum(prefill_blocks - credit, 0.0)
     nb = full_blocks(req.tok, B)
     added = jnp.sum(jnp.where(s.count[:, req.segs] == 0, nb[None, :], 0), axis=1)
     decode_blocks = (s.active + added).astype(jnp.float32)

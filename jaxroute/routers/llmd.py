@@ -85,9 +85,11 @@ class Params:
     llmd_max_blocks: jax.Array  # [] int32 approximate scorer: prefix blocks hashed and matched
     llmd_lru_blocks: jax.Array  # [] int32 approximate scorer: LRU entries per server (0 = autoTune)
     llmd_precise_minmax: jax.Array  # [] bool precise scorer: min-max normalisation (releases <= v0.8.0)
+    llmd_cpu_weight: jax.Array  # [] float32 precise scorer: weight of a block held in a CPU offload tier (GPU: 1)
 
 
-def make_params(llmd_block_tokens=64, llmd_max_blocks=256, llmd_lru_blocks=0, llmd_precise_minmax=False) -> Params:
+def make_params(llmd_block_tokens=64, llmd_max_blocks=256, llmd_lru_blocks=0, llmd_precise_minmax=False,
+                llmd_cpu_weight=0.8) -> Params:
     if not (llmd_block_tokens >= 1 and float(llmd_block_tokens).is_integer()):
         raise JaxrouteError(f"llmd_block_tokens must be a whole number >= 1, got {llmd_block_tokens}")
     if not (llmd_max_blocks >= 1 and float(llmd_max_blocks).is_integer()):
@@ -95,8 +97,11 @@ def make_params(llmd_block_tokens=64, llmd_max_blocks=256, llmd_lru_blocks=0, ll
     if not (llmd_lru_blocks >= 0 and float(llmd_lru_blocks).is_integer()):
         raise JaxrouteError(f"llmd_lru_blocks must be a whole number >= 0 (0 = from the KV capacity), "
                             f"got {llmd_lru_blocks}")
+    if not 0 <= llmd_cpu_weight <= 1:
+        raise JaxrouteError(f"llmd_cpu_weight must be in [0, 1], got {llmd_cpu_weight}")
     i = lambda x: jnp.asarray(int(x), jnp.int32)
-    return Params(i(llmd_block_tokens), i(llmd_max_blocks), i(llmd_lru_blocks), jnp.bool_(bool(llmd_precise_minmax)))
+    return Params(i(llmd_block_tokens), i(llmd_max_blocks), i(llmd_lru_blocks), jnp.bool_(bool(llmd_precise_minmax)),
+                  jnp.float32(llmd_cpu_weight))
 
 
 # ----------------------------------------------------------------------------- block arithmetic
@@ -120,11 +125,12 @@ def precise_score(view: RouterView, req: Request, p) -> jax.Array:
     """[G] the precise prefix-cache scorer on the replicas' reported caches (see the module docstring)."""
     B = p.llmd_block_tokens
     total = req.prompt // B
-    matched = view.cached_match.astype(jnp.int32) // B
-    absolute = jnp.where(total > 0, jnp.minimum(matched.astype(jnp.float32) / jnp.maximum(total, 1).astype(jnp.float32),
-                                                1.0), 0.0)
-    hit = parts.among(matched > 0, view.active)  # min-max over the active pods with a hit
-    m = matched.astype(jnp.float32)
+    on_gpu = view.cached_match.astype(jnp.int32) // B
+    m = on_gpu.astype(jnp.float32)
+    if view.cpu_match is not None:  # blocks past the GPU prefix held in the CPU tier count llmd_cpu_weight each
+        m = m + p.llmd_cpu_weight * (view.cpu_match.astype(jnp.int32) // B - on_gpu).astype(jnp.float32)
+    absolute = jnp.where(total > 0, jnp.minimum(m / jnp.maximum(total, 1).astype(jnp.float32), 1.0), 0.0)
+    hit = parts.among(m > 0, view.active)  # min-max over the active pods with a hit
     lo = jnp.min(jnp.where(hit, m, jnp.inf))
     hi = jnp.max(jnp.where(hit, m, -jnp.inf))
     minmax = jnp.where(hit, jnp.where(hi > lo, (m - lo) / jnp.where(hi > lo, hi - lo, 1.0), 1.0), 0.0)

@@ -66,6 +66,9 @@ class RouterView:
     table: RequestTable  # segment catalogue (seg_len, seg_depth); rows of requests the router dispatched
     active: jax.Array | None = None  # [G] bool replicas the router may choose (None = all); the first n_active
     #                                 of a partial cluster: only the routers of `prefix.PARTIAL_OK` honour it
+    cpu_match: jax.Array | None = None  # [G] float32 leading prompt tokens on each replica's cache and CPU offload
+    #                                    tier together, as KV events report them (None = no tiers: `cached_match`)
+    shared_match: jax.Array | None = None  # [G] float32 the same over the shared tier too (None = no tiers)
     routing: jax.Array | None = None  # [] bool the decision is used (None = always); False where a batched step
     #                                   computes the routing branch of an event that is not an arrival: routers
     #                                   with data-dependent loops skip them (their trips would set the batch's)

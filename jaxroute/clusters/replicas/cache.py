@@ -106,6 +106,12 @@ class SlotTable:
         return jax.lax.while_loop(cond, body, (self, jnp.int32(0)))
 
 
+def empty_table(slots: int) -> SlotTable:
+    """A table of `slots` free slots (slot 0 on top of the stack)."""
+    return SlotTable(jnp.full((slots,), -1, jnp.int32), jnp.arange(slots - 1, -1, -1, dtype=jnp.int32),
+                     jnp.int32(slots), jnp.zeros((slots,), jnp.int32), jnp.zeros((slots,), jnp.float32), jnp.int32(0))
+
+
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class Replication:
@@ -124,10 +130,11 @@ def settle_evictions(before: SlotTable, after: SlotTable, rep: Replication, seg_
     return Replication(copies, rep.unique_tok - jnp.sum(jnp.where(last_copy, seg_len[jnp.maximum(before.seg, 0)], 0)))
 
 
-def insert(tab: SlotTable, index: jax.Array, g: jax.Array, rep: Replication, segs: jax.Array, mask: jax.Array,
-           seg_len: jax.Array) -> tuple[SlotTable, jax.Array, Replication, jax.Array]:
+def insert(tab: SlotTable, index: jax.Array, g: jax.Array, rep: Replication | None, segs: jax.Array, mask: jax.Array,
+           seg_len: jax.Array) -> tuple[SlotTable, jax.Array, Replication | None, jax.Array]:
     """(table, index, replication, table was full): cache the masked segments ([E], duplicates allowed;
-    cached ones stay as they are) in free slots, unlocked and unstamped (the caller locks and touches them)."""
+    cached ones stay as they are) in free slots, unlocked and unstamped (the caller locks and touches them).
+    `rep` None: no replication accounting (the offload tiers' tables)."""
     E, C, m1 = segs.shape[0], tab.seg.shape[0], index.shape[1]
     need = mask & (tab.find(index, g, segs) < 0)
     e = jnp.arange(E, dtype=jnp.int32)
@@ -140,14 +147,15 @@ def insert(tab: SlotTable, index: jax.Array, g: jax.Array, rep: Replication, seg
     placed = win & (slot < C)
     index = claimed.at[g, jnp.where(win, segs, m1)].set(jnp.where(placed, slot, -1), mode="drop")
     length = jnp.where(placed, seg_len[segs], 0)
-    # after the reads that computed unique_tok (settle_evictions): XLA updates the counts in place
-    copies = rep.copies.at[after(jnp.where(placed, segs, m1), rep.unique_tok)].add(1, mode="drop")
-    first_copy = placed & (copies[segs] == 1)  # read after the write
     tab = dataclasses.replace(
         tab, seg=tab.seg.at[slot].set(segs, mode="drop"), ref=tab.ref.at[slot].set(0, mode="drop"),
         last=tab.last.at[slot].set(-jnp.inf, mode="drop"), n_free=tab.n_free - jnp.sum(placed),
         tokens=tab.tokens + jnp.sum(length))
-    rep = Replication(copies, rep.unique_tok + jnp.sum(jnp.where(first_copy, length, 0)))
+    if rep is not None:
+        # after the reads that computed unique_tok (settle_evictions): XLA updates the counts in place
+        copies = rep.copies.at[after(jnp.where(placed, segs, m1), rep.unique_tok)].add(1, mode="drop")
+        first_copy = placed & (copies[segs] == 1)  # read after the write
+        rep = Replication(copies, rep.unique_tok + jnp.sum(jnp.where(first_copy, length, 0)))
     return tab, index, rep, jnp.any(win & ~placed)
 
 

@@ -80,6 +80,7 @@ import jax.numpy as jnp
 
 from jaxroute import cost_models
 from jaxroute.clusters.prefix_cache import leading_run
+from jaxroute.clusters.replicas import tiers as tier_lib
 from jaxroute.clusters.replicas.cache import (
     Replication,
     SlotTable,
@@ -87,6 +88,7 @@ from jaxroute.clusters.replicas.cache import (
     settle_evictions,
 )
 from jaxroute.clusters.replicas.local_queue import Entries, Ring
+from jaxroute.clusters.replicas.tiers import Tiers
 from jaxroute.clusters.replicas.types import NO_SEGMENT_END, Replica, ReplicaParams
 from jaxroute.loops import for_each
 from jaxroute.workloads.prefix import RequestTable
@@ -175,7 +177,8 @@ def _allocate_running(model, row: Replica, ring: Ring, cache: SlotTable, index: 
 
 def iterate_row(model, row: Replica, ring: Ring, entries: Entries, cache: SlotTable, index: jax.Array,
                 g: jax.Array, acct: Replication, r: RequestTable, t: jax.Array, params: ReplicaParams,
-                n_admitted: jax.Array, next_arrival: jax.Array, active: jax.Array, groups: jax.Array):
+                n_admitted: jax.Array, next_arrival: jax.Array, active: jax.Array, groups: jax.Array,
+                tiers: Tiers | None = None):
     """One iteration of replica g (`row`: its running set; `ring`, `entries`: its local queue, `groups` [N]
     each request's priority group (read with local order "priority" only); `cache` its
     cache table; `index` [G, M+1] the cluster's cache index, `acct` its replication counts) starting at
@@ -197,6 +200,10 @@ def iterate_row(model, row: Replica, ring: Ring, entries: Entries, cache: SlotTa
 
     side["kv_area"] is the integral of this row's `kv_in_use` over the iteration(s): KV is taken at
     an iteration's start (admission, allocation) and released at its end, so it is constant within one.
+
+    `tiers` (the KV offload tiers, read only; `tiers.py`): admissions also match segments held in the tiers and
+    load them (the iteration takes the load time longer); side["evicted"] [C] (-1 = none) and
+    side["evicted_last"] [C] are the segments the GPU cache evicted and their stamps, for the caller to move down.
     """
     seg_len = r.seg_len
     on_demand = model.admission == "on-demand"
@@ -210,13 +217,18 @@ def iterate_row(model, row: Replica, ring: Ring, entries: Entries, cache: SlotTa
         n_pre, q_refused, preempted = jnp.int32(0), jnp.int32(0), jnp.full(row.run_req.shape, -1, jnp.int32)
     row, turn = _priority_turn(model, row, ring, entries, groups, n_pre, active)
     adm = _admit_queued(model, row, ring, entries, cache, index, g, r, t, params, n_admitted, n_pre, active, groups,
-                        turn)
+                        turn, tiers)
     rw, ring, cache = adm["row"], adm["ring"], adm["cache"]
     acct = settle_evictions(cache0, cache, acct, seg_len)  # evictions only so far; insertions below
+    gone = (cache0.seg >= 0) & (cache.seg != cache0.seg)
+    adm["evicted"], adm["evicted_last"] = jnp.where(gone, cache0.seg, -1), cache.last  # a freed slot keeps its stamp
     kv_start = (cache.tokens - adm["unlocked_tok"] + jnp.sum(rw.run_res)).astype(jnp.float32)  # locked + private
-    b = _run_batch(model, rw, r, t, params, active, kv_start)
+    b = _run_batch(model, rw, r, t, params, active, kv_start, adm.get("load_s"))
     if model.leap > 0:
-        b = _leap(model, b, rw, ring, cache, params, adm["blocked"], n_pre, next_arrival, kv_start)
+        blocked = adm["blocked"]
+        if tiers is not None and on_demand:  # another replica's eviction from the shared tier can shrink a waiting
+            blocked = blocked & (params.tiers.shared_tokens == 0)  # request's need (it computes what it loaded)
+        b = _leap(model, b, rw, ring, cache, params, blocked, n_pre, next_arrival, kv_start)
     return _complete_segments(rw, ring, cache, index, acct, g, r, b, adm, n_pre, q_refused, preempted)
 
 
@@ -251,7 +263,8 @@ def _priority_turn(model, row: Replica, ring: Ring, entries: Entries, groups: ja
 
 def _admit_queued(model, row: Replica, ring: Ring, entries: Entries, cache: SlotTable, index: jax.Array,
                   g: jax.Array, r: RequestTable, t: jax.Array, params: ReplicaParams, n_admitted: jax.Array,
-                  n_pre: jax.Array, active: jax.Array, groups: jax.Array, turn: PriorityTurn) -> dict:
+                  n_pre: jax.Array, active: jax.Array, groups: jax.Array, turn: PriorityTurn,
+                  tiers: Tiers | None) -> dict:
     """Admission from the local queue (vLLM's WAITING loop; "reserve": the whole prompt and output at once),
     one request a trip while one can be admitted: its cached prefix is locked and stamped, evictions make room.
     Returns the loop's carry (row, ring, cache, admissions made, whether the queue was blocked or full, ...)."""
@@ -299,10 +312,16 @@ def _admit_queued(model, row: Replica, ring: Ring, entries: Entries, cache: Slot
             gen0, resumed = jnp.int32(0), jnp.bool_(False)
         tgt = r.prompt_tok[cand] + gen0  # a resumed request recomputes its output too (scheduler.py:1306)
         segs, tok = r.seg_ids[cand], r.seg_tok[cand]
-        nmatch, mtok = leading_run(ch.present(index, g, segs), tok)
+        on_gpu = ch.present(index, g, segs)
+        nmatch, mtok = leading_run(on_gpu, tok)
+        load_tok = cpu_tok = shared_tok = n_all = jnp.int32(0)
+        if tiers is not None:  # segments after the GPU prefix found in the offload tiers are loaded (tiers.py)
+            from_cpu, from_shared = tier_lib.loads(tiers, g, segs, tok, on_gpu)
+            cpu_tok, shared_tok = jnp.sum(from_cpu * tok), jnp.sum(from_shared * tok)
+            load_tok, n_all = cpu_tok + shared_tok, nmatch + jnp.sum(from_cpu | from_shared)
         # a fully cached prompt still computes its last token, whose logits give the first output token
         # (vLLM kv_cache_manager.get_computed_blocks: at most num_tokens - 1 tokens come from the cache)
-        start = jnp.minimum(mtok, tgt - 1)
+        start = jnp.minimum(mtok + load_tok, tgt - 1)
         if r.landed is not None:  # KV transferred in (held privately, as an uncached prompt would be)
             if on_demand:
                 raise ValueError("requests whose KV lands with them need admission 'reserve'")
@@ -311,7 +330,7 @@ def _admit_queued(model, row: Replica, ring: Ring, entries: Entries, cache: Slot
             # room for this step's tokens only (scheduler.py:1346; allocate_slots at 1435-1452); a request
             # that does not fit blocks the queue (1454-1461), as in "reserve"
             share = jnp.minimum(tgt - start, model.chunk - jnp.sum(remaining))
-            need = share + (share == tgt - start)
+            need = share + (share == tgt - start) + (start - mtok)  # + the loaded tokens, held privately
         else:
             need = r.prompt_tok[cand] - mtok + r.out_tok[cand]
         free = cap - ch.tokens - jnp.sum(rw.run_res)
@@ -345,13 +364,20 @@ def _admit_queued(model, row: Replica, ring: Ring, entries: Entries, cache: Slot
                     blocked=c["blocked"] | blocked, full=c["full"] | full,
                     unlocked_tok=c["unlocked_tok"] - freed - jnp.sum(jnp.where(go, prefix_unlocked * tok, 0)),
                     adm_go=c["adm_go"].at[k].set(go), adm_id=c["adm_id"].at[k].set(cand),
-                    adm_tok=c["adm_tok"].at[k].set(mtok), adm_new=c["adm_new"].at[k].set(~resumed))
+                    adm_tok=c["adm_tok"].at[k].set(mtok), adm_new=c["adm_new"].at[k].set(~resumed),
+                    **({} if tiers is None else dict(
+                        load_s=c["load_s"] + jnp.where(go, tier_lib.load_time(params.tiers, cpu_tok, shared_tok), 0.0),
+                        adm_ngpu=c["adm_ngpu"].at[k].set(nmatch), adm_nall=c["adm_nall"].at[k].set(n_all),
+                        adm_cpu=c["adm_cpu"].at[k].set(cpu_tok), adm_shared=c["adm_shared"].at[k].set(shared_tok))))
 
     # no admission in an iteration that preempted (scheduler.py:1050 `if not preempted_reqs`)
     c0 = dict(row=row, ring=ring, taken=jnp.full((A,), ring.size, jnp.int32), cache=cache, k=jnp.int32(0), n_admitted=n_admitted, stop=(n_pre > 0) | ~active,
               blocked=jnp.bool_(False), full=jnp.bool_(False), unlocked_tok=unlocked_tok,
               adm_go=jnp.zeros(A, bool), adm_id=jnp.zeros(A, jnp.int32), adm_tok=jnp.zeros(A, jnp.int32),
               adm_new=jnp.zeros(A, bool))
+    if tiers is not None:
+        z = jnp.zeros(A, jnp.int32)
+        c0.update(load_s=jnp.float32(0), adm_ngpu=z, adm_nall=z, adm_cpu=z, adm_shared=z)
     return jax.lax.while_loop(may_admit, admit, c0)
 
 
@@ -374,9 +400,9 @@ class Batch(NamedTuple):
 
 
 def _run_batch(model, rw: Replica, r: RequestTable, t: jax.Array, params: ReplicaParams, active: jax.Array,
-               kv_start: jax.Array) -> Batch:
+               kv_start: jax.Array, load_s: jax.Array | None = None) -> Batch:
     """The batch: prefill chunks in admission order share `chunk`; finished prefills decode. An inactive row
-    runs nothing, so its cache comes back unchanged."""
+    runs nothing, so its cache comes back unchanged. `load_s`: the KV loads from the offload tiers, before it."""
     running = (rw.run_req >= 0) & active
     rid = jnp.maximum(rw.run_req, 0)
     prompt = jnp.where(running, r.prompt_tok[rid], 0)
@@ -391,6 +417,8 @@ def _run_batch(model, rw: Replica, r: RequestTable, t: jax.Array, params: Replic
     alloc = jnp.clip(model.chunk - before, 0, rem)
     dt = cost_models.step_time(params.cost, alloc.astype(jnp.float32), pos.astype(jnp.float32), alloc > 0,
                                (prompt + gen).astype(jnp.float32), decoding)
+    if load_s is not None:
+        dt = dt + load_s
     t_end = t + dt
     kv_area = kv_start * dt
     new_pos = pos + alloc
@@ -503,5 +531,7 @@ def _complete_segments(rw: Replica, ring: Ring, cache: SlotTable, index: jax.Arr
                 full=c["full"], adm_go=c["adm_go"], adm_id=c["adm_id"], adm_tok=c["adm_tok"],
                 adm_new=c["adm_new"], n_pre=n_pre, q_refused=q_refused, preempted=preempted, kv_area=kv_area,
                 rid=rid, first=first, finished=finished, n_fin=jnp.sum(finished).astype(jnp.float32),
-                tok_fin=jnp.sum(jnp.where(finished, prompt + out, 0)).astype(jnp.float32))
+                tok_fin=jnp.sum(jnp.where(finished, prompt + out, 0)).astype(jnp.float32),
+                evicted=c["evicted"], evicted_last=c["evicted_last"],
+                **{k: c[k] for k in ("adm_ngpu", "adm_nall", "adm_cpu", "adm_shared") if k in c})
     return new_row, ring, cache, index, acct, table_full | full_out, side

@@ -87,11 +87,13 @@ from jaxroute.clusters.names import (
 )
 from jaxroute.clusters.prefix_cache import leading_run
 from jaxroute.clusters.replicas import control as ctl_lib
+from jaxroute.clusters.replicas import tiers as tier_lib
 from jaxroute.clusters.replicas.cache import (
     Replication,
     SlotTable,
     cached_at,
     cached_mask,
+    empty_table,
 )
 from jaxroute.clusters.replicas.gateway import Gateway
 from jaxroute.clusters.replicas.iteration import iterate_row, priority_group
@@ -116,7 +118,8 @@ _ROUTER_KEY = 0x7E57  # fold_in tag: the router's coin flips never reuse the wor
 def make_params(policy: str = "rr", rate: float = 1.0, stale_s: float = 0.0, kv_capacity: int | None = None,
                 gpu: str = REPLICA_GPU, model: str = REPLICA_MODEL, cost_model: str = "roofline", tp: int = 1,
                 n_active: int | None = None, cost_factors: cost_models.CostFactors | None = None,
-                control: ctl_lib.ControlParams | None = None, **router_kw) -> ReplicaParams:
+                control: ctl_lib.ControlParams | None = None, tiers: tier_lib.TierParams | None = None,
+                **router_kw) -> ReplicaParams:
     """Traced params of one row; router settings (`router_kw`) go to the router.
 
     Each replica is `tp` GPUs (tensor parallel). The KV capacity follows from GPU memory, tp and 90 %
@@ -125,6 +128,7 @@ def make_params(policy: str = "rr", rate: float = 1.0, stale_s: float = 0.0, kv_
     against the model by `ReplicaModel.check_params`). Rows stacked into one batch must all set it or
     all leave it None. `cost_factors`: the roofline's fitted factors (`cost_models.CostFactors`; None: the defaults).
     `control`: the autoscaler and gateway settings (`control.make`; a model built with control=True).
+    `tiers`: the KV offload tiers (`tiers.make`; a model built with kv_tiers=True).
     """
     pid = routers.REGISTRY.id(policy)
     if stale_s < 0:
@@ -140,7 +144,7 @@ def make_params(policy: str = "rr", rate: float = 1.0, stale_s: float = 0.0, kv_
         cost = cost_models.with_factors(cost, cost_factors)
     return ReplicaParams(jnp.int32(pid), jnp.float32(rate), jnp.float32(stale_s), jnp.int32(cap),
                          routers.router_params(policy, **router_kw), cost,
-                         None if n_active is None else jnp.int32(int(n_active)), control)
+                         None if n_active is None else jnp.int32(int(n_active)), control, tiers)
 
 
 def default_max_queue(n_requests: int, n_replicas: int) -> int:
@@ -176,6 +180,9 @@ class ReplicaModel(sim.Model):
     control_log: int = 512  # E: changes of the ready count recorded ("scale.log_*"; more: `scale_log_full`)
     gateway_queue: int = 0  # requests each (band, tenant) queue of the flow-control gateway holds (0 = no gateway
     #                         queue: gate flow_control is refused; full: `gateway_full`; gateway.py)
+    kv_tiers: bool = False  # KV offload tiers under the GPU caches (tiers.py; params.tiers)
+    cpu_slots: int = 0  # C2: segments each replica's CPU tier table holds (0 = every segment id; full: `tier_full`)
+    shared_slots: int = 0  # C3: segments the shared tier's table holds (0 = every segment id; full: `tier_full`)
 
     def __post_init__(self):
         if self.n_replicas < 1 or self.chunk < 1 or self.max_running < 1 or self.max_queue < 1 or self.max_admit < 1:
@@ -190,6 +197,8 @@ class ReplicaModel(sim.Model):
             raise JaxrouteError(f"priority groups must be >= 1, got {self.priority_groups}")
         if min(self.control_ticks, self.control_history, self.control_log) < 1:
             raise JaxrouteError("control_ticks, control_history and control_log must all be >= 1")
+        if self.cpu_slots < 0 or self.shared_slots < 0:
+            raise JaxrouteError("cpu_slots and shared_slots must be >= 0 (0 = one per segment id)")
         if self.gateway_queue < 0 or (self.gateway_queue and not self.control):
             raise JaxrouteError("gateway_queue needs control=True and must be >= 0")
         if self.admission not in ADMISSIONS:
@@ -226,6 +235,12 @@ class ReplicaModel(sim.Model):
             ctl_lib.check(params.control, self.n_replicas, self.control_history)
             if not self.gateway_queue and np.any(np.asarray(params.control.gate) == GATES.index("flow_control")):
                 raise JaxrouteError("gate flow_control needs a model built with gateway_queue > 0 (its queues' size)")
+        if self.kv_tiers != (params.tiers is not None):
+            raise JaxrouteError("KV tier settings need a model built with kv_tiers=True, and such a model needs them"
+                                if params.tiers is not None else "a model built with kv_tiers=True needs tier settings "
+                                "(params.tiers: tiers.make)")
+        if self.kv_tiers and self.stale_view:
+            raise JaxrouteError("KV offload tiers with a stale router view are not modelled; use a fresh view (stale 0)")
         if not self.stale_view and np.any(np.asarray(params.stale_s) > 0):
             raise JaxrouteError("stale_s > 0 needs a model built with stale_view=True "
                                 "(the router view would silently stay fresh)")
@@ -288,7 +303,14 @@ class ReplicaModel(sim.Model):
             rec_cached=i((n,), 0), rec_group=i((n if self.local_order == "priority" else 1,), 0), rep_area=jnp.float32(0), rep_time=jnp.float32(0), running_full=jnp.bool_(False),
             dropped=jnp.int32(0),
             ctl=ctl_lib.init(params.control, G, self.control_history, self.control_log) if self.control else None,
-            gw=Gateway.empty(ctl_lib.TENANTS, self.gateway_queue) if self.gateway_queue else None)
+            gw=Gateway.empty(ctl_lib.TENANTS, self.gateway_queue) if self.gateway_queue else None,
+            tiers=tier_lib.init(G, self._slots(self.cpu_slots, m1), self._slots(self.shared_slots, m1), m1)
+            if self.kv_tiers else None,
+            rec_tier=i((n, 2), 0) if self.kv_tiers else None)
+
+    @staticmethod
+    def _slots(slots: int, m1: int) -> int:
+        return m1 if slots == 0 else min(slots, m1)
 
     @property
     def _log_len(self) -> int:  # local-queue writes one event can make: preemptions, admissions or one dispatch
@@ -317,6 +339,12 @@ class ReplicaModel(sim.Model):
             present = held | (pending[:, req.segs] > 0)
         _, match = leading_run(present, req.tok)
         _, cached_match = leading_run(held, req.tok)
+        cpu_match = shared_match = None
+        if self.kv_tiers:  # the replicas' caches and offload tiers as their KV events report them (fresh view only)
+            in_cpu = held | cached_at(s.tiers.cpu_index, s.tiers.cpu.seg, req.segs)
+            in_shared = in_cpu | cached_at(s.tiers.shared_index, s.tiers.shared.seg[None, :], req.segs)
+            cpu_match = leading_run(in_cpu, req.tok)[1].astype(jnp.float32)
+            shared_match = leading_run(in_shared, req.tok)[1].astype(jnp.float32)
         # replicas the router may choose (None = all: the routers compute what they did without the mask)
         active = None if params.n_active is None else jnp.arange(self.n_replicas) < params.n_active
         if self.control:
@@ -325,7 +353,8 @@ class ReplicaModel(sim.Model):
                           locked=pending > 0, match_tokens=match.astype(jnp.float32), cached=seen.cached,
                           cached_match=cached_match.astype(jnp.float32), waiting=seen.waiting, running=seen.running,
                           kv_usage=seen.kv_usage, kv_capacity=params.kv_capacity, cost=params.cost, table=s.req,
-                          active=active, routing=is_route)
+                          active=active, routing=is_route, cpu_match=cpu_match,
+                          shared_match=shared_match)
         return view, snap
 
     def step(self, state: ReplicaState, workload, params: ReplicaParams) -> ReplicaState:
@@ -414,7 +443,7 @@ class ReplicaModel(sim.Model):
                                   q_head=None, q_span=None, q_count=None)
         it, ring_iter, table, index, acct, table_full, side = iterate_row(
             self, run, ring, entries, table, s.cache_index, g, Replication(s.copies, s.unique_tok), r, m, params,
-            s.n_admitted, next_event, is_iter, s.rec_group)
+            s.n_admitted, next_event, is_iter, s.rec_group, s.tiers)
         # this event's pending changes (dispatch: +1 on the request's segments; iteration: -1 on the finished
         # requests' segments) go to the log
         no_req = jnp.full(side["rid"].shape, n, jnp.int32)
@@ -433,8 +462,18 @@ class ReplicaModel(sim.Model):
                                       slot_seg=table.seg, slot_free=table.free, n_free=table.n_free,
                                       slot_ref=table.ref, slot_last=table.last, q_head=ring.head, q_span=ring.span,
                                       q_count=ring.count)
+        tiers, rec_tier = s.tiers, s.rec_tier
+        if self.kv_tiers:  # the admissions' loads touched in their tiers, the GPU's victims moved down
+            adm = dict(go=side["adm_go"], id=side["adm_id"], n_gpu=side["adm_ngpu"], n_all=side["adm_nall"],
+                       cpu_tok=side["adm_cpu"], shared_tok=side["adm_shared"])
+            tiers = tier_lib.after_iteration(tiers, params.tiers, g, m, adm, side["evicted"], side["evicted_last"],
+                                             r.seg_ids, r.seg_tok, r.seg_len, r.seg_depth, is_iter)
+            first_adm = jnp.where(is_iter & side["adm_go"] & side["adm_new"], side["adm_id"], n)
+            rec_tier = rec_tier.at[first_adm].set(jnp.stack([side["adm_cpu"], side["adm_shared"]], 1), mode="drop")
         if self.control:
             leaving = is_ctl & (g_leave < self.n_replicas)
+            if self.kv_tiers:
+                tiers = tier_lib.clear_cpu(tiers, g, leaving)
             table, acct = clear_cache(table, acct, r.seg_len, leaving)
             new_row = dataclasses.replace(new_row, slot_seg=table.seg, slot_free=table.free, n_free=table.n_free,
                                           slot_ref=table.ref, slot_last=table.last)
@@ -487,7 +526,7 @@ class ReplicaModel(sim.Model):
                 side["t_end"], mode="drop"),
             rec_preempt=s.rec_preempt.at[jnp.where(is_iter & (side["preempted"] >= 0), side["preempted"], nowhere)].add(
                 1, mode="drop"),
-            ctl=ctl, gw=gw,
+            ctl=ctl, gw=gw, tiers=tiers, rec_tier=rec_tier,
         )
 
     def _observed(self, s: ReplicaState, params: ReplicaParams) -> ctl_lib.Observed:
@@ -538,6 +577,9 @@ class ReplicaModel(sim.Model):
                 flags["gateway_full"] = state.gw.full
             shed = ctl.shed
             control = self._control_metrics(state, params, done, fin(ttft), fin(tpot), span)
+        if self.kv_tiers:
+            flags["tier_full"] = state.tiers.full
+            control.update(tier_lib.metrics(state.tiers, params.tiers, state.rec_cached, state.rec_tier, prompt, done))
         for v in flags.values():
             overflow = overflow | v
         return {
@@ -614,10 +656,7 @@ def clear_cache(table: SlotTable, acct: Replication, seg_len: jax.Array, when) -
     copies = acct.copies.at[jnp.where(held, segs, acct.copies.shape[0])].add(-1, mode="drop")
     gone = held & (copies[at] == 0)
     unique = acct.unique_tok - jnp.sum(jnp.where(gone, seg_len[at], 0))
-    C = segs.shape[0]
-    empty = SlotTable(jnp.full((C,), -1, jnp.int32), jnp.arange(C - 1, -1, -1, dtype=jnp.int32), jnp.int32(C),
-                      jnp.zeros((C,), jnp.int32), jnp.zeros((C,), jnp.float32), jnp.int32(0))
-    table = jax.tree.map(lambda e, x: jnp.where(when, e, x), empty, table)
+    table = jax.tree.map(lambda e, x: jnp.where(when, e, x), empty_table(segs.shape[0]), table)
     return table, Replication(copies, unique)
 
 
@@ -657,7 +696,9 @@ def request_fields(state: ReplicaState) -> dict[str, jax.Array]:
     return {"arrival_s": r.arrival_s, "replica": state.rec_replica, "admit_s": state.rec_admit,
             "first_token_s": state.rec_first, "finish_s": state.rec_finish, "cached_tokens": state.rec_cached,
             "preemptions": state.rec_preempt,
-            "prompt_tokens": r.seg_tok.sum(1), "output_tokens": r.out_tok}
+            "prompt_tokens": r.seg_tok.sum(1), "output_tokens": r.out_tok,
+            **({} if state.rec_tier is None else {"cpu_tier_tokens": state.rec_tier[:, 0],
+                                                  "shared_tier_tokens": state.rec_tier[:, 1]})}
 
 
 def records(state: ReplicaState) -> dict[str, np.ndarray]:

@@ -11,6 +11,7 @@ from jaxroute import cost_models
 from jaxroute.clusters.replicas.control import ControlParams, ControlState
 from jaxroute.clusters.replicas.gateway import Gateway
 from jaxroute.clusters.replicas.local_queue import QueueLog
+from jaxroute.clusters.replicas.tiers import TierParams, Tiers
 from jaxroute.routers.prefix import RouterParams
 from jaxroute.workloads.prefix import RequestTable
 
@@ -30,6 +31,7 @@ class ReplicaParams:
     cost: cost_models.CostParams
     n_active: jax.Array | None = None  # [] int32 replicas in use (the first n_active; None = all n_replicas)
     control: ControlParams | None = None  # autoscaler and gateway (a model built with control=True; control.py)
+    tiers: TierParams | None = None  # KV offload tiers (a model built with kv_tiers=True; tiers.py)
 
 
 @jax.tree_util.register_dataclass
@@ -123,3 +125,5 @@ class ReplicaState:
     #                    capacity; `queue_overflow` (max_queue) is dropped > 0
     ctl: ControlState | None = None  # the control plane (control=True; control.py)
     gw: Gateway | None = None  # the flow-control gateway's queues (gateway_queue > 0; gateway.py)
+    tiers: Tiers | None = None  # the KV offload tiers (kv_tiers=True; tiers.py)
+    rec_tier: jax.Array | None = None  # [N, 2] int32 prompt tokens loaded from the CPU and the shared tier (kv_tiers)
