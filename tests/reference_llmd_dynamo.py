@@ -229,5 +229,11 @@ class DynamoKv(Router):
         self.on_first_token(g, rid, t)
 
 
+class LlmdLora(LlmdPrecise):
+    """`llmd_lora`: llmd_precise's scorers + lora-affinity 1 (reference_routers.lora_affinity)."""
+
+    default_weights = dict(prefix=3.0, kv=2.0, queue=2.0, lora=1.0)
+
+
 ROUTERS: dict[str, type[Router]] = {"llmd_precise": LlmdPrecise, "llmd_approx": LlmdApprox, "llmd_load": LlmdLoad,
-                                    "llmd_load_aware": LlmdLoadAware, "dynamo_kv": DynamoKv}
+                                    "llmd_load_aware": LlmdLoadAware, "dynamo_kv": DynamoKv, "llmd_lora": LlmdLora}

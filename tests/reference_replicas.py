@@ -199,7 +199,7 @@ def preble_costs(window, last, record, locked, segs_i, match, prompt, a, cap, H,
 
 def simulate(table, *, G, cap, policy, cost, chunk=512, B=64, Q=256, max_admit=4, local="fcfs",
              router=None, stale=0.0, check=None, router_key=None, admission="reserve", priority_groups=10,
-             control=None, tiers=None):
+             control=None, tiers=None, lora=None):
     """Run the reference; returns per-request records and a list of invariant violations.
 
     local: "fcfs", "lpm" or "priority" (Preble's priority groups: a request's group is fixed at
@@ -226,7 +226,15 @@ def simulate(table, *, G, cap, policy, cost, chunk=512, B=64, Q=256, max_admit=4
     An admission continues its GPU match into the tiers (CPU first, then shared), holds those tokens privately,
     touches them at t, and the iteration takes the load time longer. rec["tier"] [N, 2]: tokens loaded at the
     first admission; rec["loaded"], rec["offloaded"]: tokens read and written per tier (written = still held
-    after the tier's eviction)."""
+    after the tier's eviction).
+
+    lora: LoRA adapters, a dict of slots (per replica), load_s and step_overhead; each request's adapter is
+    `table.adapter` (-1 = base). A waiting request is admissible when its adapter runs on the replica or fewer
+    than `slots` distinct adapters run there; admission takes the first admissible request in the local order
+    (preempted ones first) and passes over the others. A missing adapter is loaded into the least recently used
+    slot without running requests (empty first; stamps: last admission or finish), the iteration taking load_s
+    longer; the step time is multiplied by 1 + step_overhead x distinct running adapters. rec["lora"]: loads,
+    hits, asks."""
     rp = dict(theta=0.5, guard_abs=8.0, guard_rel=1.5, e2_window_s=180.0, e2_th_bal=1.5, weights=None,
               e2_pairing=policy == "preble", e2_autoscale=policy == "preble", e2_pair_hit=0.7, e2_pair_window_s=30.0,
               e2_overload_window_s=180.0)
@@ -249,6 +257,23 @@ def simulate(table, *, G, cap, policy, cost, chunk=512, B=64, Q=256, max_admit=4
     run_key = None if router_key is None else jax.random.fold_in(router_key, rr_mod.ROUTER_KEY_TAG)
 
     reps = [Replica(B, Q) for _ in range(G)]
+    adapter = None if lora is None else [int(x) for x in np.asarray(table.adapter)]
+    for r_ in reps:  # adapter slots [adapter, stamp] and running / in-flight counts per adapter
+        r_.lora_slots = [[-1, -np.inf] for _ in range(lora["slots"] if lora else 0)]
+        r_.lora_run, r_.lora_inflight = {}, {}
+    lora_rec = dict(loads=0, hits=0, asks=0)
+
+    def admissible(rep, i):
+        ad = adapter[i]
+        return ad < 0 or rep.lora_run.get(ad, 0) > 0 or sum(1 for v in rep.lora_run.values() if v > 0) < lora["slots"]
+
+    def lora_release(rep, i, t):
+        ad = adapter[i]
+        if ad >= 0:
+            rep.lora_run[ad] -= 1
+            for sl in rep.lora_slots:
+                if sl[0] == ad:
+                    sl[1] = max(sl[1], t)
     cpu_tier: list[dict[int, float]] = [dict() for _ in range(G)]  # segment -> LRU stamp
     shared_tier: dict[int, float] = {}
     rec_tier, moved = np.zeros((N, 2), np.int64), dict(loaded=[0, 0], offloaded=[0, 0])
@@ -335,6 +360,8 @@ def simulate(table, *, G, cap, policy, cost, chunk=512, B=64, Q=256, max_admit=4
             node.refcnt -= 1
             node.last_use = t
         saved_gen[s.rid] = s.gen
+        if lora:
+            lora_release(rep, s.rid, t)
         rep.slots[rep.slots.index(s)] = None
         rep.n_preempt += 1
         times_preempted[s.rid] += 1
@@ -432,6 +459,15 @@ def simulate(table, *, G, cap, policy, cost, chunk=512, B=64, Q=256, max_admit=4
                              inflight=list(v_inf), tokens=list(v_tok), record=record, match=match,
                              cached=seen["cached"], cached_match=[rr_mod.leading_tokens(segs[i], c) for c in seen["cached"]],
                              waiting=seen["waiting"], running=seen["running"], kv_usage=seen["kv_usage"])
+            if lora:  # the adapters as each replica's lora_requests_info metric reports them
+                ad = adapter[i]
+                ctx.adapter = ad
+                ctx.lora_running = [reps[h].lora_run.get(ad, 0) > 0 for h in range(G)]
+                ctx.lora_waiting = [reps[h].lora_run.get(ad, 0) == 0 and reps[h].lora_inflight.get(ad, 0) > 0
+                                    for h in range(G)]
+                ctx.lora_room = [sum(1 for v in reps[h].lora_run.values() if v > 0)
+                                 + sum(1 for k, v in reps[h].lora_inflight.items() if v - reps[h].lora_run.get(k, 0) > 0)
+                                 < lora["slots"] for h in range(G)]
             if tiers:  # the replicas' caches and offload tiers as their KV events report them
                 ctx.cpu_match = [rr_mod.leading_tokens(segs[i], seen["cached"][g] | set(cpu_tier[g])) for g in range(G)]
                 ctx.shared_match = [rr_mod.leading_tokens(segs[i], seen["cached"][g] | set(cpu_tier[g]) | set(shared_tier))
@@ -480,6 +516,8 @@ def simulate(table, *, G, cap, policy, cost, chunk=512, B=64, Q=256, max_admit=4
             if rep.clock == np.inf:
                 rep.clock = a
             inflight[g] += 1
+            if lora and adapter[i] >= 0:
+                rep.lora_inflight[adapter[i]] = rep.lora_inflight.get(adapter[i], 0) + 1
             tokens[g] += prompt[i] + int(out_tok[i])
             for sid, _ in segs[i] + ([(int(out_seg[i]), 0)] if out_seg[i] != dummy else []):
                 dispatched[g][sid] = dispatched[g].get(sid, 0) + 1
@@ -505,16 +543,22 @@ def simulate(table, *, G, cap, policy, cost, chunk=512, B=64, Q=256, max_admit=4
         for _ in range(quota):
             if not rep.queue or preempted:
                 break
-            if rep.front:
+            ok = (lambda i: admissible(rep, i)) if lora else (lambda i: True)  # adapters: pass over the others
+            queue = [i for i in rep.queue if ok(i)]
+            if rep.front and ok(rep.front[0]):
                 cand = rep.front[0]
+            elif lora and not queue:
+                break
             elif local == "lpm":
                 cache = rep.cache
-                cand = min(rep.queue, key=lambda i: (-sum(n.tokens for n in cache.match(segs[i])), i))
+                cand = min(queue, key=lambda i: (-sum(n.tokens for n in cache.match(segs[i])), i))
             elif local == "priority":
-                in_turn = [i for i in rep.queue if group[i] == turn]
+                in_turn = [i for i in queue if group[i] == turn]
                 if not in_turn:
                     break
                 cand = min(in_turn)
+            elif lora:  # fcfs: the first admissible, preempted ones first
+                cand = next(i for i in rep.front + [i for i in rep.queue if i not in rep.front] if ok(i))
             else:  # fcfs: the earliest dispatched (a gateway may dispatch out of arrival order)
                 cand = rep.queue[0]
             path = rep.cache.match(segs[cand])
@@ -569,6 +613,20 @@ def simulate(table, *, G, cap, policy, cost, chunk=512, B=64, Q=256, max_admit=4
                                           + (lat if sh_tok > 0 else F32(0))))
                 moved["loaded"][0] += cpu_tok
                 moved["loaded"][1] += sh_tok
+            if lora and adapter[cand] >= 0:  # its adapter: a hit, or a load into the LRU free slot
+                ad = adapter[cand]
+                lora_rec["asks"] += 1
+                held = [sl for sl in rep.lora_slots if sl[0] == ad]
+                if held:
+                    lora_rec["hits"] += 1
+                    held[0][1] = t
+                else:
+                    free = [k for k, sl in enumerate(rep.lora_slots) if sl[0] < 0 or rep.lora_run.get(sl[0], 0) == 0]
+                    k = min(free, key=lambda k: (rep.lora_slots[k][1], k))
+                    rep.lora_slots[k] = [ad, t]
+                    lora_rec["loads"] += 1
+                    load_s = F32(load_s + F32(lora["load_s"]))
+                rep.lora_run[ad] = rep.lora_run.get(ad, 0) + 1
             if np.isinf(rec["admit"][cand]):  # a readmission keeps the first admission's records
                 rec["admit"][cand] = t
                 rec["cached"][cand] = mtok
@@ -587,7 +645,10 @@ def simulate(table, *, G, cap, policy, cost, chunk=512, B=64, Q=256, max_admit=4
         dec = np.array([s is not None and s.pos == s.tgt for s in rep.slots])
         ctx = np.array([(prompt[s.rid] + s.gen) if s else 0 for s in rep.slots], np.float32)
         dt = F32(step_time(cost, alloc.astype(np.float32), pos, alloc > 0, ctx, dec))
-        if tiers:
+        if lora:
+            n_distinct = sum(1 for v in rep.lora_run.values() if v > 0)
+            dt = F32(dt * F32(F32(1) + F32(F32(lora["step_overhead"]) * F32(n_distinct))))
+        if tiers or lora:
             dt = F32(dt + load_s)
         t_end = F32(t + F32(dt))
         kv_area += kv_in_use(rep) * float(F32(dt))
@@ -641,6 +702,10 @@ def simulate(table, *, G, cap, policy, cost, chunk=512, B=64, Q=256, max_admit=4
             inflight[g] -= 1
             tokens[g] -= prompt[i] + int(out_tok[i])
             rep.slots[k] = None
+            if lora:
+                lora_release(rep, i, t_end)
+                if adapter[i] >= 0:
+                    rep.lora_inflight[adapter[i]] -= 1
             if control is not None:
                 control.finished(i)
         busy = any(s is not None for s in rep.slots) or rep.queue
@@ -656,6 +721,7 @@ def simulate(table, *, G, cap, policy, cost, chunk=512, B=64, Q=256, max_admit=4
             check(g, rep, t_end)
     rec["overflow"] = overflow
     rec["tier"], rec["loaded"], rec["offloaded"] = rec_tier, moved["loaded"], moved["offloaded"]
+    rec["lora"] = lora_rec
     rec["running_full"] = running_full
     rec["preemptions"] = sum(r.n_preempt for r in reps)
     rec["preempted"] = times_preempted

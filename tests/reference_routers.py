@@ -16,7 +16,7 @@ import numpy as np
 
 F32 = np.float32
 ROUTER_KEY_TAG = 0x7E57  # jaxroute.clusters.replicas.model._ROUTER_KEY
-SCORERS = ("prefix", "inflight", "tokens", "queue", "kv", "load_aware")  # jaxroute.routers.parts.SCORERS
+SCORERS = ("prefix", "inflight", "tokens", "queue", "kv", "load_aware", "lora")  # jaxroute.routers.parts.SCORERS
 
 
 @dataclasses.dataclass
@@ -55,6 +55,10 @@ class Ctx:
     kv_usage: list  # [G] float32 KV fraction in use
     cpu_match: list | None = None  # [G] leading prompt tokens on `cached` + the replica's CPU tier (None: no tiers)
     shared_match: list | None = None  # [G] the same + the shared tier
+    adapter: int = -1  # the request's LoRA adapter (-1 = base model)
+    lora_running: list | None = None  # [G] its adapter runs there (None: no adapters)
+    lora_waiting: list | None = None  # [G] it only waits there
+    lora_room: list | None = None  # [G] running + waiting adapters < max_lora
 
 
 def leading_tokens(segs, present) -> int:
@@ -84,7 +88,15 @@ def scores(ctx: Ctx, prompt: int, prefix_match, threshold) -> dict:
     """The named scorers of jaxroute.routers.parts.score_matrix, per replica."""
     return dict(prefix=[F32(F32(m) / F32(max(prompt, 1))) for m in prefix_match], inflight=spread(ctx.inflight),
                 tokens=spread(ctx.tokens), queue=spread(ctx.waiting), kv=[F32(F32(1) - F32(u)) for u in ctx.kv_usage],
-                load_aware=load_aware(ctx.waiting, threshold))
+                load_aware=load_aware(ctx.waiting, threshold), lora=lora_affinity(ctx))
+
+
+def lora_affinity(ctx: Ctx) -> list:
+    """llm-d's lora-affinity scorer: 1 running there, 0.8 room for another adapter, 0.6 only waiting, 0 else."""
+    if ctx.lora_running is None or ctx.adapter < 0:
+        return [F32(1)] * len(ctx.inflight)
+    return [F32(1.0 if run else 0.8 if room else 0.6 if wait else 0.0)
+            for run, wait, room in zip(ctx.lora_running, ctx.lora_waiting, ctx.lora_room, strict=True)]
 
 
 def weighted_total(weights: dict, sc: dict, G: int) -> list:

@@ -58,3 +58,9 @@ SCALER_INTERVAL_S: dict = {"fixed": 15.0, "hpa": 15.0, "kpa": 2.0, "sla": 60.0} 
 # Sizes in GiB of KV per replica (CPU) or for the cluster (shared), bandwidths in GB/s per GPU, latency per load;
 # each default's source: docs/tiers.md. cpu_gbps None = the GPU's host link (catalog `host_bw`).
 TIER_DEFAULTS: dict = dict(cpu_gib=0.0, cpu_gbps=None, shared_gib=0.0, shared_gbps=25.0, shared_latency_ms=1.0)
+
+# ----------------------------------------------------------------- LoRA adapters (replicas/adapters.py)
+# Each default's source: docs/adapters.md. load_ms None = base_latency_ms + the adapter's bytes over the host link.
+LORA_SLOTS = 1  # adapters a replica holds at once (vLLM's max_loras default)
+LORA_DEFAULTS: dict = dict(n_adapters=8, zipf_s=1.0, base_share=0.0, rank=16, load_ms=None, base_latency_ms=1.5,
+                           step_overhead=0.035)

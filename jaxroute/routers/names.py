@@ -19,7 +19,7 @@ PREFIX_POLICIES: tuple[str, ...] = tuple(s.name for s in SPECS)
 PARTIAL_OK: tuple[str, ...] = tuple(s.name for s in SPECS if s.partial_ok)
 # Named scorers of the weighted presets, each in [0, 1] (higher is better); `RouterParams.weights`
 # holds one weight per name, in this order, and `--weights name=w,...` sets them.
-SCORERS: tuple[str, ...] = ("prefix", "inflight", "tokens", "queue", "kv", "load_aware")
+SCORERS: tuple[str, ...] = ("prefix", "inflight", "tokens", "queue", "kv", "load_aware", "lora")
 
 # Decode data-parallel routers (`balance.py`), in traced-id order: run on every decode model
 DECODE_POLICIES: tuple[str, ...] = ("random", "rr", "p2c", "jsq", "least_kv", "br0", "brh")

@@ -103,16 +103,26 @@ def load_aware(waiting: jax.Array, threshold: jax.Array) -> jax.Array:
                                                    0.5 * (1.0 - waiting / jnp.maximum(threshold, 1e-9))))
 
 
+def lora_affinity(view: RouterView, req: Request) -> jax.Array:
+    """llm-d's lora-affinity scorer (llm-d-router `pkg/epp/framework/plugins/scheduling/scorer/loraaffinity/
+    lora_affinity.go` L83-109): 1 where the request's adapter runs, else 0.8 where running + waiting adapters
+    < max_lora, else 0.6 where it only waits, else 0. A base-model request, or a run without adapters: 1."""
+    if view.lora_running is None:
+        return jnp.ones_like(view.inflight)
+    score = jnp.where(view.lora_running, 1.0, jnp.where(view.lora_room, 0.8, jnp.where(view.lora_waiting, 0.6, 0.0)))
+    return jnp.where(req.adapter >= 0, score, 1.0)
+
+
 def score_matrix(view: RouterView, req: Request, prefix_match: jax.Array, load_threshold: jax.Array) -> jax.Array:
     """[len(SCORERS), G] scores in [0, 1]: prefix match ratio (on the preset's own prefix source,
     `prefix_match` tokens), few requests in flight, few tokens in flight (router-side counters), short
     waiting queue (llm-d's queue scorer: min-max normalised), free KV (llm-d's kv-cache-utilization
-    scorer: 1 - usage), load-aware (llm-d). Min-max normalisations over the active replicas (`view.active`);
-    the scores of inactive ones are meaningless: `keep` the total."""
+    scorer: 1 - usage), load-aware (llm-d), LoRA affinity (llm-d). Min-max normalisations over the active
+    replicas (`view.active`); the scores of inactive ones are meaningless: `keep` the total."""
     ratio = prefix_match / jnp.maximum(req.prompt.astype(jnp.float32), 1.0)
     a = view.active
     return jnp.stack([ratio, spread(view.inflight, a), spread(view.tokens, a), spread(view.waiting, a),
-                      1.0 - view.kv_usage, load_aware(view.waiting, load_threshold)])
+                      1.0 - view.kv_usage, load_aware(view.waiting, load_threshold), lora_affinity(view, req)])
 
 
 def weighted_sum(weights: jax.Array, scores: jax.Array) -> jax.Array:

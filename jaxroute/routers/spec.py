@@ -188,6 +188,11 @@ SPECS: tuple[RouterSpec, ...] = (
                "with local order \"priority\")", "preble.choose", "Preble (global_scheduler_with_time.py, "
                "model_runtime_manager.py; lecture 3.2-3.4)", module="preble",
                defaults=dict(e2_pairing=True, e2_autoscale=True), tunable=_E2),
+    RouterSpec("llmd_lora", "llm-d scheduler with its lora-affinity scorer: precise prefix 3 + kv-utilization 2 + queue 2 "
+               "+ lora-affinity 1 (adapter running 1, room for it 0.8, only waiting 0.6); max-score picker",
+               "llmd.scheduler", _LLMD + " (scorer/loraaffinity/lora_affinity.go; a plugin listed without a weight "
+               "weighs 1)", defaults=dict(weights=dict(prefix=3.0, kv=2.0, queue=2.0, lora=1.0), picker="random"),
+               tunable=weight_knobs("prefix", "kv", "queue", "lora"), partial_ok=True),
 )
 BY_NAME: dict[str, RouterSpec] = {s.name: s for s in SPECS}
 if len(BY_NAME) != len(SPECS):

@@ -34,11 +34,12 @@ class Request:
     out: jax.Array  # [] int32 output tokens
     out_seg: jax.Array  # [] int32 segment its output becomes in the cache (dummy = not kept)
     session: jax.Array  # [] int32 session id (-1 = none)
+    adapter: jax.Array | None = None  # [] int32 LoRA adapter (-1 = the base model; None = no adapters)
 
     @classmethod
     def of(cls, table: RequestTable, i: jax.Array) -> Request:
         return cls(i, table.seg_ids[i], table.seg_tok[i], table.prompt_tok[i], table.out_tok[i], table.out_seg[i],
-                   table.session[i])
+                   table.session[i], None if table.adapter is None else table.adapter[i])
 
     @property
     def all_segs(self) -> jax.Array:  # [S + 1] the prompt's segments and the output's
@@ -69,6 +70,9 @@ class RouterView:
     cpu_match: jax.Array | None = None  # [G] float32 leading prompt tokens on each replica's cache and CPU offload
     #                                    tier together, as KV events report them (None = no tiers: `cached_match`)
     shared_match: jax.Array | None = None  # [G] float32 the same over the shared tier too (None = no tiers)
+    lora_running: jax.Array | None = None  # [G] bool the request's adapter runs on the replica (None = no adapters)
+    lora_waiting: jax.Array | None = None  # [G] bool it only waits there
+    lora_room: jax.Array | None = None  # [G] bool running + waiting adapters there < the replica's adapter slots
     routing: jax.Array | None = None  # [] bool the decision is used (None = always); False where a batched step
     #                                   computes the routing branch of an event that is not an arrival: routers
     #                                   with data-dependent loops skip them (their trips would set the batch's)

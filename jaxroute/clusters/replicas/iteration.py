@@ -80,6 +80,7 @@ import jax.numpy as jnp
 
 from jaxroute import cost_models
 from jaxroute.clusters.prefix_cache import leading_run
+from jaxroute.clusters.replicas import adapters as lora_lib
 from jaxroute.clusters.replicas import tiers as tier_lib
 from jaxroute.clusters.replicas.cache import (
     Replication,
@@ -178,7 +179,7 @@ def _allocate_running(model, row: Replica, ring: Ring, cache: SlotTable, index: 
 def iterate_row(model, row: Replica, ring: Ring, entries: Entries, cache: SlotTable, index: jax.Array,
                 g: jax.Array, acct: Replication, r: RequestTable, t: jax.Array, params: ReplicaParams,
                 n_admitted: jax.Array, next_arrival: jax.Array, active: jax.Array, groups: jax.Array,
-                tiers: Tiers | None = None):
+                tiers: Tiers | None = None, lora: lora_lib.Row | None = None):
     """One iteration of replica g (`row`: its running set; `ring`, `entries`: its local queue, `groups` [N]
     each request's priority group (read with local order "priority" only); `cache` its
     cache table; `index` [G, M+1] the cluster's cache index, `acct` its replication counts) starting at
@@ -204,32 +205,46 @@ def iterate_row(model, row: Replica, ring: Ring, entries: Entries, cache: SlotTa
     `tiers` (the KV offload tiers, read only; `tiers.py`): admissions also match segments held in the tiers and
     load them (the iteration takes the load time longer); side["evicted"] [C] (-1 = none) and
     side["evicted_last"] [C] are the segments the GPU cache evicted and their stamps, for the caller to move down.
+
+    `lora` (the replica's adapter slots and running counts; `adapters.py`): admission passes over requests whose
+    adapter is not admissible, loads missing adapters (the iteration takes their load time longer), and the
+    step time grows with the distinct adapters in the batch; side["lora"] is the row after the iteration.
     """
     seg_len = r.seg_len
     on_demand = model.admission == "on-demand"
     cache0 = cache
-    if model.local_order in ("lpm", "priority"):  # before a preempted request is put in front of the head
+    if model.local_order in ("lpm", "priority") or lora is not None:  # before a preempted request is put in front
         ring = ring.skip_holes(entries)
     if on_demand:
         row, ring, cache, n_pre, q_refused, preempted = _allocate_running(model, row, ring, cache, index, g, r, t,
                                                                           params.kv_capacity, active)
     else:
         n_pre, q_refused, preempted = jnp.int32(0), jnp.int32(0), jnp.full(row.run_req.shape, -1, jnp.int32)
+    if lora is not None and on_demand:  # preempted requests leave the running set
+        lora = lora_lib.release(lora, r.adapter[jnp.maximum(preempted, 0)], preempted >= 0, t)
     row, turn = _priority_turn(model, row, ring, entries, groups, n_pre, active)
     adm = _admit_queued(model, row, ring, entries, cache, index, g, r, t, params, n_admitted, n_pre, active, groups,
-                        turn, tiers)
+                        turn, tiers, lora)
     rw, ring, cache = adm["row"], adm["ring"], adm["cache"]
     acct = settle_evictions(cache0, cache, acct, seg_len)  # evictions only so far; insertions below
     gone = (cache0.seg >= 0) & (cache.seg != cache0.seg)
     adm["evicted"], adm["evicted_last"] = jnp.where(gone, cache0.seg, -1), cache.last  # a freed slot keeps its stamp
     kv_start = (cache.tokens - adm["unlocked_tok"] + jnp.sum(rw.run_res)).astype(jnp.float32)  # locked + private
-    b = _run_batch(model, rw, r, t, params, active, kv_start, adm.get("load_s"))
+    factor = None
+    if lora is not None:  # the batch's LoRA cost: per distinct adapter among the running requests
+        factor = 1.0 + params.lora.step_overhead * lora_lib.distinct(adm["lora"]).astype(jnp.float32)
+    b = _run_batch(model, rw, r, t, params, active, kv_start, adm.get("load_s"), factor)
     if model.leap > 0:
         blocked = adm["blocked"]
         if tiers is not None and on_demand:  # another replica's eviction from the shared tier can shrink a waiting
             blocked = blocked & (params.tiers.shared_tokens == 0)  # request's need (it computes what it loaded)
-        b = _leap(model, b, rw, ring, cache, params, blocked, n_pre, next_arrival, kv_start)
-    return _complete_segments(rw, ring, cache, index, acct, g, r, b, adm, n_pre, q_refused, preempted)
+        b = _leap(model, b, rw, ring, cache, params, blocked, n_pre, next_arrival, kv_start, factor)
+    out = _complete_segments(rw, ring, cache, index, acct, g, r, b, adm, n_pre, q_refused, preempted)
+    if lora is not None:  # finished requests leave the running set at the iteration's end
+        side = out[-1]
+        side["lora"] = lora_lib.release(adm["lora"], r.adapter[side["rid"]], side["finished"], b.t_end)
+        side.update(lora_loads=adm["lora_loads"], lora_hits=adm["lora_hits"], lora_asks=adm["lora_asks"])
+    return out
 
 
 class PriorityTurn(NamedTuple):
@@ -264,7 +279,7 @@ def _priority_turn(model, row: Replica, ring: Ring, entries: Entries, groups: ja
 def _admit_queued(model, row: Replica, ring: Ring, entries: Entries, cache: SlotTable, index: jax.Array,
                   g: jax.Array, r: RequestTable, t: jax.Array, params: ReplicaParams, n_admitted: jax.Array,
                   n_pre: jax.Array, active: jax.Array, groups: jax.Array, turn: PriorityTurn,
-                  tiers: Tiers | None) -> dict:
+                  tiers: Tiers | None, lora: lora_lib.Row | None) -> dict:
     """Admission from the local queue (vLLM's WAITING loop; "reserve": the whole prompt and output at once),
     one request a trip while one can be admitted: its cached prefix is locked and stamped, evictions make room.
     Returns the loop's carry (row, ring, cache, admissions made, whether the queue was blocked or full, ...)."""
@@ -290,19 +305,27 @@ def _admit_queued(model, row: Replica, ring: Ring, entries: Entries, cache: Slot
         # fcfs: the ring's head (arrival order; preempted requests wait in front of it, the latest first,
         # scheduler.py:1842); lpm: the most cached prompt tokens, ties by arrival, preempted ones first
         qpos, has = rg.head, rg.count > 0
-        if model.local_order in ("lpm", "priority"):
+        if model.local_order in ("lpm", "priority") or lora is not None:
             ids = entries.row()  # [Q]
             qv = rg.in_span() & (ids >= 0) & jnp.all(jnp.arange(rg.size)[:, None] != c["taken"][None, :], axis=1)
+            big = jnp.iinfo(jnp.int32).max
+            if lora is not None:  # requests whose adapter cannot run now are passed over (vLLM's skip)
+                qv = qv & lora_lib.admissible(c["lora"], r.adapter[jnp.maximum(ids, 0)])
             if priority:  # arrival order within the chosen group
                 best = qv & (groups[jnp.maximum(ids, 0)] == chosen_group)
-            else:
+            elif model.local_order == "lpm":
                 qid = jnp.maximum(ids, 0)
                 _, qmatch = leading_run(ch.present(index, g, r.seg_ids[qid]), r.seg_tok[qid])  # [Q]
                 best = qv & (qmatch == jnp.max(jnp.where(qv, qmatch, -1)))
-            pick_pos = jnp.argmin(jnp.where(best, ids, jnp.iinfo(jnp.int32).max))
-            front_first = entries.preempted(rg.head)[1] > 0 if on_demand else False
+            else:  # fcfs: the admissible request nearest the head
+                best = qv
+                ids = (jnp.arange(rg.size) - rg.head) % rg.size
+            pick_pos = jnp.argmin(jnp.where(best, ids, big))
+            front_first = entries.preempted(rg.head)[1] > 0 if on_demand else jnp.bool_(False)
+            if lora is not None:
+                front_first = front_first & lora_lib.admissible(c["lora"], r.adapter[jnp.maximum(entries.at(rg.head), 0)])
             qpos = jnp.where(front_first, rg.head, pick_pos)
-            if priority:
+            if priority or lora is not None:
                 has = has & (front_first | jnp.any(best))
         cand = jnp.maximum(entries.at(qpos), 0)
         if on_demand:
@@ -354,6 +377,13 @@ def _admit_queued(model, row: Replica, ring: Ring, entries: Entries, cache: Slot
         slot = jnp.argmax(free_slot)
         upd = lambda x, v: x.at[slot].set(jnp.where(go, v, x[slot]))
         rg = rg.take(qpos, go)
+        load_s = c.get("load_s")
+        if tiers is not None:  # the loads before the step: KV from the tiers, then a missing adapter
+            load_s = load_s + jnp.where(go, tier_lib.load_time(params.tiers, cpu_tok, shared_tok), 0.0)
+        adapter_carry = {}
+        if lora is not None:
+            adapter_carry = _acquire_adapter(c, load_s, r.adapter[cand], t, go, params.lora.load_s)
+            load_s = adapter_carry.pop("load_s")
         rw = dataclasses.replace(
             rw, run_req=upd(rw.run_req, cand), run_pos=upd(rw.run_pos, start), run_gen=upd(rw.run_gen, gen0),
             run_nseg=upd(rw.run_nseg, nmatch), run_nend=upd(rw.run_nend, next_segment_end(r, cand, nmatch)),
@@ -366,19 +396,32 @@ def _admit_queued(model, row: Replica, ring: Ring, entries: Entries, cache: Slot
                     adm_go=c["adm_go"].at[k].set(go), adm_id=c["adm_id"].at[k].set(cand),
                     adm_tok=c["adm_tok"].at[k].set(mtok), adm_new=c["adm_new"].at[k].set(~resumed),
                     **({} if tiers is None else dict(
-                        load_s=c["load_s"] + jnp.where(go, tier_lib.load_time(params.tiers, cpu_tok, shared_tok), 0.0),
                         adm_ngpu=c["adm_ngpu"].at[k].set(nmatch), adm_nall=c["adm_nall"].at[k].set(n_all),
-                        adm_cpu=c["adm_cpu"].at[k].set(cpu_tok), adm_shared=c["adm_shared"].at[k].set(shared_tok))))
+                        adm_cpu=c["adm_cpu"].at[k].set(cpu_tok), adm_shared=c["adm_shared"].at[k].set(shared_tok))),
+                    **({} if load_s is None else dict(load_s=load_s)), **adapter_carry)
 
     # no admission in an iteration that preempted (scheduler.py:1050 `if not preempted_reqs`)
     c0 = dict(row=row, ring=ring, taken=jnp.full((A,), ring.size, jnp.int32), cache=cache, k=jnp.int32(0), n_admitted=n_admitted, stop=(n_pre > 0) | ~active,
               blocked=jnp.bool_(False), full=jnp.bool_(False), unlocked_tok=unlocked_tok,
               adm_go=jnp.zeros(A, bool), adm_id=jnp.zeros(A, jnp.int32), adm_tok=jnp.zeros(A, jnp.int32),
               adm_new=jnp.zeros(A, bool))
+    if tiers is not None or lora is not None:
+        c0.update(load_s=jnp.float32(0))
     if tiers is not None:
         z = jnp.zeros(A, jnp.int32)
-        c0.update(load_s=jnp.float32(0), adm_ngpu=z, adm_nall=z, adm_cpu=z, adm_shared=z)
+        c0.update(adm_ngpu=z, adm_nall=z, adm_cpu=z, adm_shared=z)
+    if lora is not None:
+        c0.update(lora=lora, lora_loads=jnp.int32(0), lora_hits=jnp.int32(0), lora_asks=jnp.int32(0))
     return jax.lax.while_loop(may_admit, admit, c0)
+
+
+def _acquire_adapter(c: dict, load_s: jax.Array, adapter: jax.Array, t: jax.Array, go: jax.Array,
+                     adapter_load_s: jax.Array) -> dict:
+    """The carry's adapter row after admitting a request of `adapter` (where `go`), its load time added to the
+    iteration's `load_s`."""
+    row, loaded, hit = lora_lib.acquire(c["lora"], adapter, t, go)
+    return dict(lora=row, load_s=load_s + jnp.where(loaded, adapter_load_s, 0.0), lora_loads=c["lora_loads"] + loaded,
+                lora_hits=c["lora_hits"] + hit, lora_asks=c["lora_asks"] + (go & (adapter >= 0)))
 
 
 class Batch(NamedTuple):
@@ -400,9 +443,10 @@ class Batch(NamedTuple):
 
 
 def _run_batch(model, rw: Replica, r: RequestTable, t: jax.Array, params: ReplicaParams, active: jax.Array,
-               kv_start: jax.Array, load_s: jax.Array | None = None) -> Batch:
+               kv_start: jax.Array, load_s: jax.Array | None = None, factor: jax.Array | None = None) -> Batch:
     """The batch: prefill chunks in admission order share `chunk`; finished prefills decode. An inactive row
-    runs nothing, so its cache comes back unchanged. `load_s`: the KV loads from the offload tiers, before it."""
+    runs nothing, so its cache comes back unchanged. `load_s`: the loads before it (KV from the offload tiers,
+    adapters); `factor`: the step time's LoRA factor."""
     running = (rw.run_req >= 0) & active
     rid = jnp.maximum(rw.run_req, 0)
     prompt = jnp.where(running, r.prompt_tok[rid], 0)
@@ -417,6 +461,8 @@ def _run_batch(model, rw: Replica, r: RequestTable, t: jax.Array, params: Replic
     alloc = jnp.clip(model.chunk - before, 0, rem)
     dt = cost_models.step_time(params.cost, alloc.astype(jnp.float32), pos.astype(jnp.float32), alloc > 0,
                                (prompt + gen).astype(jnp.float32), decoding)
+    if factor is not None:
+        dt = dt * factor
     if load_s is not None:
         dt = dt + load_s
     t_end = t + dt
@@ -432,7 +478,7 @@ def _run_batch(model, rw: Replica, r: RequestTable, t: jax.Array, params: Replic
 
 
 def _leap(model, b: Batch, rw: Replica, ring: Ring, cache: SlotTable, params: ReplicaParams, queue_blocked: jax.Array,
-          n_pre: jax.Array, next_arrival: jax.Array, kv_start: jax.Array) -> Batch:
+          n_pre: jax.Array, next_arrival: jax.Array, kv_start: jax.Array, factor: jax.Array | None = None) -> Batch:
     """Event leap: up to `model.leap` further iterations in which nothing but token counts change (see
     `iterate_row`)."""
     on_demand = model.admission == "on-demand"
@@ -464,6 +510,8 @@ def _leap(model, b: Batch, rw: Replica, ring: Ring, cache: SlotTable, params: Re
     dec_ctx = jnp.sum(jnp.where(decoding, prompt + new_gen, 0)).astype(jnp.float32)
     stats = cost_models.leap_stats(model.chunk, new_pos[f], has_f, dec_ctx, jnp.sum(decoding), j - 1)
     dts = jax.vmap(lambda st: cost_models.time_from_stats(params.cost, st))(stats)
+    if factor is not None:
+        dts = dts * factor
     ends = t_end + jnp.cumsum(dts)
     prefill_ok = ~has_f | ((rem_f - (j - 1) * model.chunk > model.chunk) & (j <= j_seg))
     ok = quiet & (j <= first_fin) & (ends - dts < next_arrival) & prefill_ok

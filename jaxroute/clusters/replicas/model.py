@@ -86,6 +86,7 @@ from jaxroute.clusters.names import (
     REPLICA_MODEL,
 )
 from jaxroute.clusters.prefix_cache import leading_run
+from jaxroute.clusters.replicas import adapters as lora_lib
 from jaxroute.clusters.replicas import control as ctl_lib
 from jaxroute.clusters.replicas import tiers as tier_lib
 from jaxroute.clusters.replicas.cache import (
@@ -119,7 +120,7 @@ def make_params(policy: str = "rr", rate: float = 1.0, stale_s: float = 0.0, kv_
                 gpu: str = REPLICA_GPU, model: str = REPLICA_MODEL, cost_model: str = "roofline", tp: int = 1,
                 n_active: int | None = None, cost_factors: cost_models.CostFactors | None = None,
                 control: ctl_lib.ControlParams | None = None, tiers: tier_lib.TierParams | None = None,
-                **router_kw) -> ReplicaParams:
+                lora: lora_lib.LoraParams | None = None, **router_kw) -> ReplicaParams:
     """Traced params of one row; router settings (`router_kw`) go to the router.
 
     Each replica is `tp` GPUs (tensor parallel). The KV capacity follows from GPU memory, tp and 90 %
@@ -129,6 +130,7 @@ def make_params(policy: str = "rr", rate: float = 1.0, stale_s: float = 0.0, kv_
     all leave it None. `cost_factors`: the roofline's fitted factors (`cost_models.CostFactors`; None: the defaults).
     `control`: the autoscaler and gateway settings (`control.make`; a model built with control=True).
     `tiers`: the KV offload tiers (`tiers.make`; a model built with kv_tiers=True).
+    `lora`: the LoRA adapters (`adapters.make`; a model built with lora_slots > 0).
     """
     pid = routers.REGISTRY.id(policy)
     if stale_s < 0:
@@ -144,7 +146,7 @@ def make_params(policy: str = "rr", rate: float = 1.0, stale_s: float = 0.0, kv_
         cost = cost_models.with_factors(cost, cost_factors)
     return ReplicaParams(jnp.int32(pid), jnp.float32(rate), jnp.float32(stale_s), jnp.int32(cap),
                          routers.router_params(policy, **router_kw), cost,
-                         None if n_active is None else jnp.int32(int(n_active)), control, tiers)
+                         None if n_active is None else jnp.int32(int(n_active)), control, tiers, lora)
 
 
 def default_max_queue(n_requests: int, n_replicas: int) -> int:
@@ -183,6 +185,8 @@ class ReplicaModel(sim.Model):
     kv_tiers: bool = False  # KV offload tiers under the GPU caches (tiers.py; params.tiers)
     cpu_slots: int = 0  # C2: segments each replica's CPU tier table holds (0 = every segment id; full: `tier_full`)
     shared_slots: int = 0  # C3: segments the shared tier's table holds (0 = every segment id; full: `tier_full`)
+    lora_slots: int = 0  # L: LoRA adapters a replica holds at once (vLLM's max_loras; 0 = no adapters; adapters.py)
+    adapter_ids: int = 0  # K: adapter ids the run may draw or a trace may name (ids >= K: refused)
 
     def __post_init__(self):
         if self.n_replicas < 1 or self.chunk < 1 or self.max_running < 1 or self.max_queue < 1 or self.max_admit < 1:
@@ -197,6 +201,8 @@ class ReplicaModel(sim.Model):
             raise JaxrouteError(f"priority groups must be >= 1, got {self.priority_groups}")
         if min(self.control_ticks, self.control_history, self.control_log) < 1:
             raise JaxrouteError("control_ticks, control_history and control_log must all be >= 1")
+        if self.lora_slots < 0 or self.adapter_ids < 0 or (self.lora_slots > 0) != (self.adapter_ids > 0):
+            raise JaxrouteError("lora_slots and adapter_ids must both be >= 1 (LoRA adapters) or both 0")
         if self.cpu_slots < 0 or self.shared_slots < 0:
             raise JaxrouteError("cpu_slots and shared_slots must be >= 0 (0 = one per segment id)")
         if self.gateway_queue < 0 or (self.gateway_queue and not self.control):
@@ -239,6 +245,19 @@ class ReplicaModel(sim.Model):
             raise JaxrouteError("KV tier settings need a model built with kv_tiers=True, and such a model needs them"
                                 if params.tiers is not None else "a model built with kv_tiers=True needs tier settings "
                                 "(params.tiers: tiers.make)")
+        lora = self.lora_slots > 0
+        if lora != (params.lora is not None):
+            raise JaxrouteError("adapter settings need a model built with lora_slots > 0, and such a model needs them"
+                                if params.lora is not None else "a model built with lora_slots > 0 needs adapter "
+                                "settings (params.lora: adapters.make)")
+        if lora:
+            most = int(np.max(np.asarray(params.lora.n_adapters)))
+            table = getattr(workload, "table", None)  # a trace's own adapter column
+            if table is not None and table.adapter is not None:
+                most = int(np.max(np.asarray(table.adapter), initial=-1)) + 1
+            if most > self.adapter_ids:
+                raise JaxrouteError(f"the run names {most} adapters but the model tracks adapter_ids="
+                                    f"{self.adapter_ids}; build it with adapter_ids >= {most}")
         if self.kv_tiers and self.stale_view:
             raise JaxrouteError("KV offload tiers with a stale router view are not modelled; use a fresh view (stale 0)")
         if not self.stale_view and np.any(np.asarray(params.stale_s) > 0):
@@ -270,6 +289,9 @@ class ReplicaModel(sim.Model):
         req = dataclasses.replace(req, seg_end=jnp.cumsum(req.seg_tok, axis=1, dtype=jnp.int32))
         if self.control:  # each request's class and tenant (the gateway's)
             req = ctl_lib.with_classes(key, params.control, req)
+        if self.lora_slots:  # each request's adapter
+            req = dataclasses.replace(req, adapter=lora_lib.draw(key, params.lora, req.adapter,
+                                                                 req.arrival_s.shape[0], self.adapter_ids))
         n, m1 = req.arrival_s.shape[0], req.seg_len.shape[0]
         G, B, Q = self.n_replicas, self.max_running, self.max_queue
         C = m1 if self.cache_slots == 0 else min(self.cache_slots, m1)
@@ -306,7 +328,8 @@ class ReplicaModel(sim.Model):
             gw=Gateway.empty(ctl_lib.TENANTS, self.gateway_queue) if self.gateway_queue else None,
             tiers=tier_lib.init(G, self._slots(self.cpu_slots, m1), self._slots(self.shared_slots, m1), m1)
             if self.kv_tiers else None,
-            rec_tier=i((n, 2), 0) if self.kv_tiers else None)
+            rec_tier=i((n, 2), 0) if self.kv_tiers else None,
+            lora=lora_lib.init(G, self.lora_slots, self.adapter_ids) if self.lora_slots else None)
 
     @staticmethod
     def _slots(slots: int, m1: int) -> int:
@@ -349,12 +372,16 @@ class ReplicaModel(sim.Model):
         active = None if params.n_active is None else jnp.arange(self.n_replicas) < params.n_active
         if self.control:
             active = s.ctl.status == ctl_lib.READY
+        lora_signals = (None, None, None)
+        if self.lora_slots:  # the replicas' adapters as vLLM's lora_requests_info metric reports them (fresh)
+            lora_signals = lora_lib.view_signals(s.lora, req.adapter, self.lora_slots)
         view = RouterView(now=a, inflight=seen.inflight, tokens=seen.tokens, record=seen.present,
                           locked=pending > 0, match_tokens=match.astype(jnp.float32), cached=seen.cached,
                           cached_match=cached_match.astype(jnp.float32), waiting=seen.waiting, running=seen.running,
                           kv_usage=seen.kv_usage, kv_capacity=params.kv_capacity, cost=params.cost, table=s.req,
                           active=active, routing=is_route, cpu_match=cpu_match,
-                          shared_match=shared_match)
+                          shared_match=shared_match, lora_running=lora_signals[0], lora_waiting=lora_signals[1],
+                          lora_room=lora_signals[2])
         return view, snap
 
     def step(self, state: ReplicaState, workload, params: ReplicaParams) -> ReplicaState:
@@ -443,7 +470,8 @@ class ReplicaModel(sim.Model):
                                   q_head=None, q_span=None, q_count=None)
         it, ring_iter, table, index, acct, table_full, side = iterate_row(
             self, run, ring, entries, table, s.cache_index, g, Replication(s.copies, s.unique_tok), r, m, params,
-            s.n_admitted, next_event, is_iter, s.rec_group, s.tiers)
+            s.n_admitted, next_event, is_iter, s.rec_group, s.tiers,
+            lora_lib.row(s.lora, g) if self.lora_slots else None)
         # this event's pending changes (dispatch: +1 on the request's segments; iteration: -1 on the finished
         # requests' segments) go to the log
         no_req = jnp.full(side["rid"].shape, n, jnp.int32)
@@ -462,7 +490,19 @@ class ReplicaModel(sim.Model):
                                       slot_seg=table.seg, slot_free=table.free, n_free=table.n_free,
                                       slot_ref=table.ref, slot_last=table.last, q_head=ring.head, q_span=ring.span,
                                       q_count=ring.count)
-        tiers, rec_tier = s.tiers, s.rec_tier
+        tiers, rec_tier, lora = s.tiers, s.rec_tier, s.lora
+        if self.lora_slots:  # the iteration's adapter row; a dispatch and the finishes change the in-flight counts
+            lrow = side["lora"]
+            K = self.adapter_ids
+            ad_route = jnp.where(is_route & (req.adapter >= 0), req.adapter, K)
+            done_a = jnp.where(is_iter & side["finished"], r.adapter[side["rid"]], K)
+            inflight_g = lora.inflight[g].at[ad_route].add(1, mode="drop").at[done_a].add(-1, mode="drop")
+            keep = lambda new, old: jnp.where(is_iter, new, old)
+            lora = lora_lib.LoraState(
+                lora.slot.at[g].set(keep(lrow.slot, lora.slot[g])), lora.last.at[g].set(keep(lrow.last, lora.last[g])),
+                lora.running.at[g].set(keep(lrow.running, lora.running[g])), lora.inflight.at[g].set(inflight_g),
+                lora.loads + jnp.where(is_iter, side["lora_loads"], 0), lora.hits + jnp.where(is_iter, side["lora_hits"], 0),
+                lora.asks + jnp.where(is_iter, side["lora_asks"], 0))
         if self.kv_tiers:  # the admissions' loads touched in their tiers, the GPU's victims moved down
             adm = dict(go=side["adm_go"], id=side["adm_id"], n_gpu=side["adm_ngpu"], n_all=side["adm_nall"],
                        cpu_tok=side["adm_cpu"], shared_tok=side["adm_shared"])
@@ -526,7 +566,7 @@ class ReplicaModel(sim.Model):
                 side["t_end"], mode="drop"),
             rec_preempt=s.rec_preempt.at[jnp.where(is_iter & (side["preempted"] >= 0), side["preempted"], nowhere)].add(
                 1, mode="drop"),
-            ctl=ctl, gw=gw, tiers=tiers, rec_tier=rec_tier,
+            ctl=ctl, gw=gw, tiers=tiers, rec_tier=rec_tier, lora=lora,
         )
 
     def _observed(self, s: ReplicaState, params: ReplicaParams) -> ctl_lib.Observed:
@@ -577,6 +617,8 @@ class ReplicaModel(sim.Model):
                 flags["gateway_full"] = state.gw.full
             shed = ctl.shed
             control = self._control_metrics(state, params, done, fin(ttft), fin(tpot), span)
+        if self.lora_slots:
+            control.update(lora_lib.metrics(state.lora, r.adapter, done, fin(ttft), self.adapter_ids))
         if self.kv_tiers:
             flags["tier_full"] = state.tiers.full
             control.update(tier_lib.metrics(state.tiers, params.tiers, state.rec_cached, state.rec_tier, prompt, done))

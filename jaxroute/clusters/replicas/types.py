@@ -8,6 +8,7 @@ import dataclasses
 import jax
 
 from jaxroute import cost_models
+from jaxroute.clusters.replicas.adapters import LoraParams, LoraState
 from jaxroute.clusters.replicas.control import ControlParams, ControlState
 from jaxroute.clusters.replicas.gateway import Gateway
 from jaxroute.clusters.replicas.local_queue import QueueLog
@@ -32,6 +33,7 @@ class ReplicaParams:
     n_active: jax.Array | None = None  # [] int32 replicas in use (the first n_active; None = all n_replicas)
     control: ControlParams | None = None  # autoscaler and gateway (a model built with control=True; control.py)
     tiers: TierParams | None = None  # KV offload tiers (a model built with kv_tiers=True; tiers.py)
+    lora: LoraParams | None = None  # LoRA adapters (a model built with lora_slots > 0; adapters.py)
 
 
 @jax.tree_util.register_dataclass
@@ -127,3 +129,4 @@ class ReplicaState:
     gw: Gateway | None = None  # the flow-control gateway's queues (gateway_queue > 0; gateway.py)
     tiers: Tiers | None = None  # the KV offload tiers (kv_tiers=True; tiers.py)
     rec_tier: jax.Array | None = None  # [N, 2] int32 prompt tokens loaded from the CPU and the shared tier (kv_tiers)
+    lora: LoraState | None = None  # adapter slots and counts (lora_slots > 0; adapters.py)

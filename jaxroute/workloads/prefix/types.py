@@ -39,6 +39,8 @@ class RequestTable:
     klass: jax.Array | None = None  # [N] int32 request class (clusters.names.CLASSES) from a trace (None: the
     #                                 control plane draws it from its class_mix)
     tenant: jax.Array | None = None  # [N] int32 tenant from a trace (None: drawn from tenant_mix)
+    adapter: jax.Array | None = None  # [N] int32 LoRA adapter id (-1 = the base model) from a trace (None: drawn
+    #                                   by the replica model's adapters, or no adapters)
 
 
 def request_steps(prompt_tok: int, out_tok: int, chunk: int) -> int:
