@@ -543,7 +543,7 @@ def simulate(table, *, G, cap, policy, cost, chunk=512, B=64, Q=256, max_admit=4
         for _ in range(quota):
             if not rep.queue or preempted:
                 break
-            ok = (lambda i: admissible(rep, i)) if lora else (lambda i: True)  # adapters: pass over the others
+            ok = (lambda i, rep=rep: admissible(rep, i)) if lora else (lambda i: True)  # adapters: pass over others
             queue = [i for i in rep.queue if ok(i)]
             if rep.front and ok(rep.front[0]):
                 cand = rep.front[0]
