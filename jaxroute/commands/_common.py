@@ -543,3 +543,51 @@ def tier_rows(args):
     from jaxroute.experiments.cluster import tier_variants
 
     return tier_variants(args.cpu_tier, args.shared_tier, args.gpu, args.model, args.tp, args.tier_set)
+
+
+# ----------------------------------------------------------------------------- the LoRA adapters' flags
+
+
+def add_lora_args(p) -> None:
+    """The LoRA adapters' flags: adapter counts and skews as rows (jaxroute/clusters/replicas/adapters.py,
+    docs/adapters.md)."""
+    from jaxroute.clusters.names import LORA_DEFAULTS, LORA_SLOTS
+
+    d = LORA_DEFAULTS
+    g = p.add_argument_group("LoRA adapters (adapter slots per replica; jaxroute/clusters/replicas/adapters.py, "
+                             "docs/adapters.md)")
+    g.add_argument("--adapters", type=list_of(positive_int), default=None, metavar="N,...",
+                   help="LoRA adapters the requests name, Zipf-popular (see --adapter-zipf), each a row per router; a "
+                   "trace with an adapter_id column names its own (default: no adapters)")
+    g.add_argument("--adapter-zipf", type=list_of(non_negative_float), default=None, metavar="S,...",
+                   help=f"popularity exponents s, P(adapter k) ~ (k + 1)^-s, each a row (default {d['zipf_s']:g})")
+    g.add_argument("--lora-slots", type=positive_int, default=LORA_SLOTS, metavar="N",
+                   help="adapters a replica holds at once (vLLM's --max-loras); a request whose adapter cannot join "
+                   f"waits while others are admitted (default {LORA_SLOTS}, vLLM's)")
+    g.add_argument("--lora-set", type=key_values, default=None, metavar="NAME=V,...",
+                   help=f"other adapter settings: rank (default {d['rank']}, vLLM's max_lora_rank), load_ms (default: "
+                   f"{d['base_latency_ms']:g} ms + the rank's q/k/v/o weights over the GPU's host link), base_latency_ms, "
+                   f"step_overhead (step time x (1 + this x distinct adapters in the batch); default {d['step_overhead']:g}, "
+                   f"BLIS's at rank 16), base_share (requests on the base model; default {d['base_share']:g})")
+
+
+LORA_SET = ("rank", "load_ms", "base_latency_ms", "step_overhead", "base_share")
+
+
+def lora_rows(args, trace_adapters: int | None):
+    """(label, LoraParams) rows of the adapter flags; None without adapters. `trace_adapters`: the adapters a
+    trace's adapter_id column names (None: no such column)."""
+    given = [f for f, v in (("--adapter-zipf", args.adapter_zipf), ("--lora-set", args.lora_set)) if v]
+    if args.adapters is None and trace_adapters is None:
+        if given:
+            raise JaxrouteError(f"{given[0]} applies with --adapters (or a trace with an adapter_id column)")
+        return None
+    if args.adapters is not None and trace_adapters is not None:
+        raise JaxrouteError("the trace names its requests' adapters (column adapter_id); drop --adapters")
+    if unknown := sorted(set(args.lora_set or {}) - set(LORA_SET)):
+        raise JaxrouteError(f"unknown --lora-set name '{unknown[0]}'; choose from: {', '.join(LORA_SET)}")
+    from jaxroute.experiments.cluster import lora_variants
+
+    counts = args.adapters or [max(trace_adapters, 1)]
+    return lora_variants(counts, args.adapter_zipf, args.gpu, args.model, args.tp, args.lora_set,
+                         label=trace_adapters is None)

@@ -8,6 +8,8 @@ import textwrap
 import time
 from pathlib import Path
 
+import numpy as np
+
 from jaxroute import catalog
 from jaxroute.clusters.names import (
     ADMISSIONS,
@@ -18,6 +20,7 @@ from jaxroute.clusters.names import (
 from jaxroute.commands._common import (
     add_control_args,
     add_grid_args,
+    add_lora_args,
     add_shared_prefix_args,
     add_tier_args,
     at_least,
@@ -28,6 +31,7 @@ from jaxroute.commands._common import (
     csv_list,
     key_values,
     list_of,
+    lora_rows,
     non_negative_float,
     non_negative_int,
     off_or,
@@ -198,6 +202,7 @@ def register(subparsers) -> None:
                    "(default: none)")
     add_control_args(p)
     add_tier_args(p)
+    add_lora_args(p)
     p.set_defaults(func=run, requests=None)  # None: DEFAULT_REQUESTS, or the stage total with --rate-stages
 
 
@@ -287,6 +292,9 @@ def run(args) -> int:
         workload = build_workload(name, requests, args.trace, args.hot_tool, shared_prefix=shared_prefix_settings(args),
                                   rate_stages=stages)
     requests = requests_held(workload, args)
+    table = getattr(workload, "table", None)  # a trace's own adapters (column adapter_id)
+    named = None if table is None or table.adapter is None else int(np.max(np.asarray(table.adapter), initial=-1)) + 1
+    lora = lora_rows(args, named)
     if stages:
         rate = workload.stage_mean_rate  # realize() runs the stages as given at their mean rate
     if is_trace and seeds > 1:
@@ -303,10 +311,10 @@ def run(args) -> int:
                        e2_window_s=args.e2_window, e2_th_bal=args.e2_th_bal, tp=args.tp,
                        weights=args.weights, router=args.router_set,
                        e2_switches=e2_variants(args.e2_pairing, args.e2_autoscale), cost_factors=factors,
-                       control=control, tiers=tiers)
-    if args.params_json and (control or tiers):
+                       control=control, tiers=tiers, lora=lora)
+    if args.params_json and (control or tiers or lora):
         raise JaxrouteError("--params-json adds one row without control or tier settings; drop it or --autoscaler / "
-                            "--gate / --cpu-tier / --shared-tier")
+                            "--gate / --cpu-tier / --shared-tier / --adapters")
     if args.params_json:
         rows.append(_tuned_row(args, rate, cost_model, factors))
 
@@ -316,7 +324,7 @@ def run(args) -> int:
                           max_running=args.max_running, seed=args.seed, progress=show_progress(args),
                           capacities={"max_queue": args.max_queue, "router_window": args.e2_ring,
                                       "cache_slots": args.cache_slots},
-                          admission=admission, priority_groups=args.priority_groups)
+                          admission=admission, priority_groups=args.priority_groups, lora_slots=args.lora_slots)
     elapsed = time.perf_counter() - start
     records = results.records
     check_conservation(results)
@@ -337,6 +345,12 @@ def run(args) -> int:
 
         classes = ctl_exp.uses_classes([p for _, p in rows], workload)
         print(ctl_exp.format_tables(records, classes))
+    if lora:
+        from jaxroute.experiments.cluster import LORA_METRICS
+
+        print(f"LoRA adapters ({args.lora_slots} slots per replica): loads, admissions that found their adapter loaded, "
+              "TTFT of the hot adapters' requests (the most requested, half of them) and of the others'")
+        print(report.format_table(records, LORA_METRICS))
     if tiers:
         from jaxroute.experiments.cluster import TIER_METRICS
 
@@ -391,6 +405,9 @@ def run(args) -> int:
     if control:
         config.update(replica_slots=results.model.n_replicas, autoscalers=args.autoscaler or ["fixed"],
                       gates=args.gate or ["none"])
+    if lora:
+        config.update(adapters=args.adapters, adapter_zipf=args.adapter_zipf, lora_slots=args.lora_slots,
+                      lora_set=args.lora_set, adapter_ids=results.model.adapter_ids)
     if tiers:
         config.update(cpu_tier_gib=args.cpu_tier or [0.0], shared_tier_gib=args.shared_tier or [0.0],
                       tier_set=args.tier_set, cpu_slots=results.model.cpu_slots, shared_slots=results.model.shared_slots)

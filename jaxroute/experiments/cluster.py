@@ -9,7 +9,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxroute.clusters import replicas
-from jaxroute.clusters.names import REPLICA_GPU, REPLICA_MODEL
+from jaxroute.clusters.names import (
+    LORA_DEFAULTS,
+    LORA_SLOTS,
+    REPLICA_GPU,
+    REPLICA_MODEL,
+)
+from jaxroute.clusters.replicas import adapters as lora_lib
 from jaxroute.clusters.replicas import tiers as tier_lib
 from jaxroute.errors import JaxrouteError
 from jaxroute.experiments.comparison import Comparison, Results, Row, run_with_retry
@@ -31,6 +37,9 @@ CAPACITY_FLAGS = {"max_queue": "queue_overflow", "router_window": "e2_ring_overf
 TIER_FLAGS = {"cpu_slots": "tier_full", "shared_slots": "tier_full"}
 # the offload tiers' metrics (clusters/replicas/tiers.py), summarised when the rows have tiers
 TIER_METRICS = ("hit_rate_all", "hit_rate_cpu", "hit_rate_shared", "kv_loaded_gb", "kv_offloaded_gb")
+# the adapters' metrics (clusters/replicas/adapters.py), summarised when the rows have adapters
+LORA_METRICS = ("adapter_loads", "adapter_hit_rate", "ttft_mean_hot_s", "ttft_mean_cold_s", "ttft_p90_hot_s",
+                "ttft_p90_cold_s")
 
 
 def build_workload(name: str, requests: int, trace: str | None = None, hot_tool: float = 0.0, *,
@@ -110,7 +119,8 @@ def policy_rows(policies, *, rate=1.0, stale=0.0, kv_capacity=None, gpu=REPLICA_
                 weights: list[dict] | None = None, router: dict | None = None,
                 e2_switches: list[dict] | None = None, cost_factors=None,
                 control: list[tuple[str, object]] | None = None,
-                tiers: list[tuple[str, object]] | None = None) -> list[tuple]:
+                tiers: list[tuple[str, object]] | None = None,
+                lora: list[tuple[str, object]] | None = None) -> list[tuple]:
     """(label, params) rows, all with the same settings (each replica is tp GPUs). `weights`: scorer
     weight vectors ({scorer: w}, unnamed = 0) for the presets that use weights, one row per preset and
     vector (labelled `preset[prefix=3,kv=2]` when there are several); other presets get one row.
@@ -120,7 +130,8 @@ def policy_rows(policies, *, rate=1.0, stale=0.0, kv_capacity=None, gpu=REPLICA_
     `cost_factors`: the roofline's fitted factors for every row (`cost_models.CostFactors`; None: the defaults).
     `control`: (label, ControlParams) autoscaler and gateway variants (`experiments.control.variants`): every
     router row runs each, labelled `router+variant`. `tiers`: (label, TierParams) KV offload tier variants
-    (`tier_variants`), crossed with the rest the same way."""
+    (`tier_variants`), and `lora`: (label, LoraParams) adapter variants (`lora_variants`), crossed with the rest
+    the same way."""
     if weights and not any(uses_weights(p) for p in policies):
         raise JaxrouteError("--weights applies to the weighted presets (" +
                             ", ".join(p for p in PRESETS if uses_weights(p)) + "); none is selected")
@@ -141,11 +152,12 @@ def policy_rows(policies, *, rate=1.0, stale=0.0, kv_capacity=None, gpu=REPLICA_
             kw = dict(router or {}, **v)
             for c_label, c_params in control or [(None, None)]:
                 for t_label, t_params in tiers or [(None, None)]:
-                    name = "+".join(x for x in (label, c_label, t_label) if x is not None)
-                    rows.append((name, replicas.make_params(
-                        p, rate=rate, stale_s=stale, kv_capacity=kv_capacity, gpu=gpu, model=model_name,
-                        cost_model=cost_model, tp=tp, theta=theta, e2_window_s=e2_window_s, e2_th_bal=e2_th_bal,
-                        cost_factors=cost_factors, control=c_params, tiers=t_params, **kw)))
+                    for a_label, a_params in lora or [(None, None)]:
+                        name = "+".join(x for x in (label, c_label, t_label, a_label) if x is not None)
+                        rows.append((name, replicas.make_params(
+                            p, rate=rate, stale_s=stale, kv_capacity=kv_capacity, gpu=gpu, model=model_name,
+                            cost_model=cost_model, tp=tp, theta=theta, e2_window_s=e2_window_s, e2_th_bal=e2_th_bal,
+                            cost_factors=cost_factors, control=c_params, tiers=t_params, lora=a_params, **kw)))
     return rows
 
 
@@ -163,8 +175,9 @@ def row_info(p: replicas.ReplicaParams) -> dict:
         out["weights"] = {k: float(v) for k, v in zip(SCORERS, w, strict=True) if v != 0}
     if p.control is not None:
         out["control"] = control_info(p.control)
-    if p.tiers is not None:
-        out["tiers"] = {f: np.asarray(getattr(p.tiers, f)).item() for f in p.tiers.__dataclass_fields__}
+    for name in ("tiers", "lora"):
+        if (part := getattr(p, name)) is not None:
+            out[name] = {f: np.asarray(getattr(part, f)).item() for f in part.__dataclass_fields__}
     if _is_e2(p):
         th = float(p.router.e2_th_bal)
         out.update(e2_window_s=float(p.router.e2_window_s), e2_th_bal=th if math.isfinite(th) else None,
@@ -211,6 +224,21 @@ def tier_variants(cpu_gib, shared_gib, gpu: str, model: str, tp: int = 1, settin
     return rows
 
 
+def lora_variants(counts, zipf, gpu: str, model: str, tp: int = 1, settings: dict | None = None,
+                  label: bool = True) -> list[tuple]:
+    """(label, LoraParams) rows: every adapter count with every popularity exponent, labelled `16ad-zipf1`
+    (`label` False: a trace's own adapters, labelled `adapters`)."""
+    rows = []
+    settings = dict(settings or {})
+    if "rank" in settings:
+        settings["rank"] = int(settings["rank"])
+    for k in counts:
+        for s in zipf or [LORA_DEFAULTS["zipf_s"]]:
+            rows.append((f"{k}ad-zipf{s:g}" if label else "adapters",
+                         lora_lib.make(gpu, model, tp, **dict(settings, n_adapters=k, zipf_s=s))))
+    return rows
+
+
 def initial_capacities(workload, params, n_replicas: int) -> dict[str, int]:
     """Local queue, E2 ring and cache-table sizes to start from (E2's ring is 0 when no row runs a Preble preset;
     the cache table holds as many segments as the largest KV capacity can, so it never fills)."""
@@ -229,7 +257,8 @@ def initial_capacities(workload, params, n_replicas: int) -> dict[str, int]:
 def run_cluster(rows, workload, *, replicas_n=4, seeds=16, local="fcfs", chunk=512,
                 max_running=64, seed=0, progress=False, label_params=None, max_tries=4,
                 capacities: dict[str, int | None] | None = None, admission="reserve",
-                priority_groups=10, extra_metrics=(), request_records: bool = False) -> Results:
+                priority_groups=10, extra_metrics=(), request_records: bool = False,
+                lora_slots: int = LORA_SLOTS) -> Results:
     """Run (label, ReplicaParams) rows on the same seeds in one compiled grid (see `policy_rows`).
 
     The local queue and Preble E2's ring start from `initial_capacities` and are doubled (the
@@ -239,7 +268,8 @@ def run_cluster(rows, workload, *, replicas_n=4, seeds=16, local="fcfs", chunk=5
     "reserve" or "on-demand" (vLLM V1 with preemption; see clusters/replicas/iteration.py). local: the
     replicas' local order, "fcfs", "lpm" or "priority" (Preble's `priority_groups` groups). extra_metrics:
     more of the model's metrics to summarise into the records (e.g. p99_latency_low_hit_s). request_records:
-    keep every request's record in the metrics (`experiments.requests.request_table`).
+    keep every request's record in the metrics (`experiments.requests.request_table`). lora_slots: adapters a
+    replica holds at once, when the rows have adapters (`lora_variants`).
     """
     params = [p for _, p in rows]
     stale_view = any(float(p.stale_s) > 0 for p in params)
@@ -256,6 +286,14 @@ def run_cluster(rows, workload, *, replicas_n=4, seeds=16, local="fcfs", chunk=5
         raise JaxrouteError("either every row has KV offload tiers or none")
     if kv_tiers:
         caps.update(tier_slots(workload, params))
+    lora = params[0].lora is not None
+    if any((p.lora is not None) != lora for p in params):
+        raise JaxrouteError("either every row has LoRA adapters or none")
+    adapter_ids = 0
+    if lora:
+        table = getattr(workload, "table", None)
+        named = None if table is None or table.adapter is None else int(np.max(np.asarray(table.adapter), initial=-1)) + 1
+        adapter_ids = max(named or 1, max(int(np.asarray(p.lora.n_adapters)) for p in params))
     if control:
         from jaxroute.experiments import control as ctl_exp
 
@@ -279,6 +317,7 @@ def run_cluster(rows, workload, *, replicas_n=4, seeds=16, local="fcfs", chunk=5
             local_order=local, stale_view=stale_view, router_window=caps["router_window"],
             router_policies=names, admission=admission, cache_slots=caps["cache_slots"],
             priority_groups=priority_groups, request_records=request_records, control=control, kv_tiers=kv_tiers,
+            lora_slots=lora_slots if lora else 0, adapter_ids=adapter_ids,
             **({k: caps[k] for k in TIER_FLAGS} if kv_tiers else {}),
             **({k: caps[k] for k in ("control_ticks", "control_history", "control_log", "gateway_queue")}
                if control else {}))
@@ -287,6 +326,8 @@ def run_cluster(rows, workload, *, replicas_n=4, seeds=16, local="fcfs", chunk=5
             metrics += ctl_exp.METRICS + ctl_exp.class_metric_names()
         if kv_tiers:
             metrics += TIER_METRICS
+        if lora:
+            metrics += LORA_METRICS
         return Comparison(model, rows, seeds, metrics, workload=workload, seed=seed, chunk=1000,
                           progress="cluster" if progress else False).run()
 

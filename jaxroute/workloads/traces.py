@@ -10,7 +10,9 @@
 
 Optional columns (CSV) or keys (JSONL) in any of them: `slo_class` (one of `clusters.names.CLASSES`: critical,
 standard, batch, sheddable, background; BLIS's SLOClass) and `tenant_id` (any text; at most 8 tenants), which
-the control plane's gateway reads (`clusters/replicas/control.py`) instead of drawing them from its mixes.
+the control plane's gateway reads (`clusters/replicas/control.py`) instead of drawing them from its mixes, and
+`adapter_id` (the LoRA adapter a request names, any text; `base` = the base model), which the replicas' adapter
+slots read (`clusters/replicas/adapters.py`) instead of drawing adapters.
 
 The files are not bundled: pass a path (the repo's CI reads them from ../shared/data).
 """
@@ -34,7 +36,8 @@ AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 BURSTGPT_COLUMNS = ("Timestamp", "Model", "Request tokens", "Response tokens")
 MOONCAKE_KEYS = ("timestamp", "input_length", "output_length", "hash_ids")
 MOONCAKE_BLOCK_TOKENS = 512
-OPTIONAL_COLUMNS = ("slo_class", "tenant_id")  # the gateway's request class and tenant, where a trace has them
+OPTIONAL_COLUMNS = ("slo_class", "tenant_id", "adapter_id")  # class, tenant and LoRA adapter, where a trace has them
+BASE_MODEL = "base"  # the adapter_id of a request on the base model
 MAX_TENANTS = 8  # clusters/replicas/control.TENANTS
 
 
@@ -51,6 +54,8 @@ class Trace:
     slo_class: np.ndarray | None = None  # [N] int64 index in clusters.names.CLASSES (column slo_class), else None
     tenant: np.ndarray | None = None  # [N] int64 tenant index (column tenant_id, in order of first appearance)
     tenant_names: tuple[str, ...] = ()  # the tenant ids, by index
+    adapter: np.ndarray | None = None  # [N] int64 LoRA adapter index (column adapter_id, by first appearance; -1 = base)
+    adapter_names: tuple[str, ...] = ()  # the adapter ids, by index
 
     def __len__(self) -> int:
         return len(self.arrival_s)
@@ -62,7 +67,8 @@ class Trace:
         cut = lambda x: None if x is None else x[:n]
         return dataclasses.replace(self, arrival_s=self.arrival_s[:n], prompt_tokens=self.prompt_tokens[:n],
                                    output_tokens=self.output_tokens[:n], block_ids=cut(self.block_ids),
-                                   model=cut(self.model), slo_class=cut(self.slo_class), tenant=cut(self.tenant))
+                                   model=cut(self.model), slo_class=cut(self.slo_class), tenant=cut(self.tenant),
+                                   adapter=cut(self.adapter))
 
 
 def _classes_and_tenants(values: dict[str, list | None], p: Path, lines: list[int]) -> dict:
@@ -87,6 +93,12 @@ def _classes_and_tenants(values: dict[str, list | None], p: Path, lines: list[in
         where = {n: i for i, n in enumerate(names)}
         out["tenant"] = np.array([where[str(v).strip()] for v in values["tenant_id"]], np.int64)
         out["tenant_names"] = tuple(names)
+    if values.get("adapter_id") is not None:
+        ids = [str(v).strip() for v in values["adapter_id"]]
+        names = [n for n in dict.fromkeys(ids) if n != BASE_MODEL]
+        where = {n: i for i, n in enumerate(names)}
+        out["adapter"] = np.array([where.get(v, -1) for v in ids], np.int64)
+        out["adapter_names"] = tuple(names)
     return out
 
 
@@ -303,7 +315,7 @@ def load_burstgpt_csv(path: str | Path, model: str | None = None) -> Trace:
         warn(f"{p.name}: dropped {int((failed | empty).sum())} of its {of}: {why}")
     t = times[keep]
     extra = _optional_csv(rows, p)
-    for k in ("slo_class", "tenant"):
+    for k in ("slo_class", "tenant", "adapter"):
         if k in extra:
             extra[k] = extra[k][keep]
     return Trace(p.stem, t - t[0], prompt[keep], output[keep], None, models[keep], **extra)

@@ -113,7 +113,8 @@ def _trace_workload(name: str, trace: Trace, segs: list[list[tuple[int, int]]], 
                          jnp.asarray(np.append(seg_len, 0), jnp.int32), jnp.asarray(np.append(depth, 0), jnp.int32),
                          jnp.asarray(tok.sum(1), jnp.int32), jnp.full((n,), -1, jnp.int32),
                          klass=None if trace.slo_class is None else jnp.asarray(trace.slo_class, jnp.int32),
-                         tenant=None if trace.tenant is None else jnp.asarray(trace.tenant, jnp.int32))
+                         tenant=None if trace.tenant is None else jnp.asarray(trace.tenant, jnp.int32),
+                         adapter=None if trace.adapter is None else jnp.asarray(trace.adapter, jnp.int32))
     return TracePrefixWorkload(table, name=name, native_rate=native, n_segments=n_seg,
                                request_shapes=tuple(sorted((p, o, c) for (p, o), c in shapes.items())))
 
