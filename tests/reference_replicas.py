@@ -220,9 +220,9 @@ def simulate(table, *, G, cap, policy, cost, chunk=512, B=64, Q=256, max_admit=4
     replicas only, and a replica that leaves comes back with an empty cache (and an empty CPU tier).
 
     tiers: KV offload tiers, a dict of cpu_tokens, cpu_s_per_token, shared_tokens, shared_s_per_token,
-    shared_latency_s (float32 where they are times): each replica's GPU victims of an iteration go to its CPU
-    tier together (segment -> stamp, the larger stamp kept), which then evicts in LRU order (stamp, deeper
-    first, lowest id) down to its capacity into the shared tier, which does the same (its victims are gone).
+    shared_latency_s (float32 where they are times): each replica's GPU victims of an iteration are written
+    together to its CPU tier and to the shared tier (segment -> stamp, the larger stamp kept); each tier then
+    evicts in LRU order (stamp, deeper first, lowest id) down to its capacity (its victims are gone).
     An admission continues its GPU match into the tiers (CPU first, then shared), holds those tokens privately,
     touches them at t, and the iteration takes the load time longer. rec["tier"] [N, 2]: tokens loaded at the
     first admission; rec["loaded"], rec["offloaded"]: tokens read and written per tier (written = still held
@@ -279,15 +279,14 @@ def simulate(table, *, G, cap, policy, cost, chunk=512, B=64, Q=256, max_admit=4
     rec_tier, moved = np.zeros((N, 2), np.int64), dict(loaded=[0, 0], offloaded=[0, 0])
 
     def enter(tier, items, capacity):
-        """Items (segment, stamp) enter together; LRU evicts down to the capacity; returns the victims."""
+        """Items (segment, stamp) enter together; LRU evicts down to the capacity; returns the tokens written
+        and kept."""
         new = [sid for sid, _ in items if sid not in tier]
         for sid, stamp in items:
             tier[sid] = max(tier.get(sid, -np.inf), stamp)
-        out = []
         while sum(int(seg_len[k]) for k in tier) > capacity:
-            victim = min(tier, key=lambda k: (tier[k], -int(seg_depth[k]), k))
-            out.append((victim, tier.pop(victim)))
-        return out, sum(int(seg_len[k]) for k in new if k in tier)
+            del tier[min(tier, key=lambda k: (tier[k], -int(seg_depth[k]), k))]
+        return sum(int(seg_len[k]) for k in new if k in tier)
     P = priority_groups
     for rep in reps:
         rep.cursor = P - 1
@@ -635,9 +634,8 @@ def simulate(table, *, G, cap, policy, cost, chunk=512, B=64, Q=256, max_admit=4
         if adm_prompt > 0:
             push(hit_trace, g, t, [t, adm_hit, adm_prompt], H_pair)
         if tiers:  # this iteration's GPU victims go down the tiers
-            down, written = enter(cpu_tier[g], rep.cache.victims, tiers["cpu_tokens"])
-            moved["offloaded"][0] += written
-            moved["offloaded"][1] += enter(shared_tier, down, tiers["shared_tokens"])[1]
+            moved["offloaded"][0] += enter(cpu_tier[g], rep.cache.victims, tiers["cpu_tokens"])
+            moved["offloaded"][1] += enter(shared_tier, rep.cache.victims, tiers["shared_tokens"])
 
         # batch
         alloc = chunk_allocation(rep.slots, chunk)

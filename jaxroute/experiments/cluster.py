@@ -206,11 +206,11 @@ def control_info(c) -> dict:
 
 def tier_slots(workload, params) -> dict[str, int]:
     """Slot tables of the offload tiers that never fill: a tier holds its capacity plus what one iteration moves
-    down into it (the GPU's victims, at most the KV capacity; the CPU tier's, at most its capacity + that)."""
+    down into it (the GPU's victims, at most the KV capacity)."""
     most = lambda field: max(int(np.asarray(getattr(p.tiers, field))) for p in params)
     kv, cpu, shared = max(int(np.asarray(p.kv_capacity)) for p in params), most("cpu_tokens"), most("shared_tokens")
     lengths = workload.segment_lengths()
-    return {"cpu_slots": replicas.slot_bound(lengths, cpu + kv), "shared_slots": replicas.slot_bound(lengths, shared + cpu + kv)}
+    return {"cpu_slots": replicas.slot_bound(lengths, cpu + kv), "shared_slots": replicas.slot_bound(lengths, shared + kv)}
 
 
 def tier_variants(cpu_gib, shared_gib, gpu: str, model: str, tp: int = 1, settings: dict | None = None) -> list[tuple]:

@@ -1,10 +1,10 @@
 """KV offload tiers under the replicas' GPU caches: a CPU tier per replica and one tier shared by all (LMCache-style).
 
 Rules (their sources, file and line: docs/tiers.md):
-- Down: a segment evicted from a replica's GPU cache goes to that replica's CPU tier with its LRU stamp. The
-  segments one iteration evicts enter together; then the tier evicts in LRU order (`prefix_cache.lru_victim`)
-  down to its capacity, and its victims go to the shared tier the same way; the shared tier's victims are gone.
-  A tier of capacity 0 passes everything through. A tier keeps its copy when the segment is loaded back
+- Down: a segment evicted from a replica's GPU cache is written, with its LRU stamp, to that replica's CPU tier
+  and to the shared tier (LMCache stores to every backend it has). The segments one iteration evicts enter
+  together; then each tier evicts in LRU order (`prefix_cache.lru_victim`) down to its capacity, and its victims
+  are gone. A tier of capacity 0 holds nothing. A tier keeps its copy when the segment is loaded back
   (inclusive), so evicting it again moves nothing (it is touched).
 - Up: at admission the leading match runs over the GPU cache and the tiers together. The segments after the
   GPU's own prefix are loaded, from the CPU tier where it holds them, else from the shared tier, and touched
@@ -117,17 +117,14 @@ def load_time(p: TierParams, cpu_tok: jax.Array, shared_tok: jax.Array) -> jax.A
 def _enter(tab: SlotTable, index: jax.Array, g: jax.Array, segs: jax.Array, last: jax.Array, mask: jax.Array,
            capacity: jax.Array, seg_len: jax.Array, depth: jax.Array):
     """The masked segments ([E], with their LRU stamps) enter the table together, then it evicts in LRU order
-    down to `capacity` tokens: (table, index, tokens written and kept, [C] victims' segments (-1 = none), their stamps,
-    table was full)."""
+    down to `capacity` tokens: (table, index, tokens written and kept, table was full)."""
     new = mask & ~tab.present(index, g, segs)
     tab, index, _, full = insert(tab, index, g, None, segs, mask, seg_len)
     tab = tab.touch(index, g, segs, mask, last)
-    before = tab
     tab, _ = tab.evict(tab.tokens - capacity, tab.tokens, seg_len, depth)
-    gone = (before.seg >= 0) & (tab.seg != before.seg)
     kept = new & tab.present(index, g, segs)  # a segment evicted at once was never stored
     written = jnp.sum(jnp.where(kept, seg_len[segs], 0)).astype(jnp.float32)
-    return tab, index, written, jnp.where(gone, before.seg, -1), before.last, full
+    return tab, index, written, full
 
 
 def after_iteration(tiers: Tiers, p: TierParams, g: jax.Array, t: jax.Array, adm: dict, evicted: jax.Array,
@@ -136,7 +133,7 @@ def after_iteration(tiers: Tiers, p: TierParams, g: jax.Array, t: jax.Array, adm
     """Replica g's iteration at t (`active`; else nothing changes): the admissions' loaded segments are touched
     in their tiers (`adm`: go [A], id [A], n_gpu [A] and n_all [A] leading segments on the GPU and over every
     tier, cpu_tok [A] and shared_tok [A] loaded), then the GPU's victims (`evicted` [C] segments, -1 = none, with
-    their stamps) go down the tiers."""
+    their stamps) are written to both tiers."""
     cpu = cpu_row(tiers, g)
     pos = jnp.arange(seg_ids.shape[1])
     go = adm["go"] & active
@@ -155,11 +152,10 @@ def after_iteration(tiers: Tiers, p: TierParams, g: jax.Array, t: jax.Array, adm
                                        jnp.sum(jnp.where(go, adm["shared_tok"], 0))]).astype(jnp.float32)
     down = (evicted >= 0) & active
     segs = jnp.maximum(evicted, 0)
-    cpu, cpu_index, to_cpu, victims, victims_last, full_c = _enter(
-        cpu, tiers.cpu_index, g, segs, evicted_last, down, p.cpu_tokens, seg_len, depth)
-    shared, shared_index, to_shared, _, _, full_s = _enter(
-        shared, tiers.shared_index, jnp.int32(0), jnp.maximum(victims, 0), victims_last, victims >= 0,
-        p.shared_tokens, seg_len, depth)
+    cpu, cpu_index, to_cpu, full_c = _enter(cpu, tiers.cpu_index, g, segs, evicted_last, down, p.cpu_tokens, seg_len,
+                                            depth)
+    shared, shared_index, to_shared, full_s = _enter(shared, tiers.shared_index, jnp.int32(0), segs, evicted_last, down,
+                                                     p.shared_tokens, seg_len, depth)
     offloaded = tiers.offloaded + jnp.stack([to_cpu, to_shared])
     return Tiers(jax.tree.map(lambda x, v: x.at[g].set(v), tiers.cpu, cpu), cpu_index, shared, shared_index,
                  loaded, offloaded, tiers.full | full_c | full_s)
