@@ -11,5 +11,5 @@ SOURCES: dict[str, tuple[str, ...]] = {
     "lecture": ("lecture_dispatch", "lecture_cluster", "lecture_preble"),
     "balanceroute": ("balanceroute", "balanceroute_4p1d"),
     "llmselector": ("llmselector",),
-    "production-routers": ("production_routers", "pd_study", "capacity_study", "control_study"),
+    "production-routers": ("production_routers", "pd_study", "capacity_study", "control_study", "data_plane_study"),
 }
