@@ -20,7 +20,6 @@ import numpy as np
 
 from jaxroute.experiments.cluster import (
     LORA_METRICS,
-    TIER_METRICS,
     build_workload,
     lora_variants,
     policy_rows,
@@ -29,7 +28,15 @@ from jaxroute.experiments.cluster import (
 )
 from jaxroute.experiments.comparison import paired_difference
 from jaxroute.metrics import summarize
-from jaxroute.reproduce.document import Claim, Context, Experiment, Section, fmt, holds_verdict, records_table
+from jaxroute.reproduce.document import (
+    Claim,
+    Context,
+    Experiment,
+    Section,
+    fmt,
+    holds_verdict,
+    records_table,
+)
 
 SOURCE = "production-routers"
 CPU_GIB, SHARED_GIB = 256.0, 2048.0
