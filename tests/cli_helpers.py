@@ -56,3 +56,13 @@ def resume_from(report, out, keys) -> None:
         shutil.copy(part, out / "parts" / part.name)
         for _, png in json.loads(part.read_text())["figures"]:
             shutil.copy(report / png, out / png)
+
+
+def assert_spec_reruns(spec, by: dict, metrics, tmp_path) -> None:
+    """`jaxroute run SPEC` reproduces the per-seed `metrics` of every row in `by` (label -> result row)."""
+    out = Path(tmp_path) / "rerun.json"
+    assert main(["run", str(spec), "--out", str(out)]) == 0
+    again = {r["policy"]: r["metrics"] for r in json.loads(out.read_text())["results"]}
+    for label, row in by.items():
+        for k in metrics:
+            assert again[label][k]["per_seed"] == row["metrics"][k]["per_seed"], (label, k)

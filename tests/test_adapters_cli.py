@@ -6,7 +6,7 @@ import json
 import pytest
 
 from jaxroute.cli import main
-from tests.cli_helpers import cli
+from tests.cli_helpers import assert_spec_reruns, cli
 
 ARGV = ["cluster", "--workload", "toolbench", "--requests", "160", "--rate", "20", "--seeds", "2", "--replicas", "3",
         "--kv-capacity", "6000", "--policies", "least_load,llmd_lora", "--adapters", "2,12", "--adapter-zipf", "1.5",
@@ -28,12 +28,7 @@ def test_cluster_with_adapters(tmp_path, capsys):
     assert lora["n_adapters"] == 12 and lora["load_s"] == pytest.approx(0.02)
     assert res["config"]["lora_slots"] == 2 and res["config"]["adapter_ids"] == 12
     assert "adapters:" in spec.read_text()
-    out2 = tmp_path / "r2.json"
-    assert main(["run", str(spec), "--out", str(out2)]) == 0
-    again = {r["policy"]: r["metrics"] for r in json.loads(out2.read_text())["results"]}
-    for label, row in by.items():
-        for k in ("adapter_loads", "ttft_mean_s"):
-            assert again[label][k]["per_seed"] == row["metrics"][k]["per_seed"], (label, k)
+    assert_spec_reruns(spec, by, ("adapter_loads", "ttft_mean_s"), tmp_path)
 
 
 def _azure(tmp_path, adapters):

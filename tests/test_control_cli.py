@@ -6,7 +6,7 @@ import json
 import pytest
 
 from jaxroute.cli import main
-from tests.cli_helpers import cli
+from tests.cli_helpers import assert_spec_reruns, cli
 
 ARGV = ["cluster", "--workload", "toolbench", "--requests", "120", "--seeds", "2", "--rate-stages", "5:6,25:6,5:6",
         "--replicas", "3", "--policies", "least_load", "--autoscaler", "fixed,hpa,kpa", "--gate",
@@ -44,12 +44,7 @@ def test_cluster_with_autoscalers_and_gates(tmp_path, capsys):
     assert res["config"]["replica_slots"] >= 3 and (tmp_path / "r-replicas.png").stat().st_size > 1000
     # the saved spec (a control section) reruns to the same per-seed numbers
     assert "control:" in spec.read_text()
-    out2 = tmp_path / "r2.json"
-    assert main(["run", str(spec), "--out", str(out2)]) == 0
-    again = {r["policy"]: r["metrics"] for r in json.loads(out2.read_text())["results"]}
-    for label, row in by.items():
-        for k in ("gpu_hours", "slo_attainment", "shed_fraction"):
-            assert again[label][k]["per_seed"] == row["metrics"][k]["per_seed"], (label, k)
+    assert_spec_reruns(spec, by, ("gpu_hours", "slo_attainment", "shed_fraction"), tmp_path)
 
 
 @pytest.mark.parametrize("argv, msg", [

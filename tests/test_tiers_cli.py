@@ -6,7 +6,7 @@ import json
 import pytest
 
 from jaxroute.cli import main
-from tests.cli_helpers import cli
+from tests.cli_helpers import assert_spec_reruns, cli
 
 ARGV = ["cluster", "--workload", "toolbench", "--requests", "160", "--rate", "20", "--seeds", "2", "--replicas", "3",
         "--kv-capacity", "6000", "--policies", "least_load,llmd_precise", "--cpu-tier", "0,0.5", "--shared-tier", "0,2",
@@ -31,12 +31,7 @@ def test_cluster_with_tiers(tmp_path, capsys):
     assert res["config"]["cpu_tier_gib"] == [0.0, 0.5] and res["config"]["cpu_slots"] > 0
     # the saved spec (tier flags in its deployment section) reruns to the same per-seed numbers
     assert "cpu_tier:" in spec.read_text()
-    out2 = tmp_path / "r2.json"
-    assert main(["run", str(spec), "--out", str(out2)]) == 0
-    again = {r["policy"]: r["metrics"] for r in json.loads(out2.read_text())["results"]}
-    for label, row in by.items():
-        for k in ("hit_rate_all", "ttft_mean_s", "kv_offloaded_gb"):
-            assert again[label][k]["per_seed"] == row["metrics"][k]["per_seed"], (label, k)
+    assert_spec_reruns(spec, by, ("hit_rate_all", "ttft_mean_s", "kv_offloaded_gb"), tmp_path)
 
 
 @pytest.mark.parametrize("argv, msg", [

@@ -8,8 +8,6 @@ import textwrap
 import time
 from pathlib import Path
 
-import numpy as np
-
 from jaxroute import catalog
 from jaxroute.clusters.names import (
     ADMISSIONS,
@@ -293,7 +291,7 @@ def run(args) -> int:
                                   rate_stages=stages)
     requests = requests_held(workload, args)
     table = getattr(workload, "table", None)  # a trace's own adapters (column adapter_id)
-    named = None if table is None or table.adapter is None else int(np.max(np.asarray(table.adapter), initial=-1)) + 1
+    named = None if table is None or table.adapter is None else int(table.adapter.max(initial=-1)) + 1
     lora = lora_rows(args, named)
     if stages:
         rate = workload.stage_mean_rate  # realize() runs the stages as given at their mean rate
