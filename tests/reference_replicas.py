@@ -421,6 +421,7 @@ def simulate(table, *, G, cap, policy, cost, chunk=512, B=64, Q=256, max_admit=4
             if g is not None:
                 reps[g].cache = RadixCache()
                 cpu_tier[g] = {}
+                reps[g].lora_slots = [[-1, -np.inf] for _ in reps[g].lora_slots]
             continue
         releasing = rel <= min(a, m)
         if not releasing and a <= m and control is not None:

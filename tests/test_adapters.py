@@ -161,3 +161,27 @@ def test_adapters_need_a_model_with_slots_for_every_id():
         MODELS["reserve"].check_params(R.make_params("rr", kv_capacity=CAP, lora=_lora(dict(n_adapters=32))), wl)
     with pytest.raises(JaxrouteError, match="both be >= 1"):
         R.ReplicaModel(lora_slots=2)
+
+
+def test_replica_leaving_unloads_its_adapters():
+    """Under an autoscaler (Dynamo's SLA planner) a replica that drains and leaves comes back with no adapter
+    loaded: matched request by request and load by load against the reference."""
+    from jaxroute.clusters.replicas import control as C
+    from tests import reference_control as refc
+
+    wl = _workload()
+    model = R.ReplicaModel(n_replicas=G, max_running=B, max_queue=Q, router_modules=(), lora_slots=L, adapter_ids=K,
+                           control=True, control_ticks=600, control_history=64, control_log=128)
+    settings = dict(scaler="sla", capacity_rps=6.0, interval_s=3.0, provision_s=2.0)
+    p = R.make_params("least_load", rate=20.0, kv_capacity=CAP, control=C.make(G, **settings),
+                      lora=_lora(dict(n_adapters=8)))
+    st = R.run_single(model, jax.random.key(1), wl, p)
+    full = {**C.DEFAULTS, "max_replicas": G, "initial": 1, "interval_s": C.INTERVAL_S["sla"], **settings}
+    ctl = refc.Control(full, G, np.asarray(st.req.klass), np.asarray(st.req.tenant), C.TENANTS, B)
+    want, violations = ref.simulate(st.req, G=G, cap=CAP, policy="least_load", cost=p.cost, B=B, Q=Q, control=ctl,
+                                    lora=dict(slots=L, load_s=np.float32(p.lora.load_s),
+                                              step_overhead=np.float32(p.lora.step_overhead)))
+    assert violations == [] and ctl.downs > 0
+    _check(st, want)
+    off = np.asarray(st.ctl.status) == C.OFF
+    assert off.any() and (np.asarray(st.lora.slot)[off] == -1).all()

@@ -514,6 +514,9 @@ class ReplicaModel(sim.Model):
             leaving = is_ctl & (g_leave < self.n_replicas)
             if self.kv_tiers:
                 tiers = tier_lib.clear_cpu(tiers, g, leaving)
+            if self.lora_slots:  # it comes back with no adapter loaded (none runs on a drained replica)
+                lora = dataclasses.replace(lora, slot=lora.slot.at[g].set(jnp.where(leaving, -1, lora.slot[g])),
+                                           last=lora.last.at[g].set(jnp.where(leaving, -jnp.inf, lora.last[g])))
             table, acct = clear_cache(table, acct, r.seg_len, leaving)
             new_row = dataclasses.replace(new_row, slot_seg=table.seg, slot_free=table.free, n_free=table.n_free,
                                           slot_ref=table.ref, slot_last=table.last)
