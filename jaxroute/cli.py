@@ -17,19 +17,23 @@ import importlib
 import pkgutil
 import sys
 
-from jaxroute import compile_log  # jax-free until it watches
+from jaxroute import (
+    compile_log,  # jax-free until it watches
+    distributed,
+)
 from jaxroute.errors import JaxrouteError
 from jaxroute.runtime import NO_CACHE_ENV, use_all_cpu_cores, use_compile_cache
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="jaxroute",
+        prog="jaxroute", allow_abbrev=False,  # a command's abbreviated flag never matches a root flag
         description="JAX simulator for routing and load balancing in LLM serving. "
         "Every command runs many seeds in one compiled program and prints means with 95% CIs.",
     )
     parser.add_argument("--no-compile-cache", action="store_true",
-                        help=f"do not use the persistent compilation cache (also: {NO_CACHE_ENV}=1)")
+                        help=f"do not use the persistent compilation cache (also: {NO_CACHE_ENV}=1; default: use it)")
+    distributed.add_args(parser)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     import jaxroute.commands as commands
 
@@ -50,6 +54,9 @@ def main(argv: list[str] | None = None) -> int:
     use_all_cpu_cores()
     use_compile_cache(not args.no_compile_cache)
     try:
+        several = distributed.start(args)  # several processes: joined before any JAX computation
+        if several:
+            distributed.quiet_unless_main(args)
         from jaxroute import spec
 
         return spec.run_parsed(args, sys.argv[1:] if argv is None else argv, parser)

@@ -496,9 +496,10 @@ def run_grid(
     if together == 1 and fast:  # compile-bound: nearby row counts share one program (at most 1/4 rows wasted)
         padded = n_dev * row_bucket(local)
     row_sharding = NamedSharding(mesh, P("batch"))
-    keys = jax.device_put(_pad_leading(keys, padded), row_sharding)
-    flat_params = jax.device_put(_pad_leading(flat_params, padded), row_sharding)
-    workload = jax.device_put(workload, NamedSharding(mesh, P()))
+    keys = _put(_pad_leading(keys, padded), row_sharding)
+    flat_params = _put(_pad_leading(flat_params, padded), row_sharding)
+    workload = _put(workload, NamedSharding(mesh, P()))
+    progress = progress if jax.process_index() == 0 else False  # one bar, on the first process
 
     if chunk is None or chunk >= total or not (progress or _RECORDING):
         run_fn = _jitted(model, "run", mesh, together, fast=fast)
@@ -527,20 +528,46 @@ def run_grid(
             if bar is not None:
                 jax.block_until_ready(state)
                 bar.update(chunk)
-            if bool(np.all(np.asarray(_launch(done_fn, (model, "done", mesh, together, 0, fast), state)))):
+            if bool(np.all(_host(_launch(done_fn, (model, "done", mesh, together, 0, fast), state)))):
                 break
         if bar is not None:
             bar.close()
         out = _launch(_jitted(model, "metrics", mesh, together, fast=fast), (model, "metrics", mesh, together, 0, fast),
                       state, workload, flat_params)
 
-    host = jax.tree.map(lambda x: np.asarray(x)[:n_rows], out)
+    host = jax.tree.map(lambda x: _host(x)[:n_rows], out)
     shaped = {k: v.reshape((n_configs, n_seeds) + v.shape[1:]) for k, v in host.items()}
     result = GridResult(metrics=shaped, n_configs=n_configs, n_seeds=n_seeds)
     result.check_conserved(type(model).__name__)
     for grids in _COLLECTING:
         grids.append(result)
     return result
+
+
+def _put(tree: PyTree, sharding: NamedSharding) -> PyTree:
+    """`tree` (the same host values on every process) as global arrays laid out by `sharding`: `device_put` in one
+    process; over several (`jax.distributed`), each process places the shards its devices hold."""
+    if jax.process_count() == 1:
+        return jax.device_put(tree, sharding)
+
+    def one(x):
+        if jnp.issubdtype(jnp.asarray(x).dtype, jax.dtypes.prng_key):
+            data = np.asarray(jax.random.key_data(x))
+            glob = jax.make_array_from_callback(data.shape, sharding, lambda idx: data[idx])
+            return jax.random.wrap_key_data(glob, impl=jax.random.key_impl(x))
+        host = np.asarray(x)
+        return jax.make_array_from_callback(host.shape, sharding, lambda idx: host[idx])
+
+    return jax.tree.map(one, tree)
+
+
+def _host(x: jax.Array) -> np.ndarray:
+    """A global array's values on this host (over several processes: gathered from all of them)."""
+    if jax.process_count() == 1 or x.is_fully_addressable:
+        return np.asarray(x)
+    from jax.experimental import multihost_utils
+
+    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
 
 
 def _bar(total: int, progress: bool | str):

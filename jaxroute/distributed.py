@@ -1,0 +1,95 @@
+"""One grid over several processes and hosts with JAX's own multi-controller runtime (`jax.distributed`).
+
+Every process runs the same command. `start` joins them (`jax.distributed.initialize`; on CPUs the
+collectives go over gloo); from then on `jax.devices()` lists every process's devices, `sim.run_grid` lays the
+grid's batch axis over all of them (each process places and runs the rows its own devices hold) and gathers the
+results once at the end, so every process holds the whole grid and process 0 alone prints and writes: the same
+tables and JSON as one process, per-seed records bit for bit (a row's keys and params do not depend on where it
+runs). A process that fails or is killed ends the others' run with an error before anything is written (the
+coordination service's heartbeat, `JAXROUTE_HEARTBEAT_S` seconds).
+
+Launch (README, "Several processes and hosts"): one command per process with `--coordinator HOST:PORT --num-processes N
+--process-id I` (or the environment variables of `ENV`), or `--distributed auto` under SLURM or Open MPI, where
+JAX reads the process layout from the launcher.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from jaxroute.errors import JaxrouteError
+
+ENV = {"coordinator": "JAXROUTE_COORDINATOR", "num_processes": "JAXROUTE_NUM_PROCESSES",
+       "process_id": "JAXROUTE_PROCESS_ID"}
+HEARTBEAT_ENV = "JAXROUTE_HEARTBEAT_S"  # seconds without a heartbeat before a process counts as failed
+OUTPUTS = ("out", "plot", "requests_out", "stage_plot", "save_spec", "params_out", "readme")  # process 0 writes these
+
+
+def add_args(parser) -> None:
+    """The root parser's flags for a run over several processes."""
+    g = parser.add_argument_group("several processes (jax.distributed; jaxroute/distributed.py)")
+    g.add_argument("--coordinator", default=os.environ.get(ENV["coordinator"]), metavar="HOST:PORT",
+                   help=f"process 0's address, the same for every process (also {ENV['coordinator']}; default: one "
+                   "process)")
+    g.add_argument("--num-processes", type=int, default=_env_int("num_processes"), metavar="N",
+                   help=f"processes in the run (also {ENV['num_processes']}; default: one)")
+    g.add_argument("--process-id", type=int, default=_env_int("process_id"), metavar="I",
+                   help=f"this process, 0 .. N-1; process 0 prints and writes (also {ENV['process_id']}; default: "
+                   "none)")
+    g.add_argument("--distributed", choices=("auto",), default=None,
+                   help="join the processes a SLURM or Open MPI launch started (JAX reads their layout; default: "
+                   "off)")
+
+
+def _env_int(name: str) -> int | None:
+    v = os.environ.get(ENV[name])
+    return int(v) if v not in (None, "") and v.strip().lstrip("-").isdigit() else None
+
+
+def start(args) -> bool:
+    """Join the run's processes when the flags ask for several (True), before any JAX computation."""
+    manual = (args.coordinator, args.num_processes, args.process_id)
+    if args.distributed is None and all(v is None for v in manual):
+        return False
+    if args.distributed is None:
+        if any(v is None for v in manual):
+            raise JaxrouteError("a run over several processes needs --coordinator, --num-processes and --process-id "
+                                "(or --distributed auto under SLURM / Open MPI)")
+        n, i = args.num_processes, args.process_id
+        if n < 1 or not 0 <= i < n:
+            raise JaxrouteError(f"--process-id must be in 0 .. {n - 1} for --num-processes {n}, got {i}")
+        if n == 1:
+            return False
+    import jax
+
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU devices' collectives across processes
+    heartbeat = int(os.environ.get(HEARTBEAT_ENV, "100"))
+    try:
+        if args.distributed == "auto":
+            jax.distributed.initialize(heartbeat_timeout_seconds=heartbeat)
+        else:
+            jax.distributed.initialize(args.coordinator, args.num_processes, args.process_id,
+                                       heartbeat_timeout_seconds=heartbeat)
+    except Exception as e:  # noqa: BLE001 (the runtime's errors have no common type)
+        raise JaxrouteError(f"could not join the run's processes at {args.coordinator or 'the launcher'}: "
+                            f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+    return True
+
+
+def is_main() -> bool:
+    """This process prints and writes (process 0, or the only one)."""
+    import jax
+
+    return jax.process_index() == 0
+
+
+def quiet_unless_main(args) -> None:
+    """On every process but 0: no output files, nothing printed (the tables come from process 0)."""
+    if is_main():
+        return
+    for dest in OUTPUTS:
+        if getattr(args, dest, None) is not None:
+            setattr(args, dest, None)
+    sys.stdout.flush()
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the runtime's own lines (gloo's) too

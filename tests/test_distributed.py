@@ -1,0 +1,87 @@
+"""One grid over two processes (jax.distributed on the loopback address, gloo collectives): `jaxroute cluster`
+and `jaxroute decode` write the same per-seed records as one process, process 1 prints and writes nothing, a
+killed process ends the other's run with an error and no table, and bad flags are one-line errors."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from jaxroute.cli import main
+from tests.cli_helpers import cli
+
+pytestmark = pytest.mark.xdist_group("distributed")  # the two processes share the machine's cores
+CLUSTER = ["cluster", "--workload", "toolbench", "--requests", "120", "--rate", "20", "--seeds", "3", "--replicas",
+           "3", "--kv-capacity", "6000", "--policies", "rr,least_load,dynamo_kv", "--no-progress"]
+DECODE = ["decode", "--workload", "synthetic-prod", "--requests", "200", "--seeds", "3", "--workers", "4", "--slots",
+          "8", "--policies", "jsq,br0", "--no-progress"]
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start(argv, port: int, rank: int, out=None, env=None):
+    flags = ["--coordinator", f"127.0.0.1:{port}", "--num-processes", "2", "--process-id", str(rank)]
+    return subprocess.Popen([sys.executable, "-m", "jaxroute", *flags, *argv, *(["--out", str(out)] if out else [])],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+def _two_processes(argv, out, timeout=300):
+    port = _port()
+    procs = [_start(argv, port, rank, out if rank == 0 else out.with_name("rank1.json")) for rank in (0, 1)]
+    try:
+        outs = [p.communicate(timeout=timeout) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    assert [p.returncode for p in procs] == [0, 0], [o[1][-2000:] for o in outs]
+    return outs
+
+
+def _results(path):
+    return json.loads(path.read_text())["results"]
+
+
+@pytest.mark.parametrize("argv", [CLUSTER, DECODE], ids=["cluster", "decode"])
+def test_two_processes_write_the_records_of_one(argv, tmp_path, capsys):
+    one, two = tmp_path / "one.json", tmp_path / "two.json"
+    assert main([*argv, "--out", str(one)]) == 0
+    capsys.readouterr()
+    outs = _two_processes(argv, two)
+    assert json.dumps(_results(two), sort_keys=True) == json.dumps(_results(one), sort_keys=True)
+    # process 0 printed the tables; process 1 printed nothing and wrote nothing
+    assert "wrote" in outs[0][0] and outs[1][0] == "" and not (tmp_path / "rank1.json").exists()
+
+
+def test_a_killed_process_ends_the_run_without_a_table(tmp_path):
+    env = dict(os.environ, JAXROUTE_HEARTBEAT_S="3")
+    argv = [*CLUSTER[:4], "3000", *CLUSTER[5:]]  # long enough to be killed mid-run
+    port, out = _port(), tmp_path / "r.json"
+    procs = [_start(argv, port, rank, out if rank == 0 else None, env) for rank in (0, 1)]
+    try:
+        time.sleep(6)
+        procs[1].send_signal(signal.SIGKILL)
+        _, err = procs[0].communicate(timeout=120)
+    finally:
+        for p in procs:
+            p.kill()
+    assert procs[0].returncode != 0 and not out.exists()
+    assert "unhealthy" in err or "died" in err or "error" in err.lower(), err[-2000:]
+
+
+@pytest.mark.parametrize("argv, msg", [
+    (["--coordinator", "127.0.0.1:1"], "needs --coordinator, --num-processes and --process-id"),
+    (["--coordinator", "127.0.0.1:1", "--num-processes", "2", "--process-id", "2"], "--process-id must be in 0 .. 1"),
+])
+def test_bad_process_flags(argv, msg, capsys):
+    assert cli([*argv, "cluster", "--requests", "5", "--seeds", "1"]) == 2
+    err = capsys.readouterr().err
+    assert msg in err and "Traceback" not in err
