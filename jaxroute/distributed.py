@@ -10,7 +10,8 @@ coordination service's heartbeat, `JAXROUTE_HEARTBEAT_S` seconds).
 
 Launch (README, "Several processes and hosts"): one command per process with `--coordinator HOST:PORT --num-processes N
 --process-id I` (or the environment variables of `ENV`), or `--distributed auto` under SLURM or Open MPI, where
-JAX reads the process layout from the launcher.
+JAX reads the process layout from the launcher. From Python: `join(...)` first, then any grid API
+(`sim.run_grid`, `experiments.cluster.run_cluster`, the capacity search, tuning) as in one process.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ ENV = {"coordinator": "JAXROUTE_COORDINATOR", "num_processes": "JAXROUTE_NUM_PRO
        "process_id": "JAXROUTE_PROCESS_ID"}
 HEARTBEAT_ENV = "JAXROUTE_HEARTBEAT_S"  # seconds without a heartbeat before a process counts as failed
 OUTPUTS = ("out", "plot", "requests_out", "stage_plot", "save_spec", "params_out", "readme")  # process 0 writes these
+# commands that run their own worker processes or write checkpoints from every process: one process only
+SINGLE_PROCESS = ("reproduce", "train-predictor", "eval-predictor")
 
 
 def add_args(parser) -> None:
@@ -52,6 +55,9 @@ def start(args) -> bool:
     manual = (args.coordinator, args.num_processes, args.process_id)
     if args.distributed is None and all(v is None for v in manual):
         return False
+    if args.command in SINGLE_PROCESS:
+        raise JaxrouteError(f"`jaxroute {args.command}` runs in one process (it starts its own workers or writes "
+                            "checkpoints); drop --coordinator / --distributed")
     if args.distributed is None:
         if any(v is None for v in manual):
             raise JaxrouteError("a run over several processes needs --coordinator, --num-processes and --process-id "
@@ -61,20 +67,22 @@ def start(args) -> bool:
             raise JaxrouteError(f"--process-id must be in 0 .. {n - 1} for --num-processes {n}, got {i}")
         if n == 1:
             return False
+    join(args.coordinator, args.num_processes, args.process_id)
+    return True
+
+
+def join(coordinator: str | None = None, num_processes: int | None = None, process_id: int | None = None) -> None:
+    """Join a run over several processes before any JAX computation (the library's entry; all None: SLURM or Open
+    MPI's layout). `sim.run_grid` then lays every grid over all the processes' devices."""
     import jax
 
     jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU devices' collectives across processes
     heartbeat = int(os.environ.get(HEARTBEAT_ENV, "100"))
     try:
-        if args.distributed == "auto":
-            jax.distributed.initialize(heartbeat_timeout_seconds=heartbeat)
-        else:
-            jax.distributed.initialize(args.coordinator, args.num_processes, args.process_id,
-                                       heartbeat_timeout_seconds=heartbeat)
+        jax.distributed.initialize(coordinator, num_processes, process_id, heartbeat_timeout_seconds=heartbeat)
     except Exception as e:  # noqa: BLE001 (the runtime's errors have no common type)
-        raise JaxrouteError(f"could not join the run's processes at {args.coordinator or 'the launcher'}: "
+        raise JaxrouteError(f"could not join the run's processes at {coordinator or 'the launcher'}: "
                             f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
-    return True
 
 
 def is_main() -> bool:

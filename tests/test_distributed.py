@@ -80,8 +80,11 @@ def test_a_killed_process_ends_the_run_without_a_table(tmp_path):
 @pytest.mark.parametrize("argv, msg", [
     (["--coordinator", "127.0.0.1:1"], "needs --coordinator, --num-processes and --process-id"),
     (["--coordinator", "127.0.0.1:1", "--num-processes", "2", "--process-id", "2"], "--process-id must be in 0 .. 1"),
+    (["--distributed", "auto", "reproduce", "lecture"], "`jaxroute reproduce` runs in one process"),
 ])
 def test_bad_process_flags(argv, msg, capsys):
-    assert cli([*argv, "cluster", "--requests", "5", "--seeds", "1"]) == 2
+    if "reproduce" not in argv:
+        argv = [*argv, "cluster", "--requests", "5", "--seeds", "1"]
+    assert cli(argv) == 2
     err = capsys.readouterr().err
     assert msg in err and "Traceback" not in err
