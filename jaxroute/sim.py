@@ -18,7 +18,8 @@ and the `XState` pytree that `step` advances.
 `params` is a traced pytree (rates, thresholds, the policy id). The grid runner
 vmaps one single-instance run over a flat batch axis (configs x seeds), shards
 that axis over `jax.devices()` (each device runs its own rows; on a CPU in groups,
-`rows_together`), and runs the scan in chunks when the host shows a progress bar
+`rows_together`; over several processes joined by `distributed.join`, every process's
+devices, the results gathered once), and runs the scan in chunks when the host shows a progress bar
 between them (else as one program). Metrics named `overflow` (bool: a fixed capacity filled) and
 `conservation_error` (int: requests neither completed, in flight nor dropped by a full capacity) are
 conventional: a grid whose conservation error is not 0 is refused (`errors.LostRequests`), always.
