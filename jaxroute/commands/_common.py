@@ -461,6 +461,12 @@ CONTROL_SET = ("tolerance", "down_window_s", "stable_window_s", "panic_window_s"
                "kv_threshold", "tenant_budget", "band_ceiling", "slo_ttft_s", "slo_tpot_s")
 
 
+def check_names(given: dict | None, allowed, flag: str) -> None:
+    """One line naming the first setting of a NAME=V,... flag that is not one of `allowed`."""
+    if unknown := sorted(set(given or {}) - set(allowed)):
+        raise JaxrouteError(f"unknown {flag} name '{unknown[0]}'; choose from: {', '.join(allowed)}")
+
+
 def control_settings(args, replicas: int):
     """(autoscalers, gates, settings for `control.make`, replica slots) of the control flags; None without
     --autoscaler or --gate."""
@@ -475,9 +481,7 @@ def control_settings(args, replicas: int):
         if given:
             raise JaxrouteError(f"{given[0]} applies with --autoscaler or --gate")
         return None
-    unknown = sorted(set(args.control_set or {}) - set(CONTROL_SET))
-    if unknown:
-        raise JaxrouteError(f"unknown --control-set name '{unknown[0]}'; choose from: {', '.join(CONTROL_SET)}")
+    check_names(args.control_set, CONTROL_SET, "--control-set")
     mix = args.class_mix or {}
     if bad := sorted(set(mix) - set(CLASSES)):
         raise JaxrouteError(f"unknown class '{bad[0]}' in --class-mix; choose from: {', '.join(CLASSES)}")
@@ -538,8 +542,7 @@ def tier_rows(args):
         if args.tier_set:
             raise JaxrouteError("--tier-set applies with --cpu-tier or --shared-tier")
         return None
-    if unknown := sorted(set(args.tier_set or {}) - set(TIER_SET)):
-        raise JaxrouteError(f"unknown --tier-set name '{unknown[0]}'; choose from: {', '.join(TIER_SET)}")
+    check_names(args.tier_set, TIER_SET, "--tier-set")
     from jaxroute.experiments.cluster import tier_variants
 
     return tier_variants(args.cpu_tier, args.shared_tier, args.gpu, args.model, args.tp, args.tier_set)
@@ -584,8 +587,7 @@ def lora_rows(args, trace_adapters: int | None):
         return None
     if args.adapters is not None and trace_adapters is not None:
         raise JaxrouteError("the trace names its requests' adapters (column adapter_id); drop --adapters")
-    if unknown := sorted(set(args.lora_set or {}) - set(LORA_SET)):
-        raise JaxrouteError(f"unknown --lora-set name '{unknown[0]}'; choose from: {', '.join(LORA_SET)}")
+    check_names(args.lora_set, LORA_SET, "--lora-set")
     from jaxroute.experiments.cluster import lora_variants
 
     counts = args.adapters or [max(trace_adapters, 1)]

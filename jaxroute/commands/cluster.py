@@ -290,9 +290,9 @@ def run(args) -> int:
         workload = build_workload(name, requests, args.trace, args.hot_tool, shared_prefix=shared_prefix_settings(args),
                                   rate_stages=stages)
     requests = requests_held(workload, args)
-    table = getattr(workload, "table", None)  # a trace's own adapters (column adapter_id)
-    named = None if table is None or table.adapter is None else int(table.adapter.max(initial=-1)) + 1
-    lora = lora_rows(args, named)
+    from jaxroute.workloads.prefix import trace_adapters
+
+    lora = lora_rows(args, trace_adapters(workload))  # a trace's own adapters (column adapter_id)
     if stages:
         rate = workload.stage_mean_rate  # realize() runs the stages as given at their mean rate
     if is_trace and seeds > 1:

@@ -291,9 +291,7 @@ def run_cluster(rows, workload, *, replicas_n=4, seeds=16, local="fcfs", chunk=5
         raise JaxrouteError("either every row has LoRA adapters or none")
     adapter_ids = 0
     if lora:
-        table = getattr(workload, "table", None)
-        named = None if table is None or table.adapter is None else int(np.max(np.asarray(table.adapter), initial=-1)) + 1
-        adapter_ids = max(named or 1, max(int(np.asarray(p.lora.n_adapters)) for p in params))
+        adapter_ids = max(wl_prefix.trace_adapters(workload) or 1, max(int(np.asarray(p.lora.n_adapters)) for p in params))
     if control:
         from jaxroute.experiments import control as ctl_exp
 

@@ -121,9 +121,14 @@ class Replication:
     unique_tok: jax.Array  # [] int32 tokens of segments cached somewhere
 
 
+def evicted(before: SlotTable, after: SlotTable) -> jax.Array:
+    """[C] bool: the slots whose segment was evicted between `before` and `after` (no insertion in between)."""
+    return (before.seg >= 0) & (after.seg != before.seg)
+
+
 def settle_evictions(before: SlotTable, after: SlotTable, rep: Replication, seg_len: jax.Array) -> Replication:
     """Take the segments evicted between `before` and `after` (no insertion in between) off the counts: O(C)."""
-    gone = (before.seg >= 0) & (after.seg != before.seg)
+    gone = evicted(before, after)
     segs = jnp.where(gone, before.seg, rep.copies.shape[0])
     copies = rep.copies.at[segs].add(-1, mode="drop")
     last_copy = gone & (copies[jnp.maximum(before.seg, 0)] == 0)

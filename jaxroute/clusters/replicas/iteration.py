@@ -85,6 +85,7 @@ from jaxroute.clusters.replicas import tiers as tier_lib
 from jaxroute.clusters.replicas.cache import (
     Replication,
     SlotTable,
+    evicted,
     insert,
     settle_evictions,
 )
@@ -227,8 +228,8 @@ def iterate_row(model, row: Replica, ring: Ring, entries: Entries, cache: SlotTa
                         turn, tiers, lora)
     rw, ring, cache = adm["row"], adm["ring"], adm["cache"]
     acct = settle_evictions(cache0, cache, acct, seg_len)  # evictions only so far; insertions below
-    gone = (cache0.seg >= 0) & (cache.seg != cache0.seg)
-    adm["evicted"], adm["evicted_last"] = jnp.where(gone, cache0.seg, -1), cache.last  # a freed slot keeps its stamp
+    if tiers is not None:  # the GPU's victims and their stamps (a freed slot keeps its stamp), for the tiers
+        adm["evicted"], adm["evicted_last"] = jnp.where(evicted(cache0, cache), cache0.seg, -1), cache.last
     kv_start = (cache.tokens - adm["unlocked_tok"] + jnp.sum(rw.run_res)).astype(jnp.float32)  # locked + private
     factor = None
     if lora is not None:  # the batch's LoRA cost: per distinct adapter among the running requests
@@ -580,6 +581,6 @@ def _complete_segments(rw: Replica, ring: Ring, cache: SlotTable, index: jax.Arr
                 adm_new=c["adm_new"], n_pre=n_pre, q_refused=q_refused, preempted=preempted, kv_area=kv_area,
                 rid=rid, first=first, finished=finished, n_fin=jnp.sum(finished).astype(jnp.float32),
                 tok_fin=jnp.sum(jnp.where(finished, prompt + out, 0)).astype(jnp.float32),
-                evicted=c["evicted"], evicted_last=c["evicted_last"],
-                **{k: c[k] for k in ("adm_ngpu", "adm_nall", "adm_cpu", "adm_shared") if k in c})
+                **{k: c[k] for k in ("adm_ngpu", "adm_nall", "adm_cpu", "adm_shared", "evicted", "evicted_last")
+                   if k in c})
     return new_row, ring, cache, index, acct, table_full | full_out, side

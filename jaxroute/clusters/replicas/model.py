@@ -110,6 +110,7 @@ from jaxroute.errors import JaxrouteError
 from jaxroute.loops import for_each
 from jaxroute.routers import prefix as routers
 from jaxroute.routers.view import Request, RouterStatic, RouterView
+from jaxroute.workloads.prefix.types import trace_adapters
 
 INF = jnp.inf
 METRICS = REPLICA_METRICS
@@ -251,10 +252,8 @@ class ReplicaModel(sim.Model):
                                 if params.lora is not None else "a model built with lora_slots > 0 needs adapter "
                                 "settings (params.lora: adapters.make)")
         if lora:
-            most = int(np.max(np.asarray(params.lora.n_adapters)))
-            table = getattr(workload, "table", None)  # a trace's own adapter column
-            if table is not None and table.adapter is not None:
-                most = int(np.max(np.asarray(table.adapter), initial=-1)) + 1
+            named = None if workload is None else trace_adapters(workload)  # a trace's own adapter column
+            most = named if named is not None else int(np.max(np.asarray(params.lora.n_adapters)))
             if most > self.adapter_ids:
                 raise JaxrouteError(f"the run names {most} adapters but the model tracks adapter_ids="
                                     f"{self.adapter_ids}; build it with adapter_ids >= {most}")
@@ -497,12 +496,12 @@ class ReplicaModel(sim.Model):
             ad_route = jnp.where(is_route & (req.adapter >= 0), req.adapter, K)
             done_a = jnp.where(is_iter & side["finished"], r.adapter[side["rid"]], K)
             inflight_g = lora.inflight[g].at[ad_route].add(1, mode="drop").at[done_a].add(-1, mode="drop")
-            keep = lambda new, old: jnp.where(is_iter, new, old)
-            lora = lora_lib.LoraState(
-                lora.slot.at[g].set(keep(lrow.slot, lora.slot[g])), lora.last.at[g].set(keep(lrow.last, lora.last[g])),
-                lora.running.at[g].set(keep(lrow.running, lora.running[g])), lora.inflight.at[g].set(inflight_g),
-                lora.loads + jnp.where(is_iter, side["lora_loads"], 0), lora.hits + jnp.where(is_iter, side["lora_hits"], 0),
-                lora.asks + jnp.where(is_iter, side["lora_asks"], 0))
+            slot, last, running = (x.at[g].set(jnp.where(is_iter, v, x[g]))
+                                   for x, v in ((lora.slot, lrow.slot), (lora.last, lrow.last), (lora.running, lrow.running)))
+            count = lambda total, k: total + jnp.where(is_iter, side[k], 0)
+            lora = lora_lib.LoraState(slot, last, running, lora.inflight.at[g].set(inflight_g),
+                                      count(lora.loads, "lora_loads"), count(lora.hits, "lora_hits"),
+                                      count(lora.asks, "lora_asks"))
         if self.kv_tiers:  # the admissions' loads touched in their tiers, the GPU's victims moved down
             adm = dict(go=side["adm_go"], id=side["adm_id"], n_gpu=side["adm_ngpu"], n_all=side["adm_nall"],
                        cpu_tok=side["adm_cpu"], shared_tok=side["adm_shared"])

@@ -42,11 +42,17 @@ from jaxroute.workloads.prefix.synthetic import (
     with_rate_stages,
     zipf_top_shares,
 )
-from jaxroute.workloads.prefix.types import RequestTable, check_fits, request_steps
+from jaxroute.workloads.prefix.types import (
+    RequestTable,
+    check_fits,
+    request_steps,
+    trace_adapters,
+)
 
 __all__ = [
     "DEFAULT_TRACE_PATHS", "PREFIX_WORKLOADS", "SP_DEFAULTS", "SYNTHETIC", "TRACE_WORKLOADS", "RequestTable",
     "SyntheticPrefixWorkload", "TracePrefixWorkload", "agent", "check_fits", "from_azure", "from_mooncake",
-    "longdoc", "private_prompts", "programming", "request_steps", "shared_prefix", "synthetic", "toolbench", "videoqa",
+    "longdoc", "private_prompts", "programming", "request_steps", "shared_prefix", "synthetic", "toolbench", "trace_adapters",
+    "videoqa",
     "with_rate_stages", "zipf_top_shares",
 ]

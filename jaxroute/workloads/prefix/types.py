@@ -12,6 +12,7 @@ import dataclasses
 import math
 
 import jax
+import numpy as np
 
 from jaxroute.errors import JaxrouteError
 
@@ -41,6 +42,14 @@ class RequestTable:
     tenant: jax.Array | None = None  # [N] int32 tenant from a trace (None: drawn from tenant_mix)
     adapter: jax.Array | None = None  # [N] int32 LoRA adapter id (-1 = the base model) from a trace (None: drawn
     #                                   by the replica model's adapters, or no adapters)
+
+
+def trace_adapters(workload) -> int | None:
+    """Adapter ids a trace's adapter_id column names (its largest + 1), or None without such a column."""
+    table = getattr(workload, "table", None)
+    if table is None or table.adapter is None:
+        return None
+    return int(np.max(np.asarray(table.adapter), initial=-1)) + 1
 
 
 def request_steps(prompt_tok: int, out_tok: int, chunk: int) -> int:
