@@ -3,16 +3,22 @@
 The command line lists and checks these names (and shows KV capacities in its help) without importing
 JAX; `cost_models` builds the traced step-time parameters from them and re-exports every name here, so
 `cost_models.GPUS`, `cost_models.get_model`, `cost_models.kv_capacity_tokens`, ... stay where they were.
+The models are Hugging Face config.json files (jaxroute/data/models/, read by `jaxroute.hf_config`), and any
+function here that takes a model name also takes the path of a config.json or its folder.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import operator
+import os
 import re
+from pathlib import Path
 
 from jaxroute.errors import JaxrouteError
+from jaxroute.hf_config import read_model_config
 
 INDEPENDENT, DP_EP = 0, 1  # decode data-parallel modes (traced field `CostParams.parallel`)
 PARALLEL = {"independent": INDEPENDENT, "dp_ep": DP_EP}
@@ -22,7 +28,7 @@ PARALLEL = {"independent": INDEPENDENT, "dp_ep": DP_EP}
 
 @dataclasses.dataclass(frozen=True)
 class GPUSpec:
-    """One accelerator device: dense bf16 and INT8 tensor rates, HBM/GDDR bandwidth, memory, per-direction link."""
+    """One accelerator device: dense bf16, FP8 and INT8 tensor rates, HBM/GDDR bandwidth, memory, per-direction link."""
 
     name: str
     flops: float  # dense bf16 FLOP/s (no sparsity)
@@ -31,6 +37,7 @@ class GPUSpec:
     link_bw: float  # bytes/s per direction to peers (NVLink, or PCIe when no NVLink switch)
     int8_ops: float = 0.0  # dense INT8 tensor OP/s (no sparsity); the rate of W8A8 linear layers
     host_bw: float = 0.0  # bytes/s per direction to host memory (PCIe): KV offload tiers load over it
+    fp8_flops: float = 0.0  # dense FP8 tensor FLOP/s (no sparsity); 0 where the chip has no FP8 tensor math
 
 
 # Sources (spec sheets; dense = half the "with sparsity" figure):
@@ -59,9 +66,24 @@ class GPUSpec:
 #   in Huawei's Ascend 910 launch figures (256 TFLOPS FP16 / 512 TOPS INT8). The BF16 figure counts cube + vector
 #   (cube alone: 24 cores x 4096 MACs x 2 x 1.8 GHz = 353.9 TFLOPS; CANN Ascend910B2C.ini: 24 cube cores at
 #   1800 MHz). link_bw is the UB plane per die, used for TP all-reduces and EP all-to-alls.
-# host_bw (the KV offload tiers' CPU link): PCIe per direction, Gen4 x16 32 GB/s (A6000, A100: their datasheets'
-#   PCIe Gen4 host interface), Gen5 x16 64 GB/s (H100 SXM, H200: "PCIe Gen5: 128 GB/s" bidirectional on their
-#   datasheets). Ascend 910C: assumed Gen5 x16 as well (no per-die host figure found).
+# - H100 NVL: NVIDIA H100 datasheet (the H100 NVL column): BF16 tensor 1,671 TFLOPS with sparsity -> 835.5 dense,
+#   FP8 3,341 -> 1,670.5, INT8 3,341 TOPS -> 1,670.5, 94 GB HBM3 at 3.9 TB/s, NVLink 600 GB/s (bidirectional, the
+#   NVLink bridge of a pair of cards) -> 300 GB/s per direction, PCIe Gen5 128 GB/s. link_bw is that bridge: TP
+#   beyond the bridged GPUs crosses PCIe (64 GB/s per direction), which the catalog does not model.
+# - L40S: NVIDIA L40S datasheet: BF16 tensor 733 TFLOPS with sparsity -> 366.5 dense (the datasheet's dense column
+#   prints 362.05; we keep half the sparse figure, as for every chip here), FP8 1,466 -> 733, INT8 1,466 TOPS -> 733,
+#   48 GB GDDR6 at 864 GB/s, no NVLink: peers and host over "PCIe Gen4 x16: 64GB/s bidirectional" -> 32 GB/s.
+# - B200 (HGX B200): NVIDIA Blackwell datasheet (GB200 NVL72 / HGX B200 table, "Individual Blackwell GPU
+#   Specifications", HGX B200 column): FP16/BF16 tensor 4.5 PFLOPS with sparsity -> 2.25 dense, FP8/FP6 9 PFLOPS ->
+#   4.5, INT8 9 POPS -> 4.5, 180 GB HBM3e at 7.7 TB/s, 5th-generation NVLink 1.8 TB/s (bidirectional) -> 900 GB/s per
+#   direction, PCIe Gen5 128 GB/s -> 64.
+# - fp8_flops: H100 SXM and H200 FP8 tensor 3,958 TFLOPS with sparsity -> 1,979 dense (their datasheets; the
+#   H100 SXM figure is cross-checked against ../shared/data/vllm-h100-inference-perf/datasheets/h100-sxm.json,
+#   datasheet 2430615). A6000 and A100 (Ampere) have no FP8 tensor math; nor has the Ascend 910C in Huawei's
+#   published figures (BF16/FP16 and INT8 only): 0.
+# host_bw (the KV offload tiers' CPU link): PCIe per direction, Gen4 x16 32 GB/s (A6000, A100, L40S: their datasheets'
+#   PCIe Gen4 host interface), Gen5 x16 64 GB/s (H100 SXM, H100 NVL, H200, B200: "PCIe Gen5: 128 GB/s" bidirectional
+#   on their datasheets). Ascend 910C: assumed Gen5 x16 as well (no per-die host figure found).
 GPUS: dict[str, GPUSpec] = {
     g.name: g
     for g in [
@@ -69,10 +91,17 @@ GPUS: dict[str, GPUSpec] = {
         GPUSpec("A100-80GB", flops=312e12, mem_bw=2039e9, mem_bytes=80e9, link_bw=300e9, int8_ops=624e12,
                 host_bw=32e9),
         GPUSpec("H100-SXM", flops=989.4e12, mem_bw=3350e9, mem_bytes=80e9, link_bw=450e9, int8_ops=1979e12,
-                host_bw=64e9),
-        GPUSpec("H200", flops=989.4e12, mem_bw=4800e9, mem_bytes=141e9, link_bw=450e9, int8_ops=1979e12, host_bw=64e9),
+                host_bw=64e9, fp8_flops=1979e12),
+        GPUSpec("H200", flops=989.4e12, mem_bw=4800e9, mem_bytes=141e9, link_bw=450e9, int8_ops=1979e12, host_bw=64e9,
+                fp8_flops=1979e12),
         GPUSpec("Ascend-910C", flops=376e12, mem_bw=1600e9, mem_bytes=64e9, link_bw=196e9, int8_ops=752e12,
                 host_bw=64e9),
+        GPUSpec("H100-NVL", flops=835.5e12, mem_bw=3900e9, mem_bytes=94e9, link_bw=300e9, int8_ops=1670.5e12,
+                host_bw=64e9, fp8_flops=1670.5e12),
+        GPUSpec("L40S", flops=366.5e12, mem_bw=864e9, mem_bytes=48e9, link_bw=32e9, int8_ops=733e12, host_bw=32e9,
+                fp8_flops=733e12),
+        GPUSpec("B200", flops=2250e12, mem_bw=7700e9, mem_bytes=180e9, link_bw=900e9, int8_ops=4500e12, host_bw=64e9,
+                fp8_flops=4500e12),
     ]
 }
 
@@ -86,7 +115,7 @@ class ModelSpec:
     active_params: float  # weights used per token (== total for dense models)
     n_layers: int
     hidden: int
-    vocab: int  # embedding and LM head are untied in every model here
+    vocab: int  # embedding and LM head: two tables of vocab x hidden, one when tied_embeddings
     n_heads: int  # query heads
     head_dim_qk: int
     head_dim_v: int
@@ -95,11 +124,13 @@ class ModelSpec:
     n_experts: int = 1  # routed experts per MoE layer (1 = dense)
     experts_per_token: int = 1
     weight_bytes_per_param: int = 2  # bf16; DeepSeek-V3 ships FP8 weights
-    dense_layers: int = 0  # MoE models: leading layers with a dense MLP instead of routed experts
+    dense_layers: int = 0  # MoE models: layers with a dense MLP instead of routed experts (DeepSeek-V3's leading
+    # first_k_dense_replace, Llama-4's interleaved non-MoE layers, Qwen3-MoE's mlp_only_layers)
     mla_latent: int = 0  # MLA: width of the cached compressed KV (kv_lora_rank); 0 = not MLA
     mla_rope: int = 0  # MLA: width of the decoupled rope key cached beside the latent
     tp_replicated_params: float = 0.0  # non-expert weights every TP rank holds and reads whole (dp_ep mode)
     w8a8: bool = False  # INT8 weights and activations: linear layers run at the device's INT8 rate
+    tied_embeddings: bool = False  # one vocab x hidden table is both the embedding and the LM head (counted once)
 
     @property
     def moe_layers(self) -> int:
@@ -118,92 +149,31 @@ class ModelSpec:
         return (self.total_params - self.active_params) / (1.0 - self.experts_per_token / self.n_experts)
 
 
-def _gqa_kv_bytes(n_layers: int, n_kv_heads: int, head_dim: int) -> int:
-    return 2 * n_layers * n_kv_heads * head_dim * 2  # K and V, bf16
+# The models: one Hugging Face config.json-style file per model in jaxroute/data/models/ (package data), its
+# `_source` key citing where the values come from, read by `hf_config.read_model_config` like any config.json
+# a user gives (`get_model(PATH)`, `--model-config PATH`): one path builds every model. This order is the order
+# the command line lists them in; any other file there follows, by name.
+MODEL_DIR = Path(__file__).resolve().parent / "data" / "models"
+MODEL_ORDER = ("Mistral-7B", "Llama-3-8B", "Llama-3-70B", "Qwen3-30B-A3B", "DeepSeek-V3", "Qwen3-32B", "Qwen3-8B",
+               "Llama-3.1-8B", "Llama-3.1-70B", "DeepSeek-V3-W8A8",
+               # the models of the real vLLM H100 runs (../shared/data/vllm-h100-inference-perf/model_configs)
+               "Llama-2-7B", "Llama-2-70B", "Mixtral-8x7B", "CodeLlama-34B")
 
 
-def _dense_params(layers: int, hidden: int, heads: int, kv_heads: int, head_dim: int, ffn: int, vocab: int,
-                  qk_norm: bool = False) -> int:
-    """Weights of a dense Llama/Qwen3-style decoder from its config.json (untied embedding and LM head).
-
-    Per layer: q, k, v, o projections (no bias), SwiGLU MLP (gate, up, down), two RMSNorms, and for
-    Qwen3 the per-head q/k RMSNorms (head_dim each); plus embedding, LM head and the final norm.
-    """
-    attn = hidden * heads * head_dim * 2 + hidden * kv_heads * head_dim * 2
-    layer = attn + 3 * hidden * ffn + 2 * hidden + (2 * head_dim if qk_norm else 0)
-    return layers * layer + 2 * vocab * hidden + hidden
+def _catalog_models() -> dict[str, ModelSpec]:
+    files = {f.stem: f for f in MODEL_DIR.glob("*.json")}
+    missing = [n for n in MODEL_ORDER if n not in files]
+    if missing:
+        raise JaxrouteError(f"the package's model configs are missing {', '.join(missing)} (looked in {MODEL_DIR})")
+    names = list(MODEL_ORDER) + sorted(set(files) - set(MODEL_ORDER))
+    return {n: read_model_config(files[n], name=n) for n in names}
 
 
-def _dense_model(name: str, *, layers: int, hidden: int, heads: int, kv_heads: int, head_dim: int, ffn: int,
-                 vocab: int, qk_norm: bool = False) -> ModelSpec:
-    """A dense bf16 GQA ModelSpec built from config.json values."""
-    p = _dense_params(layers, hidden, heads, kv_heads, head_dim, ffn, vocab, qk_norm)
-    return ModelSpec(name, p, p, layers, hidden, vocab, heads, head_dim, head_dim, kv_heads,
-                     _gqa_kv_bytes(layers, kv_heads, head_dim))
-
-
-# Sources (Hugging Face config.json / model cards):
-# - Mistral-7B-v0.1 (mistralai/Mistral-7B-v0.1): 7,241,732,096 params, 32 layers, hidden 4096,
-#   32 heads, 8 KV heads of dim 128, vocab 32000 -> KV 131,072 B/token (docs/architecture.md).
-# - Llama-3-8B (meta-llama/Meta-Llama-3-8B): 8,030,261,248 params, 32 layers, hidden 4096, 32 heads,
-#   8 KV heads, head dim 128, vocab 128256.
-# - Llama-3-70B (meta-llama/Meta-Llama-3-70B): 70,553,706,496 params, 80 layers, hidden 8192, 64 heads,
-#   8 KV heads, head dim 128, vocab 128256.
-# - Qwen3-30B-A3B (Qwen/Qwen3-30B-A3B model card): 30.5B total, 3.3B activated, 48 layers, 32 Q heads,
-#   4 KV heads, head dim 128, hidden 2048, 128 experts with 8 activated, vocab 151936.
-# - DeepSeek-V3 (deepseek-ai/DeepSeek-V3 model card + config): 671B total, 37B activated (the 14B MTP module
-#   of the 685B checkpoint is not used for serving), 61 layers, hidden 7168, 128 heads, q/k head dim
-#   128 (nope) + 64 (rope) = 192, v head dim 128, 256 routed experts with 8 per token, vocab 129280,
-#   FP8 weights. MLA caches one compressed latent per token and layer: kv_lora_rank 512 + rope key 64,
-#   bf16 -> 61 * 576 * 2 = 70,272 B/token, shared by all heads (so TP replicates it on every rank).
-#   config.json "first_k_dense_replace": 3 (layers 0-2 have a dense MLP, 58 layers have experts), q_lora_rank 1536.
-#   vLLM keeps MLA's down-projections whole on every TP rank: DeepseekV2MLAAttention.fused_qkv_a_proj is a
-#   MergedColumnParallelLinear with disable_tp=True of shape 2112 x 7168 = [q_lora_rank 1536, kv_lora_rank 512 +
-#   rope 64] (vllm-project/vllm vllm/model_executor/models/deepseek_v2.py @002d607, DeepSeekV2FusedQkvAProjLinear),
-#   so 61 * 7168 * 2112 = 923.5M params are replicated across TP; the rest of the attention (q_b, kv_b, o) and the
-#   MLPs split by heads / columns.
-# - DeepSeek-V3-W8A8: the same weights quantized to INT8 weights and INT8 activations, as the BalanceRoute paper
-#   serves it on Ascend ("DeepSeek-V3 671B W8A8", vllm-ascend) and as vLLM-Ascend's tutorials ship it
-#   ("DeepSeek-V3.1-w8a8"); still 1 byte per weight. The embedding, LM head and norms are counted at 1 B too
-#   (in the released W8A8 checkpoints they may stay bf16: an approximation of < 0.3 % of the bytes).
-_DEEPSEEK_V3 = ModelSpec("DeepSeek-V3", 671e9, 37e9, 61, 7168, 129280, 128, 192, 128, 1,
-                         61 * (512 + 64) * 2, n_experts=256, experts_per_token=8, weight_bytes_per_param=1,
-                         dense_layers=3, mla_latent=512, mla_rope=64, tp_replicated_params=61 * 7168 * (1536 + 576))
-MODELS: dict[str, ModelSpec] = {
-    m.name: m
-    for m in [
-        ModelSpec("Mistral-7B", 7_241_732_096, 7_241_732_096, 32, 4096, 32000, 32, 128, 128, 8,
-                  _gqa_kv_bytes(32, 8, 128)),
-        ModelSpec("Llama-3-8B", 8_030_261_248, 8_030_261_248, 32, 4096, 128256, 32, 128, 128, 8,
-                  _gqa_kv_bytes(32, 8, 128)),
-        ModelSpec("Llama-3-70B", 70_553_706_496, 70_553_706_496, 80, 8192, 128256, 64, 128, 128, 8,
-                  _gqa_kv_bytes(80, 8, 128)),
-        ModelSpec("Qwen3-30B-A3B", 30.5e9, 3.3e9, 48, 2048, 151936, 32, 128, 128, 4,
-                  _gqa_kv_bytes(48, 4, 128), n_experts=128, experts_per_token=8),
-        _DEEPSEEK_V3,
-        # Hugging Face config.json values (all four: "tie_word_embeddings": false, bf16). Qwen3 configs
-        # copied in citsjtu2020/LLM-Prof sglang/Model_Config.md @8434c8d: Qwen3-32B lines 264-293
-        # (head_dim 273, hidden_size 275, intermediate_size 277, num_attention_heads 281, num_hidden_layers
-        # 282, num_key_value_heads 283, tie_word_embeddings 288, vocab_size 293); Qwen3-8B lines 328-357
-        # (337, 339, 341, 345-347, 352, 357). Llama-3.1-8B: same file, lines 1-34 (hidden_size 11,
-        # intermediate_size 13, heads 17, layers 18, KV heads 19, tied 30, vocab 34; no head_dim key, so
-        # 4096 / 32 = 128). Llama-3.1-70B: oumi-ai/oumi configs/recipes/llama3_1/README.md @2f02887 lines
-        # 27-39 (vocab 128,256, hidden 8192, MLP intermediate 28,672, 80 layers, 64 heads, 8 KV heads,
-        # weight tying False; head dim 8192 / 64 = 128). Parameter counts follow from these by
-        # `_dense_params` (Llama-3.1: 8,030,261,248 and 70,553,706,496, as Llama-3; Qwen3-32B 32.76e9).
-        _dense_model("Qwen3-32B", layers=64, hidden=5120, heads=64, kv_heads=8, head_dim=128, ffn=25600,
-                     vocab=151936, qk_norm=True),
-        _dense_model("Qwen3-8B", layers=36, hidden=4096, heads=32, kv_heads=8, head_dim=128, ffn=12288,
-                     vocab=151936, qk_norm=True),
-        _dense_model("Llama-3.1-8B", layers=32, hidden=4096, heads=32, kv_heads=8, head_dim=128, ffn=14336,
-                     vocab=128256),
-        _dense_model("Llama-3.1-70B", layers=80, hidden=8192, heads=64, kv_heads=8, head_dim=128, ffn=28672,
-                     vocab=128256),
-        dataclasses.replace(_DEEPSEEK_V3, name="DeepSeek-V3-W8A8", w8a8=True),
-    ]
-}
-# Short names the CLI accepts for the only catalog entry of that kind (lower-case, '-'/'_'/'.' ignored).
-GPU_ALIASES = {"h100": "H100-SXM", "a100": "A100-80GB", "910c": "Ascend-910C", "ascend": "Ascend-910C"}
+MODELS: dict[str, ModelSpec] = _catalog_models()
+# Short names the CLI accepts for the only catalog entry of that kind (lower-case, '-'/'_'/'.' ignored). "h100" named
+# the only H100 before H100-NVL joined; it keeps meaning the SXM part (the default everywhere it is used).
+GPU_ALIASES = {"h100": "H100-SXM", "a100": "A100-80GB", "910c": "Ascend-910C", "ascend": "Ascend-910C",
+               "rtx-a6000": "A6000", "h100-sxm5": "H100-SXM", "h200-sxm": "H200", "hgx-b200": "B200"}
 
 
 def _key(name: str) -> str:
@@ -227,9 +197,55 @@ def get_gpu(name: str | GPUSpec) -> GPUSpec:
     return _lookup(name, GPUS, "GPU", GPU_ALIASES)
 
 
-def get_model(name: str | ModelSpec) -> ModelSpec:
-    """Catalog model by name (case-insensitive, '-'/'_'/'.' ignored: 'qwen3-32b', 'llama-3.1-70b')."""
-    return _lookup(name, MODELS, "model")
+def is_model_path(name) -> bool:
+    """Whether a model argument names a config.json or its folder rather than a catalog name: a path object, text
+    with a path separator or ending in .json, or (not a catalog name) an existing file or folder."""
+    if isinstance(name, os.PathLike):
+        return True
+    if not isinstance(name, str):
+        return False
+    text = name.strip()
+    if any(sep and sep in text for sep in (os.sep, os.altsep, "/")) or text.lower().endswith(".json"):
+        return True
+    return _key(text) not in {_key(k) for k in MODELS} and os.path.exists(text)
+
+
+@functools.lru_cache(maxsize=64)
+def _model_at(path: str, _stamp: tuple) -> ModelSpec:
+    return read_model_config(path)
+
+
+def _model_from_path(path) -> ModelSpec:
+    """The model of a config.json or its folder, read once per file version (path, size and mtime)."""
+    resolved = os.path.realpath(os.path.expanduser(os.fspath(path)))
+    file = os.path.join(resolved, "config.json") if os.path.isdir(resolved) else resolved
+    try:
+        st = os.stat(file)
+        stamp = (st.st_mtime_ns, st.st_size)
+    except OSError:
+        stamp = ()
+    return _model_at(resolved, stamp)  # a missing file: read_model_config's one-line error
+
+
+def model_ref(name) -> str:
+    """What to pass on as a model argument: a catalog model's name (case fixed), or a config path made absolute
+    (so it reads the same from any folder or process). Checks the model."""
+    if is_model_path(name):
+        _model_from_path(name)
+        return os.path.abspath(os.path.expanduser(os.fspath(name).strip()))
+    return get_model(name).name
+
+
+def get_model(name: str | os.PathLike | ModelSpec) -> ModelSpec:
+    """Catalog model by name (case-insensitive, '-'/'_'/'.' ignored: 'qwen3-32b', 'llama-3.1-70b'), or the model of a
+    Hugging Face config.json or the folder holding it (`hf_config.read_model_config`): any place that takes a model
+    name takes a config path."""
+    if is_model_path(name):
+        return _model_from_path(os.fspath(name).strip() if isinstance(name, str) else name)
+    try:
+        return _lookup(name, MODELS, "model")
+    except JaxrouteError as e:
+        raise JaxrouteError(f"{e} (or a path to a Hugging Face config.json or its folder)") from None
 
 
 # --------------------------------------------------------------------------- tensor and data parallelism

@@ -62,10 +62,12 @@ from jaxroute.catalog import (  # noqa: F401  (the catalogs and KV capacity, re-
     kv_capacity_tokens,
 )
 from jaxroute.errors import JaxrouteError
+from jaxroute.latency_params import BASIS, N_BASIS, US  # noqa: F401  (the trained basis's names)
 
-ROOFLINE, PREBLE = 0, 1
+ROOFLINE, PREBLE, TRAINED = 0, 1, 2
 PREBLE_QUAD_PEAK = 1.25 / (2 * 2.56e-3)  # 244.14 tokens: the vertex of Preble's middle linear-time branch
-KINDS = {"roofline": ROOFLINE, "preble": PREBLE}
+KINDS = {"roofline": ROOFLINE, "preble": PREBLE, "trained": TRAINED}
+
 
 
 # --------------------------------------------------------------------------- calibration
@@ -141,6 +143,10 @@ class CostParams:
     # DP rank adds per token it computes and per cached token it reads, beyond the roofline
     token_s: jax.Array  # [] float32
     kv_token_s: jax.Array  # [] float32
+    # the trained model (kind 2): datasheet peaks (no efficiency factor) and one coefficient per basis term
+    peak_flops: jax.Array  # [] float32 dense bf16 (fp8 for FP8-weight models) FLOP/s per GPU, datasheet
+    peak_mem_bw: jax.Array  # [] float32 HBM bytes/s per GPU, datasheet
+    beta: jax.Array  # [N_BASIS] float32 coefficients of `trained_basis` (zeros unless `with_beta`)
 
 
 def _mla_decode_pair_flops(m: ModelSpec) -> float:
@@ -174,6 +180,9 @@ def cost_params(gpu: str | GPUSpec, model: str | ModelSpec, tp: int = 1, kind: s
     if m.w8a8 and g.int8_ops <= 0:
         raise JaxrouteError(f"{m.name} runs its linear layers in INT8 and the catalog has no INT8 rate for {g.name}")
     embed = m.vocab * m.hidden
+    # Tied embeddings: one table (counted once in the params) is the embedding and the LM head, so the params hold
+    # one table to take out of the linear layers, and the weights read every iteration keep it (the LM head reads it).
+    tables, unread = (1, 0) if m.tied_embeddings else (2, embed)
     dp_ep = parallel == "dp_ep"
     devices = dp_ranks * tp if dp_ep else tp
     routed_active = m.expert_params * m.experts_per_token / m.n_experts
@@ -189,11 +198,11 @@ def cost_params(gpu: str | GPUSpec, model: str | ModelSpec, tp: int = 1, kind: s
         allreduce_latency_s=f32(ALLREDUCE_LATENCY_S),
         n_layers=f32(m.n_layers),
         hidden=f32(m.hidden),
-        linear_flops_per_token=f32(2.0 * (m.active_params - 2 * embed)),
+        linear_flops_per_token=f32(2.0 * (m.active_params - tables * embed)),
         logits_flops=f32(2.0 * embed),
         attn_flops_per_pair=f32(2.0 * m.n_layers * m.n_heads * (m.head_dim_qk + m.head_dim_v)),
         kv_bytes_per_token_gpu=f32(m.kv_bytes_per_token / _kv_shards(m, tp)),
-        dense_weight_bytes=f32((m.total_params - embed - m.expert_params) * m.weight_bytes_per_param),
+        dense_weight_bytes=f32((m.total_params - unread - m.expert_params) * m.weight_bytes_per_param),
         expert_weight_bytes=f32(m.expert_params * m.weight_bytes_per_param),
         expert_hit_prob=f32(m.experts_per_token / m.n_experts),
         parallel=jnp.asarray(PARALLEL[parallel], jnp.int32),
@@ -209,7 +218,31 @@ def cost_params(gpu: str | GPUSpec, model: str | ModelSpec, tp: int = 1, kind: s
         decode_attn_flops_per_pair=f32(_mla_decode_pair_flops(m)),
         token_s=f32(0.0),
         kv_token_s=f32(0.0),
+        peak_flops=f32(_peak_flops(g, m)),
+        peak_mem_bw=f32(g.mem_bw),
+        beta=jnp.asarray(_default_beta() if kind == "trained" else (0.0,) * N_BASIS, jnp.float32),
     )
+
+
+def _default_beta() -> tuple[float, ...]:
+    from jaxroute import latency_params
+
+    return latency_params.default().beta
+
+
+def _peak_flops(g: GPUSpec, m: ModelSpec) -> float:
+    """The datasheet's dense tensor rate the linear layers run at: FP8 for 1-byte (FP8) weights where the chip has
+    an FP8 rate (vLLM's FP8 W8A8 kernels), INT8 for W8A8 models, bf16 otherwise."""
+    if m.w8a8 and g.int8_ops > 0:
+        return g.int8_ops
+    fp8 = getattr(g, "fp8_flops", 0.0)
+    return fp8 if m.weight_bytes_per_param == 1 and fp8 > 0 else g.flops
+
+
+def with_beta(cp: CostParams, beta) -> CostParams:
+    """`cp` under the trained step-time model with coefficients `beta` [N_BASIS] (traced values differentiate)."""
+    return dataclasses.replace(cp, kind=jnp.zeros_like(cp.kind) + TRAINED,
+                               beta=jnp.broadcast_to(jnp.asarray(beta, jnp.float32), cp.beta.shape))
 
 
 class CostFactors(NamedTuple):
@@ -240,6 +273,9 @@ class IterationStats(NamedTuple):
     kv_read: jax.Array  # cached tokens read (prefill context + decode context)
     total_context: jax.Array  # sequence lengths summed (Preble's total_context)
     preble_extend_ms: jax.Array  # Preble's per-request extend term, summed
+    prefill_tokens: jax.Array  # the prefill chunks' new tokens (tokens - prefill_tokens: one per decoder)
+    prefill_pairs: jax.Array  # the chunks' (query, key) pairs n*c + n^2/2 (attn_pairs - these: decode contexts)
+    prefill_kv: jax.Array  # cached tokens the chunks read (kv_read - these: decode contexts)
 
 
 def _preble_extend_ms(e: jax.Array, s: jax.Array) -> jax.Array:
@@ -262,6 +298,9 @@ def iteration_stats(prefill_tokens, prefill_context, prefill_mask, decode_contex
         kv_read=jnp.sum(c) + jnp.sum(dc),
         total_context=jnp.sum(c + n) + jnp.sum(dc),
         preble_extend_ms=jnp.sum(jnp.where(pm, _preble_extend_ms(n, c + n), 0.0)),
+        prefill_tokens=jnp.sum(n),
+        prefill_pairs=jnp.sum(n * c + 0.5 * n * n),
+        prefill_kv=jnp.sum(c),
     )
 
 
@@ -286,6 +325,9 @@ def leap_stats(chunk, context0, has_prefill, decode_context0, n_decode, shifts) 
         kv_read=c + dc,
         total_context=(c + n) + dc,
         preble_extend_ms=jnp.where(has_prefill, _preble_extend_ms(n, c + n), 0.0) * ones,
+        prefill_tokens=n * ones,
+        prefill_pairs=(n * c + 0.5 * n * n) * ones,
+        prefill_kv=c * ones,
     )
 
 
@@ -332,9 +374,43 @@ def preble_time(cp: CostParams, s: IterationStats) -> jax.Array:
     return (linear_ms + attn_ms + s.preble_extend_ms) / 0.9 / 1e3
 
 
+def trained_basis(cp: CostParams, s: IterationStats) -> jax.Array:
+    """The trained step time's basis [N_BASIS] (`BASIS`), seconds per TP rank, at datasheet peaks.
+
+    BLIS's trained-physics basis (inference-sim sim/latency/trained_physics_model.go, `StepTime`: prefill and
+    decode compute and KV traffic, weight reads, TP all-reduce, per-layer, per-request and per-step overheads and
+    a per-MoE-layer term), on this module's counts: the linear and attention FLOPs of the roofline split by phase
+    (the logits with the decode compute), the KV bytes a prefill chunk reads and writes and those a decoder reads
+    and writes, the weights read once per step (MoE experts as far as the step's tokens hit them, as the roofline),
+    the ring all-reduce bytes of 2 L all-reduces over the TP link, then layers, requests, 1 and MoE layers x 1 us.
+    The step time is `beta . basis`: linear in the coefficients, so a fit's Jacobian is the basis summed."""
+    tp = cp.tp
+    n_pf = s.prefill_tokens
+    n_dc = s.tokens - n_pf
+    linear = cp.linear_flops_per_token * (cp.flops / cp.linear_flops)  # bf16-equivalent (as the roofline)
+    peak = tp * cp.peak_flops
+    pf_compute = (linear * n_pf + cp.attn_flops_per_pair * s.prefill_pairs) / peak
+    dc_compute = (linear * n_dc + cp.attn_flops_per_pair * (s.attn_pairs - s.prefill_pairs)
+                  + cp.logits_flops * s.requests) / peak
+    pf_kv = cp.kv_bytes_per_token_gpu * (s.prefill_kv + n_pf) / cp.peak_mem_bw
+    dc_kv = cp.kv_bytes_per_token_gpu * (s.kv_read - s.prefill_kv + n_dc) / cp.peak_mem_bw
+    experts_hit = 1.0 - jnp.power(1.0 - cp.expert_hit_prob, s.tokens)
+    weights = (cp.dense_weight_bytes + cp.expert_weight_bytes * experts_hit) / tp / cp.peak_mem_bw
+    ring = 2.0 * (tp - 1.0) / tp * s.tokens * cp.hidden * 2.0 / cp.link_bw
+    allreduce = jnp.where(tp > 1.0, 2.0 * cp.n_layers * ring, 0.0)
+    one = jnp.ones_like(s.tokens)
+    return jnp.stack([pf_compute, pf_kv, dc_compute, dc_kv, weights, allreduce, cp.n_layers * US * one,
+                      s.requests * US, US * one, cp.moe_layers * US * one], axis=-1)
+
+
+def trained_time(cp: CostParams, s: IterationStats) -> jax.Array:
+    """The trained model's iteration time: coefficients x basis."""
+    return jnp.sum(cp.beta * trained_basis(cp, s), axis=-1)
+
+
 def time_from_stats(cp: CostParams, s: IterationStats) -> jax.Array:
     """Iteration time (s) under the cost model selected by cp.kind; 0 for an empty iteration."""
-    t = jax.lax.switch(jnp.clip(cp.kind, 0, 1), [roofline_time, preble_time], cp, s)
+    t = jax.lax.switch(jnp.clip(cp.kind, 0, 2), [roofline_time, preble_time, trained_time], cp, s)
     return jnp.where(s.tokens > 0, t + cp.token_s * s.tokens + cp.kv_token_s * s.kv_read, 0.0)
 
 
@@ -354,15 +430,17 @@ def prefill_stats(n, cached=0) -> IterationStats:
     n = jnp.asarray(n, jnp.float32)
     c = jnp.asarray(cached, jnp.float32)
     return IterationStats(tokens=n, requests=jnp.where(n > 0, 1.0, 0.0), attn_pairs=n * c + 0.5 * n * n,
-                          kv_read=c, total_context=c + n, preble_extend_ms=_preble_extend_ms(n, c + n))
+                          kv_read=c, total_context=c + n, preble_extend_ms=_preble_extend_ms(n, c + n),
+                          prefill_tokens=n, prefill_pairs=n * c + 0.5 * n * n, prefill_kv=c)
 
 
 def decode_stats(batch, context) -> IterationStats:
     """IterationStats of a decode iteration of `batch` requests, each with `context` tokens."""
     b = jnp.asarray(batch, jnp.float32)
     bc = b * jnp.asarray(context, jnp.float32)
+    zero = jnp.zeros_like(bc)
     return IterationStats(tokens=b, requests=b, attn_pairs=bc, kv_read=bc, total_context=bc,
-                          preble_extend_ms=jnp.zeros_like(bc))
+                          preble_extend_ms=zero, prefill_tokens=zero, prefill_pairs=zero, prefill_kv=zero)
 
 
 def prefill_time(cp: CostParams, n, cached=0) -> jax.Array:
@@ -389,7 +467,9 @@ def mixed_stats(batch, kv_tokens, prefill_tokens=0) -> IterationStats:
     pre = prefill_stats(prefill_tokens)  # one chunk on nothing cached
     return IterationStats(tokens=b + pre.tokens, requests=b + pre.requests, attn_pairs=k + pre.attn_pairs,
                           kv_read=k + pre.kv_read, total_context=k + pre.total_context,
-                          preble_extend_ms=jnp.where(pre.tokens > 0, pre.preble_extend_ms, 0.0))
+                          preble_extend_ms=jnp.where(pre.tokens > 0, pre.preble_extend_ms, 0.0),
+                          prefill_tokens=pre.prefill_tokens + 0.0 * b, prefill_pairs=pre.prefill_pairs + 0.0 * b,
+                          prefill_kv=pre.prefill_kv + 0.0 * b)
 
 
 class DPStepTerms(NamedTuple):

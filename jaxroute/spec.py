@@ -30,7 +30,7 @@ from jaxroute.mapping_files import read_mapping
 
 # setting (a flag's dest) -> the section `--save-spec` writes it in; any other setting goes to `options`
 SECTION_OF = {
-    **dict.fromkeys(("deployment", "gpu", "model", "tp", "prefill_tp", "replicas", "admission", "max_running",
+    **dict.fromkeys(("deployment", "gpu", "model", "model_config", "tp", "prefill_tp", "replicas", "admission", "max_running",
                      "chunk", "local", "priority_groups", "kv_capacity", "cost_model", "max_queue", "cache_slots",
                      "e2_ring", "prefill", "decode", "ratios", "decode_tier", "decode_slots", "kv_link_gbps",
                      "kv_link_latency_ms", "colocated", "servers", "ranks", "cost_params", "cpu_tier", "shared_tier",

@@ -87,6 +87,7 @@ MINIMAL_ARGV = {
     "tune": [["cluster", "--router", "threshold"], ["control", "--autoscaler", "hpa"], ["decode"]],
     "eval-predictor": [["--workload", "synthetic-prod"]],
     "train-predictor": [["--workload", "synthetic-prod", "--save", "DIR"]],
+    "fit-latency": [["DATA"]],
 }
 PARSE_EVERYTHING = f"""
 import argparse, sys

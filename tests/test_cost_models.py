@@ -127,8 +127,9 @@ def test_catalog_lookup_is_case_insensitive_and_errors_list_choices():
 
 
 def test_catalog_figures():
-    assert set(cm.GPUS) == {"A6000", "A100-80GB", "H100-SXM", "H200", "Ascend-910C"}
-    assert set(cm.MODELS) == {"Mistral-7B", "Llama-3-8B", "Llama-3-70B", "Qwen3-30B-A3B", "DeepSeek-V3",
+    # these entries, and more (tests/test_hf_config.py checks the newer GPUs and models)
+    assert set(cm.GPUS) >= {"A6000", "A100-80GB", "H100-SXM", "H200", "Ascend-910C"}
+    assert set(cm.MODELS) >= {"Mistral-7B", "Llama-3-8B", "Llama-3-70B", "Qwen3-30B-A3B", "DeepSeek-V3",
                               "Qwen3-32B", "Qwen3-8B", "Llama-3.1-8B", "Llama-3.1-70B", "DeepSeek-V3-W8A8"}
     assert MISTRAL.kv_bytes_per_token == 131_072
     assert cm.get_model("Llama-3-70B").kv_bytes_per_token == 2 * 80 * 8 * 128 * 2
@@ -535,7 +536,7 @@ def test_ascend_910c_is_one_die_of_the_published_package():
     assert ASCEND.int8_ops == 2 * ASCEND.flops  # derived (Da Vinci cube INT8 tile is twice the FP16 one)
     for g in cm.GPUS.values():
         assert g.int8_ops == pytest.approx(2 * g.flops, rel=1e-3)  # the datasheets' dense INT8 = 2 x dense bf16
-    with pytest.raises(JaxrouteError, match=r"H200, Ascend-910C \(or: h100, a100, 910c, ascend\)"):
+    with pytest.raises(JaxrouteError, match=r"H200, Ascend-910C, .*\(or: h100, a100, 910c, ascend, "):
         cm.get_gpu("910b")
 
 

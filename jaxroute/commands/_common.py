@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from jaxroute.experiments import pd
 
 __all__ = [
-    "add_grid_args", "add_output_args", "add_save_spec", "add_shared_prefix_args", "shared_prefix_settings", "at_least", "check_conservation", "check_overflow", "requests_held", "choose", "csv_list",
+    "add_grid_args", "add_model_args", "add_output_args", "add_save_spec", "add_shared_prefix_args", "shared_prefix_settings", "at_least", "check_conservation", "check_overflow", "requests_held", "choose", "csv_list",
     "finite_float", "fraction", "key_values", "list_of", "non_negative_float", "non_negative_int", "off_or", "positive_float",
     "positive_fraction", "positive_int", "probability", "rate_stages", "save_outputs", "show_progress", "warn",
 ]
@@ -153,6 +153,48 @@ def choose(names: Sequence[str], allowed: Sequence[str], what: str) -> list[str]
     if len(set(out)) != len(out):
         raise JaxrouteError(f"a {what} is listed twice: {', '.join(names)}")
     return out
+
+
+# --------------------------------------------------------------------------- the model flags
+
+MODEL_CONFIG_HELP = ("the served model from its Hugging Face config.json, or the folder holding it (dense Llama/"
+                     "Mistral/Qwen2/Qwen3, Mixtral, Qwen3-MoE, Llama-4, DeepSeek-V3; FP8 and W8A8 quantization_config: "
+                     "jaxroute/hf_config.py); named after its folder; not with {flag} (default: {flag})")
+
+
+def model_config_path(text: str) -> str:
+    """argparse type of --model-config: the absolute path of a config.json (or its folder) that reads as a model
+    (`catalog.get_model` reads it wherever a model name goes); its one-line error names the file and the field."""
+    try:
+        return catalog.model_ref(os.path.abspath(os.path.expanduser(text.strip())))
+    except JaxrouteError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+class _ModelConfig(argparse.Action):
+    """--model-config PATH: keeps the path (dest model_config, a spec's `model_config` key) and puts it in the model
+    flag's dest, so every later use of the model reads the config."""
+
+    def __init__(self, *args, model_dest: str = "model", **kwargs) -> None:
+        self.model_dest = model_dest
+        super().__init__(*args, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        setattr(namespace, self.dest, values)
+        setattr(namespace, self.model_dest, values)
+
+
+def add_model_args(p, *, default: str | None, help: str, flag: str = "--model", dest: str | None = None,
+                   metavar: str = "NAME") -> None:
+    """The model flags of a command: `flag` (a catalog name, or a config path: `catalog.get_model`) and
+    --model-config PATH, one or the other (argparse refuses both in one line: "argument --model-config: not allowed
+    with argument --model"). After parsing, args.<dest> (default: the flag's name) holds the catalog name given or the
+    config's absolute path; pass it on as a model argument (`catalog.model_ref` makes either canonical)."""
+    dest = dest or flag.lstrip("-").replace("-", "_")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument(flag, dest=dest, default=default, metavar=metavar, help=help)
+    g.add_argument("--model-config", dest="model_config", type=model_config_path, default=None, metavar="PATH",
+                   action=_ModelConfig, model_dest=dest, help=MODEL_CONFIG_HELP.format(flag=flag))
 
 
 # --------------------------------------------------------------------------- common flags
@@ -341,7 +383,7 @@ def add_pd_args(p) -> None:
     p.add_argument("--slo-tpot", type=positive_float, default=ex_names.DEFAULT_SLO_TPOT_S, metavar="S",
                    help=f"TPOT SLO in seconds for goodput (default {ex_names.DEFAULT_SLO_TPOT_S:g})")
     p.add_argument("--gpu", default=None, metavar="NAME", help=f"GPU: {', '.join(catalog.GPUS)} (default: the deployment's, H200)")
-    p.add_argument("--model", default=None, metavar="NAME",
+    add_model_args(p, default=None,
                    help=f"model: {', '.join(catalog.MODELS)} (default: the deployment's, Llama-3.1-70B)")
     p.add_argument("--tp", type=positive_int, default=None, metavar="T",
                    help="GPUs per decode group (tensor parallel), and per prefill group unless --prefill-tp (default: "
@@ -379,7 +421,7 @@ def pd_setup(args) -> tuple[str, list[pd.PDRow], object, pd.Deployment]:
     given = {k: v for k, v in dict(gpu=args.gpu, model=args.model, tp=args.tp, prefill_tp=args.prefill_tp,
                                    chunk=args.chunk).items() if v is not None}
     base = dataclasses.replace(base, **given)
-    gpu, model = catalog.get_gpu(base.gpu).name, catalog.get_model(base.model).name
+    gpu, model = catalog.get_gpu(base.gpu).name, catalog.model_ref(base.model)  # a name, or a config's path
 
     bank, predictor = (), 1
     if "brh" in decode_routers and tier == "dp":

@@ -8,6 +8,7 @@ import time
 from jaxroute.clusters.names import REPLICA_GPU, REPLICA_MODEL
 from jaxroute.commands._common import (
     PD_DEFAULT_REQUESTS,
+    add_model_args,
     add_pd_args,
     add_save_spec,
     choose,
@@ -93,7 +94,7 @@ def register(subparsers) -> None:
     p.add_argument("--trace", default=None, metavar="PATH", help="trace file for mooncake / azure-conv")
     p.add_argument("--requests", type=positive_int, default=300, metavar="N", help="requests per run (default 300)")
     p.add_argument("--gpu", default=REPLICA_GPU, metavar="NAME", help=f"GPU (default {REPLICA_GPU})")
-    p.add_argument("--model-name", default=REPLICA_MODEL, metavar="NAME", help=f"model served (default {REPLICA_MODEL})")
+    add_model_args(p, default=REPLICA_MODEL, flag="--model-name", help=f"model served (default {REPLICA_MODEL})")
     p.add_argument("--tp", type=positive_int, default=1, metavar="T", help="GPUs per replica (default 1)")
     _search_args(p, "cluster")
     p = sub.add_parser("pd", help="prefill/decode disaggregation: P:D ratios x routers, requests/s",

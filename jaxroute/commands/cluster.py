@@ -19,6 +19,7 @@ from jaxroute.commands._common import (
     add_control_args,
     add_grid_args,
     add_lora_args,
+    add_model_args,
     add_shared_prefix_args,
     add_tier_args,
     at_least,
@@ -156,7 +157,7 @@ def register(subparsers) -> None:
                    help="iteration time: roofline or preble (Preble's fitted A6000 equations) (default roofline)")
     p.add_argument("--gpu", default=REPLICA_GPU, metavar="NAME",
                    help=f"GPU of every replica: {', '.join(catalog.GPUS)} (or h100, a100; any case) (default {REPLICA_GPU})")
-    p.add_argument("--model", default=REPLICA_MODEL, metavar="NAME",
+    add_model_args(p, default=REPLICA_MODEL,
                    help=f"model served: {', '.join(catalog.MODELS)} (any case) (default {REPLICA_MODEL})")
     p.add_argument("--tp", type=positive_int, default=1, metavar="T",
                    help="tensor-parallel GPUs per replica: they split the weights and the KV heads; refused when "

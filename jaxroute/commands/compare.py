@@ -8,6 +8,7 @@ from pathlib import Path
 
 from jaxroute import catalog
 from jaxroute.commands._common import (
+    add_model_args,
     add_save_spec,
     non_negative_int,
     positive_float,
@@ -53,8 +54,21 @@ def register(subparsers) -> None:
                    help=f"the router of the replay, from: {', '.join(PREFIX_POLICIES)} (default least_load)")
     p.add_argument("--replicas", type=positive_int, default=1, metavar="G", help="replicas behind it (default 1)")
     p.add_argument("--gpu", default="H100-SXM", metavar="NAME", help=f"GPU: {', '.join(catalog.GPUS)} (default H100-SXM)")
-    p.add_argument("--model", default="Llama-3.1-8B", metavar="NAME",
-                   help=f"model: {', '.join(catalog.MODELS)} (default Llama-3.1-8B)")
+    add_model_args(p, default="Llama-3.1-8B", help=f"model: {', '.join(catalog.MODELS)} (default Llama-3.1-8B; a "
+                   "run folder: the served model's config.json in a model_configs/ folder beside the runs)")
+    p.add_argument("--server", default=None, metavar="FILE",
+                   help="vLLM's serve arguments (YAML: model, tensor_parallel_size, max_num_batched_tokens, "
+                   "max_num_seqs, gpu_memory_utilization, block_size, ...) of a run folder or report folder "
+                   "(default: the run folder's exp-config.yaml); the KV cache is sized as vLLM sizes it")
+    p.add_argument("--latency-model", default="trained", choices=("trained", "roofline"),
+                   help="a run folder's step time: the fitted trained model (default) or today's roofline")
+    p.add_argument("--latency-params", default=None, metavar="PATH.json",
+                   help="the trained model's coefficients (`jaxroute fit-latency --params-out`; default: shipped)")
+    p.add_argument("--requests", type=positive_int, default=400, metavar="N",
+                   help="a run folder: requests simulated per stage that keeps up (default 400; a stage whose "
+                   "queue grew is simulated whole)")
+    p.add_argument("--plot", default=None, metavar="PATH.png",
+                   help="a run folder: measured against simulated per stage, as a PNG (default: none)")
     p.add_argument("--tp", type=positive_int, default=1, metavar="T", help="GPUs per replica (default 1)")
     p.add_argument("--admission", default="on-demand", choices=("reserve", "on-demand"),
                    help="KV admission (default on-demand: vLLM V1's)")
@@ -81,7 +95,12 @@ def run(args) -> int:
         raise JaxrouteError(f"unknown router '{args.router}'; choose from: {', '.join(PREFIX_POLICIES)}")
     if not args.fit and (args.cost_params_out or args.fit_plot or args.fit_steps or args.fit_lr):
         raise JaxrouteError("--cost-params-out, --fit-plot, --fit-steps and --fit-lr go with --fit")
-    gpu, model = catalog.get_gpu(args.gpu).name, catalog.get_model(args.model).name
+    if _is_run_folder(args):
+        return _run_folder(args)
+    if args.server or args.latency_params or args.plot or args.latency_model != "trained":
+        raise JaxrouteError("--server, --latency-model, --latency-params and --plot go with a run folder "
+                            "(exp-config.yaml and results/ with stage_N_lifecycle_metrics.json)")
+    gpu, model = catalog.get_gpu(args.gpu).name, catalog.model_ref(args.model)
     from jaxroute import measured as measured_lib
     from jaxroute.experiments import fit_roofline, replay
 
@@ -153,3 +172,50 @@ def _factors_text(f) -> str:
     f = f or CostFactors()
     return f"eta_compute {f.eta_compute:.4g}, eta_memory {f.eta_memory:.4g}, overhead {f.overhead_s * 1e3:.4g} ms"
 
+
+
+def _is_run_folder(args) -> bool:
+    d = Path(args.measured)
+    return d.is_dir() and (args.server is not None or (d / "exp-config.yaml").is_file())
+
+
+def _run_folder(args) -> int:
+    """A measured run folder (vLLM's settings + inference-perf's config and stage metrics), every stage simulated
+    under the latency model, measured and simulated side by side."""
+    from jaxroute import output_paths
+
+    output_paths.check(args.out, args.plot)
+    if args.fit:
+        raise JaxrouteError("--fit applies to per-request files; fit a run folder with `jaxroute fit-latency`")
+    from jaxroute import latency_params, real_runs
+
+    model = args.model if args.model_config else None
+    if args.latency_model == "roofline" and args.latency_params:
+        raise JaxrouteError("--latency-params sets the trained model's coefficients; drop --latency-model roofline")
+    lp = None if args.latency_model == "roofline" else (
+        latency_params.load(args.latency_params) if args.latency_params else latency_params.default())
+    stages = real_runs.read_run(args.measured, server_file=args.server, config=args.config, model=model,
+                                gpu=catalog.get_gpu(args.gpu).name)
+    from jaxroute import server
+    from jaxroute.experiments import latency_report
+
+    s0 = stages[0]
+    kv = server.kv_parts(s0.gpu, s0.model, s0.tp, s0.gpu_memory_utilization, s0.block_size)
+    print(f"compare: {s0.run}: {catalog.get_model(s0.model).name} on {s0.tp} x {s0.gpu}, max_num_batched_tokens "
+          f"{s0.chunk}, max_num_seqs {s0.max_running}, {len(stages)} stage(s), {args.latency_model} latency model")
+    print(f"  {kv.text()}")
+    doc = latency_report.compare_run(stages, lp, requests=args.requests, seed=0)
+    print(latency_report.format_run(doc))
+    print("itl: the per-token time, (E2E mean - TTFT mean) / (output tokens - 1); tpot_reported: inference-perf's "
+          "TPOT, which counted every streamed token twice here (simulated: itl x (n - 1) / (2 n - 1))")
+    over = [r for r in doc["stages"] if r["simulated_overloaded"] or r["measured_overloaded"]]
+    for r in over:
+        print(f"stage {r['stage']}: overloaded: measured {r['measured_failed_pct']:.1f} % failed, simulated "
+              f"{r['simulated_failed_pct']:.1f} % timed out (inference-perf's request timeout)")
+    if args.plot:
+        print(f"wrote {latency_report.plot_run(doc, args.plot)}")
+    if args.out:
+        from jaxroute import report
+
+        print(f"wrote {report.write_json(args.out, latency_report.jsonable(doc))}")
+    return 0

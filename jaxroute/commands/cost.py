@@ -7,6 +7,7 @@ import json
 from jaxroute import catalog
 from jaxroute.clusters.names import REPLICA_GPU, REPLICA_MODEL
 from jaxroute.commands._common import (
+    add_model_args,
     non_negative_int,
     positive_fraction,
     positive_int,
@@ -23,7 +24,7 @@ def register(subparsers) -> None:
         "on a GPU, from jaxroute's cost models. Names are case-insensitive.",
     )
     p.add_argument("--gpu", default=REPLICA_GPU, metavar="NAME", help=f"GPU: {', '.join(catalog.GPUS)} (default {REPLICA_GPU})")
-    p.add_argument("--model", default=REPLICA_MODEL, metavar="NAME", help=f"model: {', '.join(catalog.MODELS)} (default {REPLICA_MODEL})")
+    add_model_args(p, default=REPLICA_MODEL, help=f"model: {', '.join(catalog.MODELS)} (default {REPLICA_MODEL})")
     p.add_argument("--tp", type=positive_int, default=1, metavar="T", help="tensor-parallel degree: GPUs that split the weights and KV (default 1)")
     p.add_argument("--cost-model", default="roofline", metavar="KIND",
                    help="roofline (calibrated on the lecture's A6000 anchors; any GPU/model) or preble "
@@ -47,11 +48,11 @@ def register(subparsers) -> None:
 
 
 def _catalogs() -> str:
-    lines = ["GPUs (one device: dense bf16 TFLOP/s, dense INT8 TOP/s, memory TB/s, memory GB, link GB/s per "
-             "direction; Ascend-910C is one of the package's two dies):"]
+    lines = ["GPUs (one device: dense bf16 TFLOP/s, dense INT8 TOP/s, dense FP8 TFLOP/s (0: none), memory TB/s, "
+             "memory GB, link GB/s per direction; Ascend-910C is one of the package's two dies):"]
     for g in catalog.GPUS.values():
-        lines.append(f"  {g.name:<11} {g.flops / 1e12:8.1f} {g.int8_ops / 1e12:8.1f} {g.mem_bw / 1e12:6.2f} "
-                     f"{g.mem_bytes / 1e9:6.0f} {g.link_bw / 1e9:6.0f}")
+        lines.append(f"  {g.name:<11} {g.flops / 1e12:8.1f} {g.int8_ops / 1e12:8.1f} {g.fp8_flops / 1e12:8.1f} "
+                     f"{g.mem_bw / 1e12:6.2f} {g.mem_bytes / 1e9:6.0f} {g.link_bw / 1e9:6.0f}")
     lines.append("Models (total / active params in B, layers, KV bytes per token):")
     for m in catalog.MODELS.values():
         lines.append(f"  {m.name:<16} {m.total_params / 1e9:7.2f} / {m.active_params / 1e9:6.2f} "

@@ -13,6 +13,7 @@ import time
 from jaxroute.clusters import names as dd  # dp_decode's defaults, dd.DEFAULT_*
 from jaxroute.commands._common import (
     add_grid_args,
+    add_model_args,
     check_conservation,
     check_overflow,
     choose,
@@ -122,8 +123,7 @@ def register(subparsers) -> None:
                    "--parallel/--collective-ms override single fields (default default)")
     p.add_argument("--gpu", default=None, metavar="NAME",
                    help=f"GPU of each worker (cost-model catalog) (default: the deployment's, {dd.DEFAULT_GPU})")
-    p.add_argument("--model", default=None, metavar="NAME",
-                   help=f"served model (catalog) (default: the deployment's, {dd.DEFAULT_MODEL})")
+    add_model_args(p, default=None, help=f"served model (catalog) (default: the deployment's, {dd.DEFAULT_MODEL})")
     p.add_argument("--tp", type=positive_int, default=None, metavar="TP",
                    help=f"tensor parallelism per worker (default: the deployment's, {dd.DEFAULT_TP})")
     p.add_argument("--parallel", default=None, metavar="MODE",

@@ -17,6 +17,7 @@ from jaxroute.clusters.names import (
 )
 from jaxroute.commands._common import (
     add_control_args,
+    add_model_args,
     add_save_spec,
     add_shared_prefix_args,
     choose,
@@ -122,7 +123,7 @@ def _add_cluster_args(p) -> None:
     p.add_argument("--requests", type=positive_int, default=300, metavar="N", help="requests per run (default 300)")
     p.add_argument("--replicas", type=positive_int, default=4, metavar="G", help="number of replicas (default 4)")
     p.add_argument("--gpu", default=REPLICA_GPU, metavar="NAME", help=f"GPU of every replica: {', '.join(catalog.GPUS)} (default {REPLICA_GPU})")
-    p.add_argument("--model", default=REPLICA_MODEL, metavar="NAME", help=f"model served: {', '.join(catalog.MODELS)} (default {REPLICA_MODEL})")
+    add_model_args(p, default=REPLICA_MODEL, help=f"model served: {', '.join(catalog.MODELS)} (default {REPLICA_MODEL})")
     p.add_argument("--tp", type=positive_int, default=1, metavar="T", help="tensor-parallel GPUs per replica (default 1)")
     p.add_argument("--kv-capacity", type=positive_int, default=None, metavar="TOKENS",
                    help="KV tokens per replica (default: from GPU memory, as jaxroute cluster)")

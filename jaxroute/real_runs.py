@@ -1,0 +1,164 @@
+"""Measured vLLM runs driven by inference-perf, read as stages to simulate and targets to meet. No JAX.
+
+A run folder holds the server's settings (`exp-config.yaml`, vLLM serve arguments: `jaxroute.server`), the
+inference-perf config (`results/config.yaml`, inference-perf's own record of what it ran: used here, because
+the `profile.yaml` beside it disagrees on the shared-prefix groups and on multi-turn chat, and the measured prompt
+lengths match `results/config.yaml`: system prompt + question + the chat template's few tokens, no growing
+context), and one `results/stage_N_lifecycle_metrics.json` per load stage (`measured.read_inference_perf_stage_
+summaries`). A bare inference-perf report folder works too, with the server file and the config given.
+
+Targets per stage: TTFT mean and p90, E2E mean and p90, and the per-token time ("ITL") as (E2E mean - TTFT mean) /
+(output tokens - 1), with the output length the server generated (the config's `output_len`; `ignore_eos` makes
+vLLM generate exactly that many). The reported TPOT and ITL means are not used as targets: the inference-perf of
+these runs re-tokenized each one-token stream chunk with a BOS (inference-perf reportgen/base.py, the comment on
+issue #564 at HEAD 7de5ef2), counting every token twice, so they are about half the real per-token time (they
+are still printed, beside the simulated value halved the same way: `reported_itl`).
+
+A run is overloaded when more than 10 % of its requests failed (timed out), as the data's source excludes them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from pathlib import Path
+
+from jaxroute.errors import JaxrouteError
+
+OVERLOAD_FAILURES = 0.10  # the data's SOURCE.md: runs with more than 10 % failures are in overload
+TARGETS = ("ttft_mean", "ttft_p90", "e2e_mean", "e2e_p90", "itl")
+
+
+@dataclasses.dataclass(frozen=True)
+class Stage:
+    """One measured load stage and what it ran on."""
+
+    run: str  # the run folder's name
+    index: int
+    model: str  # a catalog name or a config.json path (`catalog.get_model`)
+    tp: int
+    gpu: str
+    chunk: int  # max_num_batched_tokens
+    max_running: int  # max_num_seqs
+    gpu_memory_utilization: float
+    block_size: int
+    data: dict  # the inference-perf data section
+    rate: float
+    requests: int  # sent
+    failures: int
+    output_len: int  # tokens the server generated per request
+    measured: dict  # TARGETS (seconds) and the reported TPOT / ITL means
+    run_measured: dict = dataclasses.field(default_factory=dict)  # the whole run's TARGETS (summary file)
+    timeout_s: float = math.inf  # the client's request timeout (inference-perf: aiohttp's total, 300 s default)
+
+    @property
+    def overloaded(self) -> bool:
+        return self.failures > OVERLOAD_FAILURES * self.requests
+
+    @property
+    def label(self) -> str:
+        return f"{self.run}/stage {self.index}"
+
+
+def model_family(name: str) -> str:
+    """A short model key of a run (the served model's basename, lower-case): groups runs for cross-validation."""
+    return re.sub(r"[^a-z0-9.]+", "-", name.rsplit("/", 1)[-1].lower()).strip("-")
+
+
+def find_model_config(server_model: str, search: list[Path]) -> Path | None:
+    """The folder of `server_model`'s config.json among `search` folders (basename match, case-insensitive)."""
+    base = server_model.rsplit("/", 1)[-1].lower()
+    for root in search:
+        if not root.is_dir():
+            continue
+        for d in sorted(root.iterdir()):
+            if d.name.lower() == base and (d / "config.json").is_file():
+                return d
+    return None
+
+
+def _output_len(p: Path, data: dict) -> int:
+    sp = data.get("shared_prefix") if isinstance(data, dict) else None
+    out = sp.get("output_len") if isinstance(sp, dict) else None
+    if isinstance(out, dict):  # a distribution: its mean
+        out = out.get("mean")
+    if isinstance(out, bool) or not isinstance(out, int | float) or out < 1:
+        raise JaxrouteError(f"{p}: data.shared_prefix.output_len must be a number of tokens >= 1 (got {out!r})")
+    return int(round(out))
+
+
+def read_run(folder: str | Path, *, server_file: str | Path | None = None, config: str | Path | None = None,
+             model: str | None = None, gpu: str = "H100-SXM") -> list[Stage]:
+    """The stages of one run folder (or of a report folder, with `server_file` and `config`).
+
+    model: the model (a catalog name or a config.json path); None: the folder of the served model's config.json
+    found beside the runs (`../../model_configs/<basename>`), else the server's model name as a catalog name."""
+    from jaxroute import catalog, measured, server
+    from jaxroute.workloads import inference_perf
+
+    d = Path(folder)
+    if not d.is_dir():
+        raise JaxrouteError(f"run folder not found: {d}")
+    results = d / "results" if (d / "results").is_dir() else d
+    server_path = Path(server_file) if server_file else d / "exp-config.yaml"
+    config_path = Path(config) if config else results / "config.yaml"
+    if not server_path.is_file():
+        raise JaxrouteError(f"{d.name}: no server file (exp-config.yaml); give --server FILE")
+    if not config_path.is_file():
+        raise JaxrouteError(f"{d.name}: no inference-perf config (results/config.yaml); give --config FILE")
+    srv = server.read_server(server_path, gpu)
+    _, cfg = inference_perf.read_config(config_path)
+    data = cfg.get("data")
+    if not isinstance(data, dict) or data.get("type") != "shared_prefix":
+        raise JaxrouteError(f"{config_path}: only shared_prefix data is read as real-run stages")
+    if model is None:
+        found = find_model_config(srv.model, [d.parent.parent / "model_configs", d.parent / "model_configs"])
+        model = str(found) if found else srv.model
+    spec = catalog.get_model(model)
+    catalog.check_tp(spec, srv.tensor_parallel_size)
+    out_len = _output_len(config_path, data)
+    timeout = inference_perf.load(cfg).client.request_timeout_s
+    whole = _run_summary(results, out_len)
+    stages = []
+    for row in measured.read_inference_perf_stage_summaries(results):
+        if not math.isfinite(row["ttft_mean_s"]) or not math.isfinite(row["e2e_mean_s"]):
+            raise JaxrouteError(f"{results / row['file']}: no successful streamed request to compare with")
+        itl = (row["e2e_mean_s"] - row["ttft_mean_s"]) / max(out_len - 1, 1)
+        m = {"ttft_mean": row["ttft_mean_s"], "ttft_p90": row["ttft_p90_s"], "e2e_mean": row["e2e_mean_s"],
+             "e2e_p90": row["e2e_p90_s"], "itl": itl, "ttft_p99": row["ttft_p99_s"], "e2e_p99": row["e2e_p99_s"],
+             "reported_tpot": row["tpot_mean_s"], "reported_itl": row["itl_mean_s"]}
+        stages.append(Stage(run=d.name, index=row["stage"], model=model, tp=srv.tensor_parallel_size, gpu=gpu,
+                            chunk=srv.max_num_batched_tokens, max_running=srv.max_num_seqs,
+                            gpu_memory_utilization=srv.gpu_memory_utilization, block_size=srv.block_size,
+                            data=data, rate=row["rate"], requests=row["requests"], failures=row["failures"],
+                            output_len=out_len, measured=m, run_measured=whole,
+                            timeout_s=timeout))
+    return stages
+
+
+def _run_summary(results: Path, out_len: int) -> dict:
+    """The whole run's TARGETS from `summary_lifecycle_metrics.json` (empty when the file is missing)."""
+    from jaxroute import measured
+
+    f = results / "summary_lifecycle_metrics.json"
+    if not f.is_file():
+        return {}
+    row = measured._stage_summary(f, measured._load_json(f), -1)
+    return {"ttft_mean": row["ttft_mean_s"], "ttft_p90": row["ttft_p90_s"], "e2e_mean": row["e2e_mean_s"],
+            "e2e_p90": row["e2e_p90_s"], "itl": (row["e2e_mean_s"] - row["ttft_mean_s"]) / max(out_len - 1, 1),
+            "requests": row["requests"], "failures": row["failures"]}
+
+
+def discover(data_dir: str | Path) -> list[Path]:
+    """The run folders under `data_dir` (itself, its `runs/`, or its children holding an exp-config.yaml)."""
+    d = Path(data_dir)
+    if not d.is_dir():
+        raise JaxrouteError(f"data folder not found: {d}")
+    if (d / "exp-config.yaml").is_file():
+        return [d]
+    root = d / "runs" if (d / "runs").is_dir() else d
+    runs = sorted(p for p in root.iterdir() if (p / "exp-config.yaml").is_file())
+    if not runs:
+        raise JaxrouteError(f"{d}: no run folders (each with exp-config.yaml and results/)")
+    return runs
