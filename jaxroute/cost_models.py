@@ -62,7 +62,7 @@ from jaxroute.catalog import (  # noqa: F401  (the catalogs and KV capacity, re-
     kv_capacity_tokens,
 )
 from jaxroute.errors import JaxrouteError
-from jaxroute.latency_params import BASIS, N_BASIS, US  # noqa: F401  (the trained basis's names)
+from jaxroute.latency_params import ALPHA, BASIS, N_BASIS, US  # noqa: F401  (the trained basis's names)
 
 ROOFLINE, PREBLE, TRAINED = 0, 1, 2
 PREBLE_QUAD_PEAK = 1.25 / (2 * 2.56e-3)  # 244.14 tokens: the vertex of Preble's middle linear-time branch
@@ -147,6 +147,7 @@ class CostParams:
     peak_flops: jax.Array  # [] float32 dense bf16 (fp8 for FP8-weight models) FLOP/s per GPU, datasheet
     peak_mem_bw: jax.Array  # [] float32 HBM bytes/s per GPU, datasheet
     beta: jax.Array  # [N_BASIS] float32 coefficients of `trained_basis` (zeros unless `with_beta`)
+    alpha: jax.Array  # [3] float32 request-level costs (latency_params.ALPHA, seconds; zeros but for the trained model)
 
 
 def _mla_decode_pair_flops(m: ModelSpec) -> float:
@@ -220,14 +221,15 @@ def cost_params(gpu: str | GPUSpec, model: str | ModelSpec, tp: int = 1, kind: s
         kv_token_s=f32(0.0),
         peak_flops=f32(_peak_flops(g, m)),
         peak_mem_bw=f32(g.mem_bw),
-        beta=jnp.asarray(_default_beta() if kind == "trained" else (0.0,) * N_BASIS, jnp.float32),
+        beta=jnp.asarray(_default().beta if kind == "trained" else (0.0,) * N_BASIS, jnp.float32),
+        alpha=jnp.asarray(_default().alpha if kind == "trained" else (0.0,) * len(ALPHA), jnp.float32),
     )
 
 
-def _default_beta() -> tuple[float, ...]:
+def _default():
     from jaxroute import latency_params
 
-    return latency_params.default().beta
+    return latency_params.default()
 
 
 def _peak_flops(g: GPUSpec, m: ModelSpec) -> float:
@@ -239,10 +241,26 @@ def _peak_flops(g: GPUSpec, m: ModelSpec) -> float:
     return fp8 if m.weight_bytes_per_param == 1 and fp8 > 0 else g.flops
 
 
-def with_beta(cp: CostParams, beta) -> CostParams:
-    """`cp` under the trained step-time model with coefficients `beta` [N_BASIS] (traced values differentiate)."""
-    return dataclasses.replace(cp, kind=jnp.zeros_like(cp.kind) + TRAINED,
-                               beta=jnp.broadcast_to(jnp.asarray(beta, jnp.float32), cp.beta.shape))
+def with_beta(cp: CostParams, beta, alpha=None) -> CostParams:
+    """`cp` under the trained step-time model with coefficients `beta` [N_BASIS] (traced values differentiate) and,
+    when given, the request-level costs `alpha` [3]."""
+    cp = dataclasses.replace(cp, kind=jnp.zeros_like(cp.kind) + TRAINED,
+                             beta=jnp.broadcast_to(jnp.asarray(beta, jnp.float32), cp.beta.shape))
+    if alpha is None:
+        return cp
+    return dataclasses.replace(cp, alpha=jnp.broadcast_to(jnp.asarray(alpha, jnp.float32), cp.alpha.shape))
+
+
+def with_latency_params(cp: CostParams, lp) -> CostParams:
+    """`cp` under the trained model with `lp`'s coefficients (`latency_params.LatencyParams`)."""
+    return with_beta(cp, lp.beta, lp.alpha)
+
+
+def client_times(cp: CostParams, first_s, finish_s, prompt_tokens, output_tokens):
+    """When the client sees a request's first token and its end: the engine's times plus the request-level costs
+    (`latency_params.ALPHA`: before the first token, per prompt token, per output token after the first)."""
+    pre = cp.alpha[0] + cp.alpha[1] * prompt_tokens
+    return first_s + pre, finish_s + pre + cp.alpha[2] * jnp.maximum(output_tokens - 1, 0)
 
 
 class CostFactors(NamedTuple):
@@ -382,7 +400,9 @@ def trained_basis(cp: CostParams, s: IterationStats) -> jax.Array:
     a per-MoE-layer term), on this module's counts: the linear and attention FLOPs of the roofline split by phase
     (the logits with the decode compute), the KV bytes a prefill chunk reads and writes and those a decoder reads
     and writes, the weights read once per step (MoE experts as far as the step's tokens hit them, as the roofline),
-    the ring all-reduce bytes of 2 L all-reduces over the TP link, then layers, requests, 1 and MoE layers x 1 us.
+    the ring all-reduce bytes of 2 L all-reduces over the TP link and their 2 L x 2 (tp - 1) ring steps x 1 us (a
+    fixed latency per step: beyond BLIS, which has no latency term, so a model's TP degree separates it from the
+    per-layer cost), then layers, requests, 1 and MoE layers x 1 us.
     The step time is `beta . basis`: linear in the coefficients, so a fit's Jacobian is the basis summed."""
     tp = cp.tp
     n_pf = s.prefill_tokens
@@ -399,7 +419,9 @@ def trained_basis(cp: CostParams, s: IterationStats) -> jax.Array:
     ring = 2.0 * (tp - 1.0) / tp * s.tokens * cp.hidden * 2.0 / cp.link_bw
     allreduce = jnp.where(tp > 1.0, 2.0 * cp.n_layers * ring, 0.0)
     one = jnp.ones_like(s.tokens)
-    return jnp.stack([pf_compute, pf_kv, dc_compute, dc_kv, weights, allreduce, cp.n_layers * US * one,
+    # a ring all-reduce takes 2 (tp - 1) steps, each with a fixed latency (NCCL's ring algorithm), 2 L of them a step
+    hops = 2.0 * cp.n_layers * 2.0 * (tp - 1.0) * US * one
+    return jnp.stack([pf_compute, pf_kv, dc_compute, dc_kv, weights, allreduce, hops, cp.n_layers * US * one,
                       s.requests * US, US * one, cp.moe_layers * US * one], axis=-1)
 
 

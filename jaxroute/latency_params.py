@@ -22,7 +22,7 @@ from jaxroute.errors import JaxrouteError
 from jaxroute.mapping_files import read_mapping
 
 BASIS = ("prefill_compute", "prefill_kv", "decode_compute", "decode_kv", "weights", "tp_allreduce",
-         "per_layer_us", "per_request_us", "per_step_us", "per_moe_layer_us")
+         "tp_hop_us", "per_layer_us", "per_request_us", "per_step_us", "per_moe_layer_us")
 N_BASIS = len(BASIS)
 US = 1e-6  # the overhead bases are counts x 1 us, so their coefficients read in microseconds
 ALPHA = ("first_token_s", "per_prompt_token_s", "per_output_token_s")
@@ -38,6 +38,11 @@ class LatencyParams:
     beta: tuple[float, ...]  # [N_BASIS], in BASIS order
     alpha: tuple[float, ...]  # [3], in ALPHA order (seconds)
     provenance: dict = dataclasses.field(default_factory=dict, compare=False, hash=False)
+
+    def __post_init__(self):
+        if len(self.beta) != N_BASIS or len(self.alpha) != len(ALPHA):
+            raise JaxrouteError(f"latency params need {N_BASIS} beta ({', '.join(BASIS)}) and {len(ALPHA)} alpha "
+                                f"coefficients; got {len(self.beta)} and {len(self.alpha)}")
 
     def as_json(self) -> dict:
         return {"kind": KIND, "beta": dict(zip(BASIS, self.beta, strict=True)),

@@ -89,7 +89,7 @@ def test_list(capsys):
 @pytest.mark.parametrize("argv,message", [
     (["--gpu", "V100"], "unknown GPU 'V100'; choose from: A6000, A100-80GB, H100-SXM, H200"),
     (["--model", "gpt2"], "choose from: Mistral-7B, Llama-3-8B, Llama-3-70B, Qwen3-30B-A3B, DeepSeek-V3"),
-    (["--cost-model", "vidur"], "choose from: roofline, preble"),
+    (["--cost-model", "vidur"], "choose from: trained, roofline, preble"),
     (["--prefill", "abc"], "argument --prefill: expected a positive integer, got 'abc'"),
     (["--prefill", "0"], "argument --prefill: expected a positive integer, got '0'"),
     (["--decode-batch", "-3"], "argument --decode-batch: expected a positive integer"),

@@ -144,7 +144,7 @@ def test_a_fit_recovers_known_coefficients_through_the_simulator():
     """Targets simulated under known coefficients; a fit from other values finds them again."""
     stages = [s for f in ("20260217-155451-llama-2-7b-tp1-codegen", "20260218-150304-codellama-34b-tp2-general")
               for s in real_runs.read_run(_runs() / f)]
-    truth = latency_params.LatencyParams((0.6, 0.0, 0.0, 1.4, 1.2, 0.5, 20.0, 5.0, 300.0, 0.0), (0.01, 0.0, 2e-5))
+    truth = latency_params.LatencyParams((0.6, 0.0, 0.0, 1.4, 1.2, 0.5, 2.0, 20.0, 5.0, 300.0, 0.0), (0.01, 0.0, 2e-5))
     groups = fl.prepare(stages, n=60, seed=1)
     res = fl.simulate(stages, truth, groups)
     synthetic = [dataclasses.replace(s, measured={**s.measured, **fl.predictions(r, truth)})

@@ -160,7 +160,7 @@ def test_capacity_overrides_grow_on_overflow(tmp_path, capsys):
     """--max-queue / --e2-ring set the starting sizes; an overflowed one is doubled and the grid rerun."""
     out = tmp_path / "c.json"
     assert main(["cluster", "--workload", "toolbench", "--requests", "40", "--seeds", "2", "--rate", "10",
-                 "--replicas", "2", "--policies", "rr,preble_e2", "--max-queue", "4", "--e2-ring", "8",
+                 "--replicas", "2", "--policies", "rr,preble_e2", "--max-queue", "4", "--e2-ring", "8", "--latency-model", "roofline",
                  "--cache-slots", "24", "--out", str(out)]) == 0
     config = json.loads(out.read_text())["config"]
     assert config["max_queue"] > 4 and config["e2_ring"] > 8  # both overflowed and were grown

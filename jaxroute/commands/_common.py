@@ -635,3 +635,35 @@ def lora_rows(args, trace_adapters: int | None):
     counts = args.adapters or [max(trace_adapters, 1)]
     return lora_variants(counts, args.adapter_zipf, args.gpu, args.model, args.tp, args.lora_set,
                          label=trace_adapters is None)
+
+
+# --------------------------------------------------------------------------- the latency model
+
+LATENCY_MODELS = ("trained", "roofline", "preble")
+
+
+def add_latency_args(p, default: str = "trained") -> None:
+    """--latency-model (alias --cost-model) and --latency-params: the step time of a replica cluster."""
+    p.add_argument("--latency-model", "--cost-model", dest="cost_model", default=None, metavar="KIND",
+                   help="iteration time: trained (coefficients fitted to real vLLM runs on H100: jaxroute/data/latency/"
+                   "trained.json, `jaxroute fit-latency`), roofline (today's calibration on the lecture's A6000 "
+                   f"anchors) or preble (Preble's fitted A6000 equations) (default {default}"
+                   + ("; roofline with --cost-params)" if default == "trained" else ")"))
+    p.set_defaults(latency_default=default)
+    p.add_argument("--latency-params", default=None, metavar="PATH.json",
+                   help="the trained model's coefficients from your own fit (`jaxroute fit-latency --params-out`) "
+                   "(default: the shipped ones)")
+
+
+def latency_choice(args):
+    """(cost model name, LatencyParams or None) from --latency-model / --cost-params / --latency-params."""
+    given = getattr(args, "cost_params", None)
+    kind = (args.cost_model or ("roofline" if given else args.latency_default)).lower()
+    kind = choose([kind], LATENCY_MODELS, "latency model")[0]
+    if args.latency_params is None:
+        return kind, None
+    if kind != "trained":
+        raise JaxrouteError(f"--latency-params holds the trained model's coefficients; drop --latency-model {kind}")
+    from jaxroute import latency_params
+
+    return kind, latency_params.load(args.latency_params)

@@ -18,6 +18,7 @@ from jaxroute.clusters.names import (
 from jaxroute.commands._common import (
     add_control_args,
     add_grid_args,
+    add_latency_args,
     add_lora_args,
     add_model_args,
     add_shared_prefix_args,
@@ -29,6 +30,7 @@ from jaxroute.commands._common import (
     control_variants,
     csv_list,
     key_values,
+    latency_choice,
     list_of,
     lora_rows,
     non_negative_float,
@@ -153,8 +155,7 @@ def register(subparsers) -> None:
     p.add_argument("--stale", type=non_negative_float, default=0.0, metavar="T",
                    help="the router's view (loads and replica caches) is a snapshot refreshed every T seconds; "
                    "its own dispatches are always known (default 0: fresh)")
-    p.add_argument("--cost-model", default="roofline", metavar="KIND",
-                   help="iteration time: roofline or preble (Preble's fitted A6000 equations) (default roofline)")
+    add_latency_args(p)
     p.add_argument("--gpu", default=REPLICA_GPU, metavar="NAME",
                    help=f"GPU of every replica: {', '.join(catalog.GPUS)} (or h100, a100; any case) (default {REPLICA_GPU})")
     add_model_args(p, default=REPLICA_MODEL,
@@ -249,7 +250,7 @@ def run(args) -> int:
     if args.priority_groups != 10 and local != "priority":
         raise JaxrouteError("--priority-groups applies to --local priority")
     admission = choose([args.admission], ADMISSIONS, "admission")[0]
-    cost_model = choose([args.cost_model], ("roofline", "preble"), "cost model")[0]
+    cost_model, latency = latency_choice(args)
     G, seeds, requests, stale = args.replicas, args.seeds, args.requests, args.stale
     control, slots = control_variants(args, G)
     tiers = tier_rows(args)
@@ -303,14 +304,15 @@ def run(args) -> int:
         from jaxroute.experiments import fit_roofline
 
         if cost_model != "roofline":
-            raise JaxrouteError("--cost-params holds the roofline's factors; it does not apply to --cost-model preble")
+            raise JaxrouteError(f"--cost-params holds the roofline's factors; it does not apply to --cost-model "
+                                f"{cost_model}")
         factors = fit_roofline.load(args.cost_params)
     rows = policy_rows(policies, rate=rate, stale=stale, kv_capacity=args.kv_capacity, gpu=args.gpu,
                        model_name=args.model, cost_model=cost_model, theta=args.theta,
                        e2_window_s=args.e2_window, e2_th_bal=args.e2_th_bal, tp=args.tp,
                        weights=args.weights, router=args.router_set,
                        e2_switches=e2_variants(args.e2_pairing, args.e2_autoscale), cost_factors=factors,
-                       control=control, tiers=tiers, lora=lora)
+                       control=control, tiers=tiers, lora=lora, latency=latency)
     if args.params_json and (control or tiers or lora):
         raise JaxrouteError("--params-json adds one row without control or tier settings; drop it or --autoscaler / "
                             "--gate / --cpu-tier / --shared-tier / --adapters")

@@ -7,7 +7,9 @@ import json
 from jaxroute import catalog
 from jaxroute.clusters.names import REPLICA_GPU, REPLICA_MODEL
 from jaxroute.commands._common import (
+    add_latency_args,
     add_model_args,
+    latency_choice,
     non_negative_int,
     positive_fraction,
     positive_int,
@@ -26,9 +28,7 @@ def register(subparsers) -> None:
     p.add_argument("--gpu", default=REPLICA_GPU, metavar="NAME", help=f"GPU: {', '.join(catalog.GPUS)} (default {REPLICA_GPU})")
     add_model_args(p, default=REPLICA_MODEL, help=f"model: {', '.join(catalog.MODELS)} (default {REPLICA_MODEL})")
     p.add_argument("--tp", type=positive_int, default=1, metavar="T", help="tensor-parallel degree: GPUs that split the weights and KV (default 1)")
-    p.add_argument("--cost-model", default="roofline", metavar="KIND",
-                   help="roofline (calibrated on the lecture's A6000 anchors; any GPU/model) or preble "
-                   "(Preble's fitted equations; Mistral-7B on one A6000 only) (default roofline)")
+    add_latency_args(p, default="roofline")
     p.add_argument("--prefill", type=positive_int, default=2048, metavar="N", help="prompt tokens of one prefill (default 2048)")
     p.add_argument("--cached", type=non_negative_int, default=0, metavar="C", help="tokens of that prompt already in the prefix cache (default 0)")
     p.add_argument("--decode-batch", type=positive_int, default=1, metavar="B", help="requests in one decode iteration (default 1)")
@@ -70,15 +70,15 @@ def run(args) -> int:
 
     from jaxroute import cost_models as cm
 
-    kind = args.cost_model.lower()
-    if kind not in cm.KINDS:
-        raise JaxrouteError(f"unknown cost model '{args.cost_model}'; choose from: {', '.join(cm.KINDS)}")
+    kind, latency = latency_choice(args)
     tp, prefill, cached, batch, context = args.tp, args.prefill, args.cached, args.decode_batch, args.context
     mem_util, parallel, ranks = args.mem_util, args.parallel.lower(), args.dp_ranks
     if parallel == "dp_ep" and cached:
         raise JaxrouteError("--cached is not modelled with --parallel dp_ep (its prefill is one chunk on nothing cached)")
 
     cp = cm.cost_params(gpu, model, tp=tp, kind=kind, parallel=parallel, dp_ranks=ranks)
+    if latency is not None:
+        cp = cm.with_latency_params(cp, latency)
     capacity = cm.kv_capacity_tokens(gpu, model, tp=tp, mem_util=mem_util, parallel=parallel, dp_ranks=ranks)
     batches = jnp.full(ranks, float(batch))
     kv = jnp.full(ranks, float(batch * context))
@@ -103,10 +103,18 @@ def run(args) -> int:
                 compute_s, memory_s, _ = cm.roofline_terms(cp, stats)
                 bound[name] = "compute-bound" if float(compute_s) >= float(memory_s) else "memory-bound"
         else:
-            bound = {"prefill": "Preble fit", "decode": "Preble fit"}
+            bound = {"prefill": f"{kind} model", "decode": f"{kind} model"}
     if cached + prefill > capacity or batch * context > capacity:
         warn(f"the requested tokens exceed the KV capacity ({capacity:,} tokens); times are extrapolated")
     tokens_per_s = ranks * batch / decode_s  # all ranks step together (independent: identical replicas)
+    both = {}  # the trained model and the roofline side by side (independent ranks)
+    if parallel != "dp_ep" and kind != "preble":
+        for other in ("trained", "roofline"):
+            c = cp if other == kind else cm.cost_params(gpu, model, tp=tp, kind=other)
+            both[other] = {"prefill_s": float(cm.prefill_time(c, prefill, cached)),
+                           "decode_step_s": float(cm.decode_step_time(c, batch, context)),
+                           "first_token_extra_s": float(c.alpha[0] + c.alpha[1] * prefill),
+                           "per_output_token_extra_s": float(c.alpha[2])}
 
     if args.json:
         out = {
@@ -119,6 +127,8 @@ def run(args) -> int:
         }
         if terms is not None:
             out["decode_terms"] = terms
+        if both:
+            out["latency_models"] = both
         print(json.dumps(out))
         return 0
     if parallel == "dp_ep":
@@ -138,4 +148,8 @@ def run(args) -> int:
     ranks_text = f"{ranks} independent ranks x " if ranks > 1 else ""
     print(f"decode step, {ranks_text}{batch:,} x {context:,}-token context: {decode_s * 1e3:.2f} ms "
           f"({tokens_per_s:,.0f} tokens/s)  [{bound['decode']}]; {kv_fraction:.1%} of it scales with KV")
+    for name, v in both.items():
+        print(f"  {name:8s}: prefill {v['prefill_s']:.4f} s, decode step {v['decode_step_s'] * 1e3:.2f} ms; request-level "
+              f"costs {v['first_token_extra_s'] * 1e3:.1f} ms before the first token, "
+              f"{v['per_output_token_extra_s'] * 1e6:.0f} us per output token")
     return 0

@@ -120,7 +120,7 @@ def policy_rows(policies, *, rate=1.0, stale=0.0, kv_capacity=None, gpu=REPLICA_
                 e2_switches: list[dict] | None = None, cost_factors=None,
                 control: list[tuple[str, object]] | None = None,
                 tiers: list[tuple[str, object]] | None = None,
-                lora: list[tuple[str, object]] | None = None) -> list[tuple]:
+                lora: list[tuple[str, object]] | None = None, latency=None) -> list[tuple]:
     """(label, params) rows, all with the same settings (each replica is tp GPUs). `weights`: scorer
     weight vectors ({scorer: w}, unnamed = 0) for the presets that use weights, one row per preset and
     vector (labelled `preset[prefix=3,kv=2]` when there are several); other presets get one row.
@@ -128,6 +128,7 @@ def policy_rows(policies, *, rate=1.0, stale=0.0, kv_capacity=None, gpu=REPLICA_
     (labelled `preble[pairing=off,autoscale=on]` when there are several).
     `router`: more router settings for every row (module settings such as dyn_overlap_weight).
     `cost_factors`: the roofline's fitted factors for every row (`cost_models.CostFactors`; None: the defaults).
+    `latency`: the trained latency model's coefficients for every row (None: the shipped ones).
     `control`: (label, ControlParams) autoscaler and gateway variants (`experiments.control.variants`): every
     router row runs each, labelled `router+variant`. `tiers`: (label, TierParams) KV offload tier variants
     (`tier_variants`), and `lora`: (label, LoraParams) adapter variants (`lora_variants`), crossed with the rest
@@ -157,7 +158,8 @@ def policy_rows(policies, *, rate=1.0, stale=0.0, kv_capacity=None, gpu=REPLICA_
                         rows.append((name, replicas.make_params(
                             p, rate=rate, stale_s=stale, kv_capacity=kv_capacity, gpu=gpu, model=model_name,
                             cost_model=cost_model, tp=tp, theta=theta, e2_window_s=e2_window_s, e2_th_bal=e2_th_bal,
-                            cost_factors=cost_factors, control=c_params, tiers=t_params, lora=a_params, **kw)))
+                            cost_factors=cost_factors, control=c_params, tiers=t_params, lora=a_params,
+                            latency=latency, **kw)))
     return rows
 
 

@@ -14,9 +14,9 @@ exact: `jax.jvp` along each coefficient's direction gives it (forward mode throu
 TTFT as the client sees it is its wait before admission, plus its service to the first token, plus the
 request-level costs (`latency_params.ALPHA`); its E2E adds the service after the first token and the per-output-
 token cost. The fit is a Gauss-Newton iteration on these: simulate every stage at the current coefficients, solve
-the non-negative linear least squares in relative error for the stage targets (TTFT mean and p90, E2E mean and p90,
-per-token time; a p90 through the request at the p90, the wait held), and repeat; the round with the lowest
-simulated loss is kept. The coefficients' uncertainty is the linearised covariance of that last solve
+the damped non-negative linear least squares in log error for the stage targets (TTFT mean and p90, E2E mean and
+p90, per-token time; a p90 through the requests at the p90; the wait before admission held), and
+repeat; the round with the lowest simulated loss is kept. The coefficients' uncertainty is the linearised covariance of that last solve
 (residual variance x (J^T J)^-1, J the relative-error Jacobian).
 """
 
@@ -39,7 +39,12 @@ K = len(BASIS)
 P = K + len(ALPHA)
 DEFAULT_REQUESTS = 400  # requests simulated per stage (a stage holds 3,000 to 12,000; the load is steady)
 DEFAULT_ROUNDS = 6
-SATURATED_TTFT_S = 1.0  # a measured TTFT mean above this: the stage's queue grew; simulate all its requests
+SATURATED_TTFT_S = 1.0
+# physical lower bounds (others: 0): a prefill chunk cannot run faster than the tensor cores' datasheet peak. The
+# measured runs barely inform this term (short prompts, mostly found in the prefix cache), and unbounded it drifts
+# to a fraction of the peak time (BLIS's own fit has 0.15), which would make long prompts prefill impossibly fast.
+LOWER = {"prefill_compute": 1.0}
+DAMPING = 1e-2  # Levenberg-Marquardt's first damping (relative to each coefficient's column norm)  # a measured TTFT mean above this: the stage's queue grew; simulate all its requests
 ROUTER = "least_load"  # one replica: the router does not matter
 
 
@@ -79,17 +84,16 @@ def _rows(r: StageResult, lp: LatencyParams) -> dict[str, tuple[float, np.ndarra
     ttft = r.wait + r.first + a0 + ap * r.prompt
     e2e = r.wait + r.total + a0 + ap * r.prompt + ao * np.maximum(r.output - 1, 0)
     o1 = np.maximum(r.output - 1, 0).astype(np.float64)
-    # the wait scales with the step times as the request's own service to its first token does (an arrival waits
-    # out the iteration in progress, or a queue of iterations): d wait / d beta = wait / first x d first / d beta
-    jw = r.d_first * (r.wait / np.maximum(r.first, 1e-12))
+    # the wait before admission is held at this simulation's (an arrival joins whichever iteration runs when it
+    # comes: no derivative of its own); the next round's simulation updates it
     alphas = lambda last: np.stack([np.ones_like(r.prompt), r.prompt, last])
-    jt = np.concatenate([r.d_first + jw, alphas(0 * r.prompt)], 0)  # [P, N]
-    je = np.concatenate([r.d_total + jw, alphas(o1)], 0)
+    jt = np.concatenate([r.d_first, alphas(0 * r.prompt)], 0)  # [P, N]
+    je = np.concatenate([r.d_total, alphas(o1)], 0)
     wt, we = _p90_weights(ttft), _p90_weights(e2e)
     out = max(float(np.mean(r.output)) - 1, 1.0)
-    rows = {"ttft_mean": (0.0, jt.mean(1)), "ttft_p90": (0.0, jt @ wt), "e2e_mean": (0.0, je.mean(1)),
-            "e2e_p90": (0.0, je @ we), "itl": (0.0, (r.d_total.mean(1) - r.d_first.mean(1)) / out)}
-    rows["itl"] = (0.0, np.concatenate([rows["itl"][1], [0.0, 0.0, float(np.mean(o1)) / out]]))
+    rows = {"ttft_mean": (r.wait.mean(), jt.mean(1)), "ttft_p90": (wt @ r.wait, jt @ wt),
+            "e2e_mean": (r.wait.mean(), je.mean(1)), "e2e_p90": (we @ r.wait, je @ we),
+            "itl": (0.0, (je.mean(1) - jt.mean(1)) / out)}
     return rows
 
 
@@ -252,9 +256,9 @@ def loss(stages, results, lp: LatencyParams) -> float:
     return float(np.mean(np.square(errs))) if all(map(math.isfinite, errs)) else math.inf
 
 
-def _solve(stages, results, lp: LatencyParams, free: np.ndarray):
-    """Non-negative least squares of the linearised relative errors over the `free` coefficients (the others held
-    at `lp`'s values): (theta, std)."""
+def _solve(stages, results, lp: LatencyParams, free: np.ndarray, damping: float = 0.0):
+    """Non-negative least squares of the linearised log errors over the `free` coefficients (the others held at
+    `lp`'s values), Levenberg-Marquardt damped (`damping` x each column's squared norm on the step): (theta, std)."""
     from scipy.optimize import lsq_linear
 
     held = np.asarray(lp.beta + lp.alpha, np.float64)
@@ -267,7 +271,11 @@ def _solve(stages, results, lp: LatencyParams, free: np.ndarray):
             b.append(math.log(s.measured[k] / p0) + (j[free] @ held[free]) / p0)
     a, b = np.asarray(a)[:, free], np.asarray(b)
     scale = np.maximum(np.linalg.norm(a, axis=0), 1e-30)
-    sol = lsq_linear(a / scale, b, bounds=(0, np.inf), method="bvls")
+    x0 = held[free] * scale  # the current point in scaled coordinates
+    ad = np.vstack([a / scale, math.sqrt(damping) * np.eye(len(scale))])
+    bd = np.concatenate([b, math.sqrt(damping) * x0])
+    lower = np.array([LOWER.get(n, 0.0) for n in BASIS + ALPHA])[free] * scale
+    sol = lsq_linear(ad, bd, bounds=(lower, np.inf), method="bvls")
     x = sol.x / scale
     theta = held.copy()
     theta[free] = x
@@ -282,8 +290,9 @@ def _solve(stages, results, lp: LatencyParams, free: np.ndarray):
 def fit(stages: list[real_runs.Stage], start: LatencyParams | None = None, rounds: int = DEFAULT_ROUNDS,
         n: int = DEFAULT_REQUESTS, seed: int = 0, progress=None, groups: list[Group] | None = None,
         train: list[int] | None = None, only: tuple[str, ...] | None = None) -> Fit:
-    """Gauss-Newton rounds (module docstring) from `start` (default: the shipped coefficients), damped: a round
-    whose coefficients simulate worse than the best so far halves the step toward its solution.
+    """Gauss-Newton rounds (module docstring) from `start` (default: the shipped coefficients), Levenberg-Marquardt
+    damped: each round solves from the best point so far, its damping cut after a round that improved on it and
+    raised after one that did not.
 
     train: the positions of the stages fitted to (default all); the others are simulated in the same programs
     (their results come back too) but inform nothing: a held-out fold. only: the coefficients fitted (names of
@@ -302,10 +311,10 @@ def fit(stages: list[real_runs.Stage], start: LatencyParams | None = None, round
     fitted = [stages[i] for i in train]
     free[BASIS.index("per_moe_layer_us")] &= any(catalog.get_model(s.model).n_experts > 1 for s in fitted)
     free[BASIS.index("tp_allreduce")] &= any(s.tp > 1 for s in fitted)
-    theta_of = lambda p: np.asarray(p.beta + p.alpha, np.float64)
+    free[BASIS.index("tp_hop_us")] &= len({s.tp for s in fitted if s.tp > 1}) > 1  # apart from per-layer costs
     params_of = lambda t: LatencyParams(tuple(float(x) for x in t[:K]), tuple(float(x) for x in t[K:]))
-    best = None  # (loss, round, params, results, std, solution)
-    losses, step = [], 1.0
+    best = None  # (loss, round, params, results)
+    losses, damping = [], DAMPING
     for i in range(rounds):
         res = simulate(stages, lp, groups)
         cur = loss(fitted, [res[j] for j in train], lp)
@@ -313,14 +322,14 @@ def fit(stages: list[real_runs.Stage], start: LatencyParams | None = None, round
         if progress:
             progress(i, cur, lp)
         if best is None or cur < best[0]:
-            theta, std = _solve(fitted, [res[j] for j in train], lp, free)
-            best = (cur, i, lp, res, std, theta)
-            step = min(1.0, 2 * step) if i else 1.0
+            best = (cur, i, lp, res)
+            damping = damping / 3 if i else damping
         else:
-            step /= 2
-        base, target = theta_of(best[2]), best[5]
-        lp = params_of(base + step * (target - base))
-    _, i, lp_best, res, std, _ = best
+            damping *= 10  # the step went too far: a shorter one from the best point
+        theta, std = _solve(fitted, [best[3][j] for j in train], best[2], free, damping)
+        lp = params_of(theta)
+    _, i, lp_best, res = best
+    _, std = _solve(fitted, [res[j] for j in train], lp_best, free)
     return Fit(lp_best, tuple(losses), i, tuple(float(x) for x in std), res)
 
 

@@ -121,7 +121,7 @@ def make_params(policy: str = "rr", rate: float = 1.0, stale_s: float = 0.0, kv_
                 gpu: str = REPLICA_GPU, model: str = REPLICA_MODEL, cost_model: str = "roofline", tp: int = 1,
                 n_active: int | None = None, cost_factors: cost_models.CostFactors | None = None,
                 control: ctl_lib.ControlParams | None = None, tiers: tier_lib.TierParams | None = None,
-                lora: lora_lib.LoraParams | None = None, **router_kw) -> ReplicaParams:
+                lora: lora_lib.LoraParams | None = None, latency=None, **router_kw) -> ReplicaParams:
     """Traced params of one row; router settings (`router_kw`) go to the router.
 
     Each replica is `tp` GPUs (tensor parallel). The KV capacity follows from GPU memory, tp and 90 %
@@ -132,6 +132,8 @@ def make_params(policy: str = "rr", rate: float = 1.0, stale_s: float = 0.0, kv_
     `control`: the autoscaler and gateway settings (`control.make`; a model built with control=True).
     `tiers`: the KV offload tiers (`tiers.make`; a model built with kv_tiers=True).
     `lora`: the LoRA adapters (`adapters.make`; a model built with lora_slots > 0).
+    `latency`: the trained latency model's coefficients (`latency_params.LatencyParams`; None: the shipped ones
+    when cost_model is "trained").
     """
     pid = routers.REGISTRY.id(policy)
     if stale_s < 0:
@@ -143,6 +145,8 @@ def make_params(policy: str = "rr", rate: float = 1.0, stale_s: float = 0.0, kv_
     if n_active is not None and not (float(n_active).is_integer() and n_active >= 1):
         raise JaxrouteError(f"n_active (replicas in use) must be a whole number >= 1, got {n_active}")
     cost = cost_models.cost_params(gpu, model, tp, kind=cost_model)
+    if latency is not None:  # the trained model's own coefficients (`latency_params.LatencyParams`)
+        cost = cost_models.with_latency_params(cost, latency)
     if cost_factors is not None:
         cost = cost_models.with_factors(cost, cost_factors)
     return ReplicaParams(jnp.int32(pid), jnp.float32(rate), jnp.float32(stale_s), jnp.int32(cap),
@@ -583,10 +587,11 @@ class ReplicaModel(sim.Model):
         r = state.req
         done = jnp.isfinite(state.rec_finish)
         prompt = r.prompt_tok
-        lat = state.rec_finish - r.arrival_s
-        ttft = state.rec_first - r.arrival_s
+        first, finish = cost_models.client_times(params.cost, state.rec_first, state.rec_finish, prompt, r.out_tok)
+        lat = finish - r.arrival_s
+        ttft = first - r.arrival_s
         multi = done & (r.out_tok > 1)
-        tpot = (state.rec_finish - state.rec_first) / jnp.maximum(r.out_tok - 1, 1)
+        tpot = (finish - first) / jnp.maximum(r.out_tok - 1, 1)
         arrived = state.next_req
         in_queue = jnp.sum(state.rep.q_count)
         at_gateway = state.gw.waiting if self.gateway_queue else 0  # waiting in the flow-control gateway
@@ -651,7 +656,7 @@ class ReplicaModel(sim.Model):
             "dropped": state.dropped,
             "conservation_error": jnp.abs(arrived - (completed + in_queue + running + state.dropped + shed + at_gateway)),
             **control,
-            **({f"req.{k}": v for k, v in request_fields(state).items()} if self.request_records else {}),
+            **({f"req.{k}": v for k, v in request_fields(state, params.cost).items()} if self.request_records else {}),
         }
 
 
@@ -734,11 +739,15 @@ def run_single(model: ReplicaModel, key, workload, params: ReplicaParams) -> Rep
 _SINGLE: dict[tuple[ReplicaModel, bool], object] = {}
 
 
-def request_fields(state: ReplicaState) -> dict[str, jax.Array]:
-    """Per-request records, [N] each (times in seconds; unfinished: inf; replica -1: never dispatched)."""
+def request_fields(state: ReplicaState, cost: cost_models.CostParams | None = None) -> dict[str, jax.Array]:
+    """Per-request records, [N] each (times in seconds; unfinished: inf; replica -1: never dispatched). With `cost`,
+    the first token and the end as the client sees them (`cost_models.client_times`); without, the engine's."""
     r = state.req
+    first, finish = state.rec_first, state.rec_finish
+    if cost is not None:
+        first, finish = cost_models.client_times(cost, first, finish, r.seg_tok.sum(1), r.out_tok)
     return {"arrival_s": r.arrival_s, "replica": state.rec_replica, "admit_s": state.rec_admit,
-            "first_token_s": state.rec_first, "finish_s": state.rec_finish, "cached_tokens": state.rec_cached,
+            "first_token_s": first, "finish_s": finish, "cached_tokens": state.rec_cached,
             "preemptions": state.rec_preempt,
             "prompt_tokens": r.seg_tok.sum(1), "output_tokens": r.out_tok,
             **({} if state.rec_tier is None else {"cpu_tier_tokens": state.rec_tier[:, 0],
