@@ -667,3 +667,18 @@ def latency_choice(args):
     from jaxroute import latency_params
 
     return kind, latency_params.load(args.latency_params)
+
+
+def warn_extrapolation(args, kind: str, latency) -> None:
+    """One line, once the run is certain, when the trained model runs on a GPU its coefficients were not fitted on
+    (they scale by the datasheet there: an extrapolation)."""
+    gpu = getattr(args, "gpu", None)
+    if gpu is None or kind != "trained":
+        return
+    from jaxroute import latency_params
+
+    fitted = (latency or latency_params.default()).provenance.get("gpus") or []
+    name = catalog.get_gpu(gpu).name
+    if fitted and name not in fitted:
+        warn(f"the trained latency model was fitted on {', '.join(fitted)}; on {name} it scales by the datasheet "
+             "(an extrapolation; --latency-model roofline for today's model)")

@@ -47,6 +47,7 @@ from jaxroute.commands._common import (
     show_progress,
     tier_rows,
     warn,
+    warn_extrapolation,
 )
 from jaxroute.errors import JaxrouteError
 from jaxroute.experiments.names import CLUSTER_WORKLOADS
@@ -318,6 +319,7 @@ def run(args) -> int:
                             "--gate / --cpu-tier / --shared-tier / --adapters")
     if args.params_json:
         rows.append(_tuned_row(args, rate, cost_model, factors))
+    warn_extrapolation(args, cost_model, latency)
 
     start = time.perf_counter()
     keep_requests = bool(stages or args.requests_out)

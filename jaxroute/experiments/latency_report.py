@@ -86,7 +86,7 @@ def fit_and_report(stages, fitted, *, requests: int, rounds: int, seed: int, sta
                          _cells(held, held) + [_median_cells("held out", held)]))
         doc["cross_validation"] = {"runs": held, "medians": fl.medians(held),
                                    "folds": {k: v["params"] for k, v in folds.items()}}
-    prov = {"fitted_to": sorted({s.run for s in fitted}), "data": sorted({str(Path(f).parent) for f in folders}),
+    prov = {"fitted_to": sorted({s.run for s in fitted}), "gpus": sorted({s.gpu for s in fitted}), "data": sorted({str(Path(f).parent) for f in folders}),
             "stages": len(fitted), "requests_per_stage": requests, "rounds": rounds, "commit": commit(),
             "date": datetime.date.today().isoformat(), "in_sample_median_abs_error_pct": fl.medians(trained),
             "leave_one_model_out_median_abs_error_pct": doc["cross_validation"]["medians"]
