@@ -29,6 +29,8 @@ ALPHA = ("first_token_s", "per_prompt_token_s", "per_output_token_s")
 MODELS = ("trained", "roofline")  # --latency-model
 KIND = "jaxroute latency params"
 MAX_COEFFICIENT = 1e6  # a sanity bound on any coefficient read from a file
+FIT_REQUESTS = 400  # `jaxroute fit-latency`: requests simulated per stage that keeps up (a stage holds 3,000-12,000)
+FIT_ROUNDS = 8  # its Gauss-Newton rounds
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,7 +90,19 @@ def save(path: str | Path, params: LatencyParams) -> Path:
     return write_json(path, params.as_json())
 
 
+def _package(name: str) -> LatencyParams:
+    text = resources.files("jaxroute").joinpath(f"data/latency/{name}").read_text()
+    return from_json(json.loads(text), f"jaxroute/data/latency/{name}")
+
+
 def default() -> LatencyParams:
-    """The shipped coefficients (package data)."""
-    text = resources.files("jaxroute").joinpath("data/latency/trained.json").read_text()
-    return from_json(json.loads(text), "jaxroute/data/latency/trained.json")
+    """The shipped coefficients (package data: `jaxroute fit-latency`'s fit, with its provenance)."""
+    return _package("trained.json")
+
+
+def start() -> LatencyParams:
+    """Where a fit starts unless told: BLIS's published trained-physics coefficients mapped onto this basis
+    (inference-sim defaults.yaml `trained_physics_coefficients`; the hop term, which BLIS lacks, at 0). Not the
+    shipped fit: a held-out fold must not start from coefficients fitted to the model it predicts (BLIS's own fit
+    saw three of the Llama-2-7B runs: `real_runs` and the README say which)."""
+    return _package("blis_start.json")

@@ -7,9 +7,8 @@ import textwrap
 
 from jaxroute.commands._common import positive_int, warn
 from jaxroute.errors import JaxrouteError
-
-DEFAULT_REQUESTS = 400  # = experiments.fit_latency.DEFAULT_REQUESTS (checked by a test)
-DEFAULT_ROUNDS = 6  # = experiments.fit_latency.DEFAULT_ROUNDS
+from jaxroute.latency_params import FIT_REQUESTS as DEFAULT_REQUESTS
+from jaxroute.latency_params import FIT_ROUNDS as DEFAULT_ROUNDS
 
 
 def register(subparsers) -> None:
@@ -41,7 +40,8 @@ def register(subparsers) -> None:
                    help=f"Gauss-Newton rounds (default {DEFAULT_ROUNDS})")
     p.add_argument("--no-cv", action="store_true", help="skip leave-one-model-out cross-validation (default: run it)")
     p.add_argument("--start", default=None, metavar="PATH.json",
-                   help="coefficients to start from (default: the shipped ones)")
+                   help="coefficients to start from (default: BLIS's published trained-physics coefficients on this "
+                   "basis, jaxroute/data/latency/blis_start.json)")
     p.add_argument("--seed", type=int, default=0, help="arrivals and prompts of the simulated stages (default 0)")
     p.add_argument("--params-out", default=None, metavar="PATH.json",
                    help="write the fitted coefficients with their provenance (default: none)")

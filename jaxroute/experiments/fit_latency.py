@@ -33,12 +33,18 @@ from jax.sharding import PartitionSpec as PS
 
 from jaxroute import cost_models, latency_params, real_runs, server
 from jaxroute.errors import JaxrouteError
-from jaxroute.latency_params import ALPHA, BASIS, LatencyParams
+from jaxroute.latency_params import (
+    ALPHA,
+    BASIS,
+    FIT_REQUESTS,
+    FIT_ROUNDS,
+    LatencyParams,
+)
 
 K = len(BASIS)
 P = K + len(ALPHA)
-DEFAULT_REQUESTS = 400  # requests simulated per stage (a stage holds 3,000 to 12,000; the load is steady)
-DEFAULT_ROUNDS = 6
+DEFAULT_REQUESTS = FIT_REQUESTS  # requests simulated per stage that keeps up (the load is steady)
+DEFAULT_ROUNDS = FIT_ROUNDS
 SATURATED_TTFT_S = 1.0
 # physical lower bounds (others: 0): a prefill chunk cannot run faster than the tensor cores' datasheet peak. The
 # measured runs barely inform this term (short prompts, mostly found in the prefix cache), and unbounded it drifts
@@ -290,7 +296,7 @@ def _solve(stages, results, lp: LatencyParams, free: np.ndarray, damping: float 
 def fit(stages: list[real_runs.Stage], start: LatencyParams | None = None, rounds: int = DEFAULT_ROUNDS,
         n: int = DEFAULT_REQUESTS, seed: int = 0, progress=None, groups: list[Group] | None = None,
         train: list[int] | None = None, only: tuple[str, ...] | None = None) -> Fit:
-    """Gauss-Newton rounds (module docstring) from `start` (default: the shipped coefficients), Levenberg-Marquardt
+    """Gauss-Newton rounds (module docstring) from `start` (default `latency_params.start()`), Levenberg-Marquardt
     damped: each round solves from the best point so far, its damping cut after a round that improved on it and
     raised after one that did not.
 
@@ -299,7 +305,7 @@ def fit(stages: list[real_runs.Stage], start: LatencyParams | None = None, round
     `BASIS` and `ALPHA`; default all); the others keep `start`'s values."""
     from jaxroute import catalog
 
-    lp = start or latency_params.default()
+    lp = start or latency_params.start()
     groups = groups or prepare(stages, n, seed)
     # a coefficient the stages cannot inform stays 0: the MoE-layer term without a MoE model, TP without TP > 1
     names = BASIS + ALPHA
