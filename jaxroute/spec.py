@@ -33,7 +33,7 @@ SECTION_OF = {
     **dict.fromkeys(("deployment", "gpu", "model", "model_config", "tp", "prefill_tp", "replicas", "admission", "max_running",
                      "chunk", "local", "priority_groups", "kv_capacity", "cost_model", "max_queue", "cache_slots",
                      "e2_ring", "prefill", "decode", "ratios", "decode_tier", "decode_slots", "kv_link_gbps",
-                     "kv_link_latency_ms", "colocated", "servers", "ranks", "cost_params", "latency_params", "cpu_tier", "shared_tier",
+                     "kv_link_latency_ms", "colocated", "servers", "ranks", "cost_params", "latency_params", "server", "cpu_tier", "shared_tier",
                      "tier_set", "lora_slots", "lora_set"), "deployment"),
     **dict.fromkeys(("workload", "trace", "requests", "rate", "rate_stages", "hot_tool", "sp_groups",
                      "sp_prompts_per_group", "sp_system_len", "sp_question_len", "sp_output_len", "inference_perf",

@@ -81,3 +81,24 @@ def test_cost_shows_both_latency_models_and_cluster_refuses_mixed_flags(tmp_path
     assert "--latency-params holds the trained model's coefficients" in capsys.readouterr().err
     assert cli(["cluster", "--latency-model", "vidur", "--requests", "8"]) == 2
     assert "choose from: trained, roofline, preble" in capsys.readouterr().err
+
+
+def test_cluster_reads_a_vllm_server_file(tmp_path, capsys):
+    srv = tmp_path / "serve.yaml"
+    srv.write_text("model: meta-llama/Llama-2-7b-hf\ntensor_parallel_size: 1\nmax_num_batched_tokens: 2048\n"
+                   "max_num_seqs: 128\n")
+    model = str(require(SHARED_DATA / "vllm-h100-inference-perf" / "model_configs" / "Llama-2-7b-hf"))
+    out = tmp_path / "c.json"
+    assert cli(["cluster", "--server", str(srv), "--model-config", model, "--gpu", "h100", "--requests", "12",
+                "--seeds", "2", "--policies", "rr", "--out", str(out)]) == 0
+    assert "activations" in capsys.readouterr().out  # vLLM's KV sizing, its parts printed
+    config = json.loads(out.read_text())["config"]
+    assert (config["chunk"], config["max_running"], config["admission"]) == (2048, 128, "on-demand")
+    from jaxroute import server
+
+    assert config["kv_capacity"] == server.kv_parts("H100-SXM", model, 1).tokens
+    assert cli(["cluster", "--server", str(srv), "--tp", "2", "--gpu", "h100", "--requests", "4"]) == 2
+    assert "--tp 2 disagrees with the server file's 1" in capsys.readouterr().err
+    srv.write_text("model: m\nmax_num_seqs: -1\n")
+    assert cli(["cluster", "--server", str(srv), "--requests", "4"]) == 2
+    assert "max_num_seqs = -1" in capsys.readouterr().err

@@ -682,3 +682,37 @@ def warn_extrapolation(args, kind: str, latency) -> None:
     if fitted and name not in fitted:
         warn(f"the trained latency model was fitted on {', '.join(fitted)}; on {name} it scales by the datasheet "
              "(an extrapolation; --latency-model roofline for today's model)")
+
+
+# --------------------------------------------------------------------------- a vLLM server file
+
+
+def add_server_arg(p) -> None:
+    p.add_argument("--server", default=None, metavar="FILE",
+                   help="vLLM's serve arguments (YAML: tensor_parallel_size, max_num_batched_tokens, max_num_seqs, "
+                   "gpu_memory_utilization, block_size, ...; vLLM's defaults for the rest): they set --tp, --chunk, "
+                   "--max-running, on-demand admission and, without --kv-capacity, the KV cache as vLLM sizes it "
+                   "(default: none)")
+
+
+def apply_server(args, **defaults) -> None:
+    """Read --server into the flags it sets (`defaults`: the flags' own defaults, which it may replace); a flag given
+    with another value than the file's is refused in one line. Prints vLLM's KV sizing with its parts."""
+    if not getattr(args, "server", None):
+        return
+    from jaxroute import server
+
+    srv = server.read_server(args.server, catalog.get_gpu(args.gpu).name)
+    wanted = {"tp": srv.tensor_parallel_size, "chunk": srv.max_num_batched_tokens, "max_running": srv.max_num_seqs,
+              "admission": "on-demand"}
+    for flag, value in wanted.items():
+        given = getattr(args, flag)
+        if given != defaults[flag] and given != value:
+            raise JaxrouteError(f"--{flag.replace('_', '-')} {given} disagrees with the server file's {value}; "
+                                "drop one")
+        setattr(args, flag, value)
+    if args.kv_capacity is None:
+        kv = server.kv_parts(args.gpu, args.model, srv.tensor_parallel_size, srv.gpu_memory_utilization,
+                             srv.block_size)
+        args.kv_capacity = kv.tokens
+        print(f"server {args.server}: {kv.text()}")
