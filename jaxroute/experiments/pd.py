@@ -176,7 +176,7 @@ def with_terms(cost: cost_models.CostParams, row: PDRow, tier: str) -> cost_mode
 
 
 def _check_terms(rows: list[PDRow]) -> None:
-    fields = {f.name for f in dataclasses.fields(cost_models.CostParams)} - {"kind", "parallel"}
+    fields = {f.name for f in dataclasses.fields(cost_models.CostParams)} - {"kind", "parallel", "beta", "alpha"}
     for r in rows:
         for key, value in r.cost_terms:
             tier, _, field = key.partition(".")
