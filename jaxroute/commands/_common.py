@@ -687,7 +687,12 @@ def warn_extrapolation(args, kind: str, latency) -> None:
 # --------------------------------------------------------------------------- a vLLM server file
 
 
+SERVER_SETS = ("tp", "chunk", "max_running", "admission")  # the flags a server file sets
+
+
 def add_server_arg(p) -> None:
+    """--server FILE; call it after the flags it sets (`SERVER_SETS`), whose defaults it records."""
+    p.set_defaults(server_defaults={f: p.get_default(f) for f in SERVER_SETS})
     p.add_argument("--server", default=None, metavar="FILE",
                    help="vLLM's serve arguments (YAML: tensor_parallel_size, max_num_batched_tokens, max_num_seqs, "
                    "gpu_memory_utilization, block_size, ...; vLLM's defaults for the rest): they set --tp, --chunk, "
@@ -695,9 +700,9 @@ def add_server_arg(p) -> None:
                    "(default: none)")
 
 
-def apply_server(args, **defaults) -> None:
-    """Read --server into the flags it sets (`defaults`: the flags' own defaults, which it may replace); a flag given
-    with another value than the file's is refused in one line. Prints vLLM's KV sizing with its parts."""
+def apply_server(args) -> None:
+    """Read --server into the flags it sets (replacing their defaults); a flag given with another value than the
+    file's is refused in one line. Prints vLLM's KV sizing with its parts."""
     if not getattr(args, "server", None):
         return
     from jaxroute import server
@@ -707,7 +712,7 @@ def apply_server(args, **defaults) -> None:
               "admission": "on-demand"}
     for flag, value in wanted.items():
         given = getattr(args, flag)
-        if given != defaults[flag] and given != value:
+        if given != args.server_defaults[flag] and given != value:
             raise JaxrouteError(f"--{flag.replace('_', '-')} {given} disagrees with the server file's {value}; "
                                 "drop one")
         setattr(args, flag, value)

@@ -170,7 +170,6 @@ def register(subparsers) -> None:
                    help="the roofline's factors fitted to a measured run (`jaxroute compare --fit --cost-params-out`): "
                    "effective compute and memory shares of peak and the fixed time of an iteration (default: the "
                    "catalog's, jaxroute/cost_models.py)")
-    add_server_arg(p)
     p.add_argument("--kv-capacity", type=positive_int, default=None, metavar="TOKENS",
                    help="KV tokens per replica (default: from GPU memory x tp at 90%% minus the weights; "
                    f"{catalog.kv_capacity_tokens('A6000', 'Mistral-7B'):,} for Mistral-7B on A6000, "
@@ -207,6 +206,7 @@ def register(subparsers) -> None:
     add_control_args(p)
     add_tier_args(p)
     add_lora_args(p)
+    add_server_arg(p)  # last: it records the defaults of the flags it sets
     p.set_defaults(func=run, requests=None)  # None: DEFAULT_REQUESTS, or the stage total with --rate-stages
 
 
@@ -247,7 +247,7 @@ def _inference_perf(args):
 
 
 def run(args) -> int:
-    apply_server(args, tp=1, chunk=512, max_running=64, admission="reserve")
+    apply_server(args)
     ip_load = _inference_perf(args)
     name = "shared-prefix" if ip_load and ip_load.shared_prefix else (ip_load.data_type if ip_load else None)
     name = name or choose([args.workload or "longdoc"], CLUSTER_WORKLOADS, "workload")[0]

@@ -86,9 +86,7 @@ def predictions(r: StageResult, lp: LatencyParams | None, timeout_s: float = mat
 
 def _rows(r: StageResult, lp: LatencyParams) -> dict[str, tuple[float, np.ndarray]]:
     """Each target as offset + J . theta (theta = beta then alpha), linearised at `lp` (the wait held)."""
-    a0, ap, ao = lp.alpha
-    ttft = r.wait + r.first + a0 + ap * r.prompt
-    e2e = r.wait + r.total + a0 + ap * r.prompt + ao * np.maximum(r.output - 1, 0)
+    ttft, e2e = _client_times(r, lp)
     o1 = np.maximum(r.output - 1, 0).astype(np.float64)
     # the wait before admission is held at this simulation's (an arrival joins whichever iteration runs when it
     # comes: no derivative of its own); the next round's simulation updates it
@@ -152,9 +150,7 @@ def _group(stages: list[real_runs.Stage], index, n: int, seed: int, cost_model: 
     chunk, max_running = stages[0].chunk, stages[0].max_running
     wls, params = [], []
     for s in stages:
-        load = inference_perf.load({"data": s.data, "load": {"stages": [{"rate": s.rate, "duration": 1}]}})
-        load = dataclasses.replace(load, stages=((s.rate, n / s.rate),), stage_requests=(n,))
-        wls.append(inference_perf.workload(load))
+        wls.append(inference_perf.workload(inference_perf.one_stage(s.data, s.rate, n)))
         kv = server.kv_parts(s.gpu, s.model, s.tp, s.gpu_memory_utilization, s.block_size).tokens
         params.append(replicas.make_params(ROUTER, rate=s.rate, kv_capacity=kv, gpu=s.gpu, model=s.model, tp=s.tp,
                                            cost_model=cost_model))

@@ -64,10 +64,7 @@ def compare_stages(folder, config, dep, seeds: int = 4, stages=None, factors=Non
             out.append(StageComparison(k, row["rate"], row["requests"], True, m, None))
             continue
         duration = row["requests"] / row["rate"]
-        one = {"rate": row["rate"], "duration": max(1, round(duration))}
-        load = inference_perf.load({"data": cfg["data"], "load": {"stages": [one]}})
-        load = dataclasses.replace(load, stages=((row["rate"], duration),), stage_requests=(int(row["requests"]),))
-        wl = inference_perf.workload(load)
+        wl = inference_perf.workload(inference_perf.one_stage(cfg["data"], row["rate"], row["requests"]))
         rows = policy_rows([dep.router], rate=wl.stage_mean_rate, gpu=dep.gpu, model_name=dep.model, tp=dep.tp,
                            kv_capacity=dep.kv_capacity, cost_factors=factors)
         res = run_cluster(rows, wl, replicas_n=dep.replicas, seeds=seeds, chunk=dep.chunk,

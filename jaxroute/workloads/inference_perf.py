@@ -432,6 +432,13 @@ def load(source: str | Path | dict, seed: int = 0) -> InferencePerfLoad:
                              multi_turn, client)
 
 
+def one_stage(data: dict, rate: float, requests: int) -> InferencePerfLoad:
+    """A config's `data` section sent as one stage of exactly `requests` requests at `rate` (a measured stage
+    replayed: its duration is requests / rate, which need not be whole seconds)."""
+    load_ = load({"data": data, "load": {"stages": [{"rate": rate, "duration": max(1, round(requests / rate))}]}})
+    return dataclasses.replace(load_, stages=((rate, requests / rate),), stage_requests=(int(requests),))
+
+
 def workload(spec: InferencePerfLoad, timer: bool | None = None):
     """The jaxroute workload it sends (realize it at `workload.stage_mean_rate`). `timer` False: a staged Poisson
     process at the stage rates (`prefix.with_rate_stages`, what `flags()` gives); True: inference-perf's send
