@@ -1,7 +1,8 @@
 """Measured vLLM runs driven by inference-perf, read as stages to simulate and targets to meet. No JAX.
 
-A run folder holds the server's settings (`exp-config.yaml`, vLLM serve arguments: `jaxroute.server`), the
-inference-perf config (`results/config.yaml`, inference-perf's own record of what it ran: used here, because
+A run folder holds the server's settings (`exp-config.yaml` or `server.yaml`, vLLM serve arguments:
+`jaxroute.server`), the inference-perf config (`results/config.yaml`, else `config.yaml`: inference-perf's own
+record of what it ran: used here, because
 the `profile.yaml` beside it disagrees on the shared-prefix groups and on multi-turn chat, and the measured prompt
 lengths match `results/config.yaml`: system prompt + question + the chat template's few tokens, no growing
 context), and one `results/stage_N_lifecycle_metrics.json` per load stage (`measured.read_inference_perf_stage_
@@ -15,6 +16,8 @@ issue #564 at HEAD 7de5ef2), counting every token twice, so they are about half 
 are still printed, beside the simulated value halved the same way: `reported_itl`).
 
 A run is overloaded when more than 10 % of its requests failed (timed out), as the data's source excludes them.
+A stage is client-bound when the client sent slower than its rate asked (its concurrency cap held requests: a
+closed loop this replay does not model): it is reported, not simulated or fitted.
 """
 
 from __future__ import annotations
@@ -27,6 +30,9 @@ from pathlib import Path
 from jaxroute.errors import JaxrouteError
 
 OVERLOAD_FAILURES = 0.10  # the data's SOURCE.md: runs with more than 10 % failures are in overload
+CLIENT_BOUND = 0.95  # achieved / requested rate below this: the client's concurrency cap paced the stage
+SERVER_FILES = ("exp-config.yaml", "server.yaml")  # a run folder's vLLM serve arguments, first found
+CONFIG_FILES = ("results/config.yaml", "config.yaml")  # its inference-perf config, first found
 TARGETS = ("ttft_mean", "ttft_p90", "e2e_mean", "e2e_p90", "itl")
 
 
@@ -50,15 +56,31 @@ class Stage:
     output_len: int  # tokens the server generated per request
     measured: dict  # TARGETS (seconds) and the reported TPOT / ITL means
     run_measured: dict = dataclasses.field(default_factory=dict)  # the whole run's TARGETS (summary file)
+    achieved_rate: float = math.nan  # requests / send duration, as the client measured it
     timeout_s: float = math.inf  # the client's request timeout (inference-perf: aiohttp's total, 300 s default)
+    prefix_caching: bool = True  # the server file's enable_prefix_caching
+    chunked_prefill: bool = True  # the server file's enable_chunked_prefill (vLLM V1 chunks regardless: `server`)
 
     @property
     def overloaded(self) -> bool:
         return self.failures > OVERLOAD_FAILURES * self.requests
 
     @property
+    def client_bound(self) -> bool:
+        """The client sent slower than asked (its concurrency cap held requests back: a closed loop, not simulated;
+        e.g. the KubeCon demo's last three stages at about 106 of 123-183 req/s)."""
+        return self.achieved_rate < CLIENT_BOUND * self.rate
+
+    @property
     def label(self) -> str:
         return f"{self.run}/stage {self.index}"
+
+    def sent(self, requests: int):
+        """What the client sent in this stage, `requests` of it, as the server saw it (`InferencePerfLoad`)."""
+        from jaxroute.workloads import inference_perf
+
+        spec = inference_perf.one_stage(self.data, self.rate, requests)
+        return spec if self.prefix_caching else inference_perf.without_prefix_cache(spec)
 
 
 def model_family(name: str) -> str:
@@ -76,6 +98,18 @@ def find_model_config(server_model: str, search: list[Path]) -> Path | None:
             if d.name.lower() == base and (d / "config.json").is_file():
                 return d
     return None
+
+
+def served_model_name(server_model: str) -> str:
+    """A served model's catalog name: its basename less a -Instruct / -chat / -hf suffix
+    ('meta-llama/Llama-3.1-8B-Instruct' -> 'Llama-3.1-8B'); the name itself when the catalog has no such model."""
+    from jaxroute import catalog
+
+    base = re.sub(r"(-(instruct|chat|hf))+$", "", server_model.rsplit("/", 1)[-1], flags=re.IGNORECASE)
+    try:
+        return catalog.get_model(base).name
+    except JaxrouteError:
+        return server_model
 
 
 def _output_len(p: Path, data: dict) -> int:
@@ -101,12 +135,12 @@ def read_run(folder: str | Path, *, server_file: str | Path | None = None, confi
     if not d.is_dir():
         raise JaxrouteError(f"run folder not found: {d}")
     results = d / "results" if (d / "results").is_dir() else d
-    server_path = Path(server_file) if server_file else d / "exp-config.yaml"
-    config_path = Path(config) if config else results / "config.yaml"
+    server_path = Path(server_file) if server_file else _first(d, SERVER_FILES)
+    config_path = Path(config) if config else _first(d, CONFIG_FILES)
     if not server_path.is_file():
-        raise JaxrouteError(f"{d.name}: no server file (exp-config.yaml); give --server FILE")
+        raise JaxrouteError(f"{d.name}: no server file ({' or '.join(SERVER_FILES)}); give --server FILE")
     if not config_path.is_file():
-        raise JaxrouteError(f"{d.name}: no inference-perf config (results/config.yaml); give --config FILE")
+        raise JaxrouteError(f"{d.name}: no inference-perf config ({' or '.join(CONFIG_FILES)}); give --config FILE")
     srv = server.read_server(server_path, gpu)
     _, cfg = inference_perf.read_config(config_path)
     data = cfg.get("data")
@@ -114,11 +148,11 @@ def read_run(folder: str | Path, *, server_file: str | Path | None = None, confi
         raise JaxrouteError(f"{config_path}: only shared_prefix data is read as real-run stages")
     if model is None:
         found = find_model_config(srv.model, [d.parent.parent / "model_configs", d.parent / "model_configs"])
-        model = str(found) if found else srv.model
+        model = str(found) if found else served_model_name(srv.model)
     spec = catalog.get_model(model)
     catalog.check_tp(spec, srv.tensor_parallel_size)
     out_len = _output_len(config_path, data)
-    timeout = inference_perf.load(cfg).client.request_timeout_s
+    timeout = inference_perf.read_client(cfg).request_timeout_s
     whole = _run_summary(results, out_len)
     stages = []
     for row in measured.read_inference_perf_stage_summaries(results):
@@ -132,9 +166,17 @@ def read_run(folder: str | Path, *, server_file: str | Path | None = None, confi
                             chunk=srv.max_num_batched_tokens, max_running=srv.max_num_seqs,
                             gpu_memory_utilization=srv.gpu_memory_utilization, block_size=srv.block_size,
                             data=data, rate=row["rate"], requests=row["requests"], failures=row["failures"],
-                            output_len=out_len, measured=m, run_measured=whole,
-                            timeout_s=timeout))
+                            output_len=out_len, measured=m, run_measured=whole, achieved_rate=row["achieved_rate"],
+                            timeout_s=timeout, prefix_caching=srv.enable_prefix_caching,
+                            chunked_prefill=srv.enable_chunked_prefill))
+    if any(st.client_bound for st in stages):  # the run's summary pools stages not simulated: pool the others
+        stages = [dataclasses.replace(st, run_measured={}) for st in stages]
     return stages
+
+
+def _first(d: Path, names) -> Path:
+    """The first of `names` under folder `d` that exists (else the first name)."""
+    return next((d / n for n in names if (d / n).is_file()), d / names[0])
 
 
 def _run_summary(results: Path, out_len: int) -> dict:
@@ -151,14 +193,15 @@ def _run_summary(results: Path, out_len: int) -> dict:
 
 
 def discover(data_dir: str | Path) -> list[Path]:
-    """The run folders under `data_dir` (itself, its `runs/`, or its children holding an exp-config.yaml)."""
+    """The run folders under `data_dir` (itself, its `runs/`, or its children holding a server file)."""
     d = Path(data_dir)
     if not d.is_dir():
         raise JaxrouteError(f"data folder not found: {d}")
-    if (d / "exp-config.yaml").is_file():
+    is_run = lambda p: any((p / n).is_file() for n in SERVER_FILES)
+    if is_run(d):
         return [d]
     root = d / "runs" if (d / "runs").is_dir() else d
-    runs = sorted(p for p in root.iterdir() if (p / "exp-config.yaml").is_file())
+    runs = sorted(p for p in root.iterdir() if p.is_dir() and is_run(p))
     if not runs:
-        raise JaxrouteError(f"{d}: no run folders (each with exp-config.yaml and results/)")
+        raise JaxrouteError(f"{d}: no run folders (each with {' or '.join(SERVER_FILES)} and its stage reports)")
     return runs

@@ -4,7 +4,10 @@
 `tensor_parallel_size` or the harness's `tensor_parallelism`, dashes or underscores). vLLM V1's defaults apply
 to what the file leaves out (vllm/config: `SchedulerConfig` max_num_seqs 256 and, on a GPU serving online,
 max_num_batched_tokens 8192 (2048 below H100-class chips); `CacheConfig` gpu_memory_utilization 0.9, block_size
-16, prefix caching and chunked prefill on). vLLM V1 admits on demand (KV blocks allocated as tokens arrive, a
+16, prefix caching and chunked prefill on). `enable_chunked_prefill: false` is read and kept, but a V1 engine
+chunks regardless: vLLM 0.11's `EngineArgs._set_default_args` sets it back to true for every generating model
+(vllm/engine/arg_utils.py:1546-1548), so the simulator chunks at max_num_batched_tokens (`CHUNKED_PREFILL_NOTE`,
+printed by the commands that read the file). vLLM V1 admits on demand (KV blocks allocated as tokens arrive, a
 request preempted by recompute when none are free), so a deployment read from a server file always runs the
 simulator's on-demand admission.
 
@@ -43,6 +46,8 @@ DEFAULTS = {"tensor_parallel_size": 1, "max_num_batched_tokens": None, "max_num_
 ALIASES = {"tensor_parallelism": "tensor_parallel_size", "tp": "tensor_parallel_size"}
 IGNORED = ("app", "served_model_name", "port", "host", "seed", "dtype", "trust_remote_code", "download_dir")
 LARGE_GPU_BYTES = 70 * GIB
+CHUNKED_PREFILL_NOTE = ("enable_chunked_prefill false: vLLM V1 chunks prefills regardless (0.11's arg_utils.py:1546-1548 "
+                        "sets it back to true), and so does the simulation")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,8 +102,6 @@ def read_server(path: str | Path, gpu: str = "H100-SXM") -> ServerConfig:
     for key in ("enable_prefix_caching", "enable_chunked_prefill"):
         if not isinstance(cfg[key], bool):
             raise JaxrouteError(f"{p.name}: {key} = {cfg[key]!r}; expected true or false")
-    if not cfg["enable_chunked_prefill"]:
-        raise JaxrouteError(f"{p.name}: enable_chunked_prefill false is not modelled (vLLM V1 always chunks)")
     return ServerConfig(source=str(p), **{f.name: cfg[f.name] for f in dataclasses.fields(ServerConfig)
                                           if f.name != "source"})
 

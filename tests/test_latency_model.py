@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -68,11 +69,41 @@ def test_a_harness_server_file_reads_with_vllm_defaults(tmp_path):
     assert s.tensor_parallel_size == 2 and s.max_num_seqs == 256 and s.max_num_batched_tokens == 8192
 
 
+KUBECON = Path(__file__).resolve().parent / "fixtures" / "inference_perf_kubecon_na_2025_vllm"
+
+
+def test_the_kubecon_demo_reads_as_a_run_folder_without_prefix_caching_and_its_paced_stages_apart():
+    """tests/fixtures/...kubecon...: server.yaml (the demo's manifest: no prefix caching, no chunked prefill,
+    max_num_seqs 128), config.yaml (a sweep: the stages' rates come from their reports), 7 stage reports; the last
+    three were sent at about 106 req/s of 123-183 asked (the client's cap)."""
+    srv = server.read_server(KUBECON / "server.yaml")
+    assert (srv.max_num_seqs, srv.max_model_len, srv.enable_prefix_caching, srv.enable_chunked_prefill) == \
+        (128, 512, False, False)
+    assert srv.max_num_batched_tokens == 8192  # V1 chunks regardless, at the OpenAI server's H100 default
+    stages = real_runs.read_run(KUBECON)
+    assert stages[0].model == "Llama-3.1-8B" and [s.client_bound for s in stages] == [False] * 4 + [True] * 3
+    assert not stages[0].prefix_caching and all(s.run_measured == {} for s in stages)
+    assert real_runs.discover(KUBECON) == [KUBECON]
+    # no prefix caching: each request's whole prompt (128 + 64 tokens) is private
+    sent = stages[1].sent(50)
+    assert sent.shared_prefix is None and set(sent.prompt_tokens.tolist()) == {192}
+    assert set(stages[1].sent(50).output_tokens.tolist()) == {64}
+    with_cache = dataclasses.replace(stages[1], prefix_caching=True).sent(50)
+    assert with_cache.shared_prefix["groups"] == 10 and with_cache.prompt_tokens is None
+
+
+def test_served_model_names_map_to_the_catalog():
+    assert real_runs.served_model_name("meta-llama/Llama-3.1-8B-Instruct") == "Llama-3.1-8B"
+    assert real_runs.served_model_name("meta-llama/Llama-2-7b-chat-hf") == "Llama-2-7B"
+    assert real_runs.served_model_name("org/unknown-model") == "org/unknown-model"
+
+
 @pytest.mark.parametrize("text, needle", [
     ("model: m\nmax_num_sqs: 4\n", "unknown server setting 'max_num_sqs'"),
     ("model: m\nmax_num_seqs: 0\n", "max_num_seqs = 0"),
     ("model: m\ngpu_memory_utilization: 1.5\n", "gpu_memory_utilization = 1.5"),
     ("model: m\nenable_prefix_caching: maybe\n", "enable_prefix_caching"),
+    ("model: m\nenable_chunked_prefill: 0\n", "enable_chunked_prefill = 0"),
     ("tensor_parallel_size: 2\n", "no model"),
     ("model: m\ntp: 2\ntensor_parallelism: 2\n", "twice"),
     ("[1, 2]\n", "expected a mapping"),

@@ -18,6 +18,7 @@ from jaxroute.commands._common import (
 from jaxroute.errors import JaxrouteError
 from jaxroute.routers.names import PREFIX_POLICIES
 
+DEFAULT_MODEL = "Llama-3.1-8B"
 FORMATS = ("auto", "vllm-bench-serve", "inference-perf", "jaxroute")
 
 
@@ -54,12 +55,13 @@ def register(subparsers) -> None:
                    help=f"the router of the replay, from: {', '.join(PREFIX_POLICIES)} (default least_load)")
     p.add_argument("--replicas", type=positive_int, default=1, metavar="G", help="replicas behind it (default 1)")
     p.add_argument("--gpu", default="H100-SXM", metavar="NAME", help=f"GPU: {', '.join(catalog.GPUS)} (default H100-SXM)")
-    add_model_args(p, default="Llama-3.1-8B", help=f"model: {', '.join(catalog.MODELS)} (default Llama-3.1-8B; a "
-                   "run folder: the served model's config.json in a model_configs/ folder beside the runs)")
+    add_model_args(p, default=None, help=f"model: {', '.join(catalog.MODELS)} (default {DEFAULT_MODEL}; a run "
+                   "folder: the served model's config.json in a model_configs/ folder beside the runs, else the "
+                   "server file's model as a catalog name)")
     p.add_argument("--server", default=None, metavar="FILE",
                    help="vLLM's serve arguments (YAML: model, tensor_parallel_size, max_num_batched_tokens, "
                    "max_num_seqs, gpu_memory_utilization, block_size, ...) of a run folder or report folder "
-                   "(default: the run folder's exp-config.yaml); the KV cache is sized as vLLM sizes it")
+                   "(default: the run folder's exp-config.yaml or server.yaml); the KV cache is sized as vLLM sizes it")
     p.add_argument("--latency-model", default="trained", choices=("trained", "roofline"),
                    help="a run folder's step time: the fitted trained model (default) or today's roofline")
     p.add_argument("--latency-params", default=None, metavar="PATH.json",
@@ -100,7 +102,7 @@ def run(args) -> int:
     if args.server or args.latency_params or args.plot or args.latency_model != "trained":
         raise JaxrouteError("--server, --latency-model, --latency-params and --plot go with a run folder "
                             "(exp-config.yaml and results/ with stage_N_lifecycle_metrics.json)")
-    gpu, model = catalog.get_gpu(args.gpu).name, catalog.model_ref(args.model)
+    gpu, model = catalog.get_gpu(args.gpu).name, catalog.model_ref(args.model or DEFAULT_MODEL)
     from jaxroute import measured as measured_lib
     from jaxroute.experiments import fit_roofline, replay
 
@@ -176,7 +178,9 @@ def _factors_text(f) -> str:
 
 def _is_run_folder(args) -> bool:
     d = Path(args.measured)
-    return d.is_dir() and (args.server is not None or (d / "exp-config.yaml").is_file())
+    from jaxroute.real_runs import SERVER_FILES
+
+    return d.is_dir() and (args.server is not None or any((d / n).is_file() for n in SERVER_FILES))
 
 
 def _run_folder(args) -> int:
@@ -189,7 +193,7 @@ def _run_folder(args) -> int:
         raise JaxrouteError("--fit applies to per-request files; fit a run folder with `jaxroute fit-latency`")
     from jaxroute import latency_params, real_runs
 
-    model = args.model if args.model_config else None
+    model = args.model  # None: found beside the runs, or the server's model name
     if args.latency_model == "roofline" and args.latency_params:
         raise JaxrouteError("--latency-params sets the trained model's coefficients; drop --latency-model roofline")
     lp = None if args.latency_model == "roofline" else (
@@ -204,11 +208,17 @@ def _run_folder(args) -> int:
     print(f"compare: {s0.run}: {catalog.get_model(s0.model).name} on {s0.tp} x {s0.gpu}, max_num_batched_tokens "
           f"{s0.chunk}, max_num_seqs {s0.max_running}, {len(stages)} stage(s), {args.latency_model} latency model")
     print(f"  {kv.text()}")
+    if not s0.chunked_prefill:
+        print(f"  {server.CHUNKED_PREFILL_NOTE}")
     doc = latency_report.compare_run(stages, lp, requests=args.requests, seed=0)
     print(latency_report.format_run(doc))
     print("itl: the per-token time, (E2E mean - TTFT mean) / (output tokens - 1); tpot_reported: inference-perf's "
           "TPOT, which counted every streamed token twice here (simulated: itl x (n - 1) / (2 n - 1))")
-    over = [r for r in doc["stages"] if r["simulated_overloaded"] or r["measured_overloaded"]]
+    for r in doc["stages"]:
+        if r["client_bound"]:
+            print(f"stage {r['stage']}: client-bound: sent at {r['achieved_rate']:.4g} of {r['rate']:g} req/s (the "
+                  "client's concurrency cap held requests back, a closed loop): not simulated")
+    over = [r for r in doc["stages"] if not r["client_bound"] and (r["simulated_overloaded"] or r["measured_overloaded"])]
     for r in over:
         print(f"stage {r['stage']}: overloaded: measured {r['measured_failed_pct']:.1f} % failed, simulated "
               f"{r['simulated_failed_pct']:.1f} % timed out (inference-perf's request timeout)")

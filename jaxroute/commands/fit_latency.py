@@ -27,8 +27,10 @@ def register(subparsers) -> None:
             "standard errors; --params-out writes them for --latency-params.", 100),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("data", metavar="DATA_DIR",
-                   help="a folder of run folders (or its runs/), e.g. shared/data/vllm-h100-inference-perf")
+    p.add_argument("data", metavar="DATA_DIR", nargs="+",
+                   help="folders of run folders (or their runs/), or run folders (a server file, exp-config.yaml or "
+                   "server.yaml, an inference-perf config and its stage reports), e.g. "
+                   "shared/data/vllm-h100-inference-perf tests/fixtures/inference_perf_kubecon_na_2025_vllm")
     p.add_argument("--runs", default=None, metavar="TEXT[,TEXT...]",
                    help="only runs whose folder name contains one of these (default: all)")
     p.add_argument("--include-overloaded", action="store_true",
@@ -56,11 +58,15 @@ def run(args) -> int:
     from jaxroute import latency_params, real_runs
 
     wanted = [w for w in (args.runs or "").split(",") if w]
-    folders = [f for f in real_runs.discover(args.data) if not wanted or any(w in f.name for w in wanted)]
+    folders = [f for d in args.data for f in real_runs.discover(d) if not wanted or any(w in f.name for w in wanted)]
     if not folders:
-        raise JaxrouteError(f"no run folder under {args.data} matches --runs {args.runs}")
+        raise JaxrouteError(f"no run folder under {' '.join(args.data)} matches --runs {args.runs}")
     start = latency_params.load(args.start) if args.start else None
-    stages = [s for f in folders for s in real_runs.read_run(f)]
+    read = [s for f in folders for s in real_runs.read_run(f)]
+    stages = [s for s in read if not s.client_bound]
+    if len(stages) < len(read):
+        print(f"fit-latency: {len(read) - len(stages)} client-bound stage(s) left out (sent slower than asked: the "
+              "client's concurrency cap, a closed loop): " + ", ".join(s.label for s in read if s.client_bound))
     fitted = [s for s in stages if args.include_overloaded or not s.overloaded]
     if not fitted:
         raise JaxrouteError("every run is overloaded; pass --include-overloaded to fit to them")

@@ -4,7 +4,7 @@ Each measured stage (`real_runs.Stage`) is simulated as inference-perf ran it: i
 sharing a system prompt) arriving at the stage's rate (inference-perf's `constant` timer draws exponential gaps and
 scales them to the stage's duration, loadgen/load_timer.py `ConstantLoadTimer`: a Poisson process given its
 count), on one vLLM replica of the stage's model, TP degree, max_num_batched_tokens, max_num_seqs and KV pool
-(`server.kv_parts`), on-demand admission with recompute preemption, the prefix cache on. The stages differ in
+(`server.kv_parts`), on-demand admission with recompute preemption, the prefix cache as the server file sets it. The stages differ in
 traced data only (workload arrays, rates, cost parameters, KV capacity), so they are rows of one program
 (`simulate`): vmapped over stages, every row's while loop running the replica model to its end.
 
@@ -139,7 +139,7 @@ def prepare(stages: list[real_runs.Stage], n: int = DEFAULT_REQUESTS, seed: int 
     """The stages' programs' inputs, grouped by request count and static settings."""
     by: dict = {}
     for i, s in enumerate(stages):
-        by.setdefault((stage_requests(s, n), s.chunk, s.max_running), []).append(i)
+        by.setdefault((stage_requests(s, n), s.chunk, s.max_running, s.prefix_caching), []).append(i)
     return [_group([stages[i] for i in idx], tuple(idx), key[0], seed, cost_model) for key, idx in sorted(by.items())]
 
 
@@ -150,7 +150,7 @@ def _group(stages: list[real_runs.Stage], index, n: int, seed: int, cost_model: 
     chunk, max_running = stages[0].chunk, stages[0].max_running
     wls, params = [], []
     for s in stages:
-        wls.append(inference_perf.workload(inference_perf.one_stage(s.data, s.rate, n)))
+        wls.append(inference_perf.workload(s.sent(n)))
         kv = server.kv_parts(s.gpu, s.model, s.tp, s.gpu_memory_utilization, s.block_size).tokens
         params.append(replicas.make_params(ROUTER, rate=s.rate, kv_capacity=kv, gpu=s.gpu, model=s.model, tp=s.tp,
                                            cost_model=cost_model))

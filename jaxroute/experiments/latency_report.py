@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from jaxroute import latency_params, real_runs
+from jaxroute.errors import JaxrouteError
 from jaxroute.experiments import fit_latency as fl
 from jaxroute.latency_params import LatencyParams
 from jaxroute.report import text_table
@@ -136,20 +137,30 @@ def _simulated_rows(p: dict, output_len: int) -> dict[str, dict[str, float]]:
 def compare_run(stages: list[real_runs.Stage], lp: LatencyParams | None, *, requests: int, seed: int) -> dict:
     """Every stage of one run simulated under `lp` (None: the roofline): measured and simulated statistics, their
     errors, the failed shares, and whether each came out overloaded (more than 10 % of requests timed out)."""
-    groups = fl.prepare(stages, requests, seed, "trained" if lp else "roofline")
-    results = fl.simulate(stages, lp, groups)
+    paced = [s for s in stages if not s.client_bound]
+    if not paced:
+        raise JaxrouteError(f"{stages[0].run}: every stage is client-bound (sent slower than its rate asked): "
+                            "nothing to simulate")
+    groups = fl.prepare(paced, requests, seed, "trained" if lp else "roofline")
+    results = dict(zip((s.index for s in paced), fl.simulate(paced, lp, groups), strict=True))
     rows = []
-    for s, r in zip(stages, results, strict=True):
+    for s in stages:
+        if s.client_bound:
+            rows.append({"stage": s.index, "rate": s.rate, "achieved_rate": s.achieved_rate, "requests": s.requests,
+                         "client_bound": True, "measured": _measured_rows(s), "simulated": None, "error_pct": None})
+            continue
+        r = results[s.index]
         p = fl.predictions(r, lp, s.timeout_s)
         meas, sim = _measured_rows(s), _simulated_rows(p, s.output_len)
         err = {k: {st: 100 * (sim[k][st] / v - 1) for st, v in meas[k].items() if v > 0} for k in meas}
-        rows.append({"stage": s.index, "rate": s.rate, "requests": s.requests, "simulated_requests": len(r.output),
+        rows.append({"stage": s.index, "rate": s.rate, "achieved_rate": s.achieved_rate, "requests": s.requests,
+                     "client_bound": False, "simulated_requests": len(r.output),
                      "measured": meas, "simulated": sim, "error_pct": err,
                      "measured_failed_pct": 100 * s.failures / s.requests, "simulated_failed_pct": 100 * p["failed"],
                      "measured_overloaded": s.overloaded,
                      "simulated_overloaded": p["failed"] > real_runs.OVERLOAD_FAILURES,
                      "preemptions": r.preemptions})
-    whole = fl.run_errors(stages, results, lp)[stages[0].run]
+    whole = fl.run_errors(paced, [results[s.index] for s in paced], lp)[stages[0].run]
     return {"name": stages[0].run, "model": stages[0].model, "tp": stages[0].tp, "gpu": stages[0].gpu,
             "latency_model": "trained" if lp else "roofline", "latency_params": lp, "stages": rows, "run": whole}
 
@@ -165,10 +176,13 @@ def format_run(doc: dict) -> str:
                 if m is None:
                     cells.append("")
                     continue
+                if row["client_bound"]:
+                    cells.append(f"{m * 1e3:.4g} / client-bound")
+                    continue
                 sv = row["simulated"][k][st]
                 cells.append(f"{m * 1e3:.4g} / {sv * 1e3:.4g} ({row['error_pct'][k].get(st, float('nan')):+.1f})")
             cells.append(f"{row['measured_failed_pct']:.1f} / {row['simulated_failed_pct']:.1f}"
-                         if k == "ttft" else "")
+                         if k == "ttft" and not row["client_bound"] else "")
             lines.append(cells)
     w = doc["run"]
     for k in real_runs.TARGETS:
@@ -181,17 +195,18 @@ def plot_run(doc: dict, path) -> Path:
     """Measured against simulated per stage: one panel per metric (mean and p90)."""
     from jaxroute import report
 
-    x = list(range(len(doc["stages"])))
+    rows = [r for r in doc["stages"] if not r["client_bound"]]
+    x = list(range(len(rows)))
     panels = {}
     for k in ("ttft", "itl", "e2e"):
         for st in ("mean", "p90"):
-            if st not in doc["stages"][0]["measured"][k]:
+            if st not in rows[0]["measured"][k]:
                 continue
-            m = [r["measured"][k][st] * 1e3 for r in doc["stages"]]
-            s = [r["simulated"][k][st] * 1e3 for r in doc["stages"]]
+            m = [r["measured"][k][st] * 1e3 for r in rows]
+            s = [r["simulated"][k][st] * 1e3 for r in rows]
             panels[f"{k} {st} (ms)"] = [{"x": x, "y": m, "label": "measured", "marker": "o", "ls": "none"},
                                         {"x": x, "y": s, "label": f"simulated ({doc['latency_model']})",
                                          "marker": "x", "ls": "none"}]
-    labels = [f"{r['stage']}: {r['rate']:g}/s" for r in doc["stages"]]
+    labels = [f"{r['stage']}: {r['rate']:g}/s" for r in rows]
     return report.line_plot(panels, path, xlabel="stage", ylabel="ms", title=f"{doc['name']}: measured vs simulated",
                             xticks=(x, labels))

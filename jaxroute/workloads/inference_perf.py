@@ -333,6 +333,17 @@ def read_config(source: str | Path | dict) -> tuple[str, dict]:
     return p.name, loaded
 
 
+def read_client(source: str | Path | dict) -> ClientLimits:
+    """The client limits of a config that ran (a measured run's: its stages' rates are in its reports, so a
+    `load.sweep` is read too)."""
+    name, raw = read_config(source)
+    try:
+        cfg = Config.model_validate(raw)
+    except ValidationError as e:
+        raise _one_line(name, e) from None
+    return client_limits(cfg.load, None)
+
+
 def load(source: str | Path | dict, seed: int = 0) -> InferencePerfLoad:
     """Validate an inference-perf config and build what it sends. `seed` draws lengths from distributions
     when the config sets no `shared_prefix.seed` (inference-perf then draws them unseeded)."""
@@ -437,6 +448,24 @@ def one_stage(data: dict, rate: float, requests: int) -> InferencePerfLoad:
     replayed: its duration is requests / rate, which need not be whole seconds)."""
     load_ = load({"data": data, "load": {"stages": [{"rate": rate, "duration": max(1, round(requests / rate))}]}})
     return dataclasses.replace(load_, stages=((rate, requests / rate),), stage_requests=(int(requests),))
+
+
+def without_prefix_cache(spec: InferencePerfLoad) -> InferencePerfLoad:
+    """What a server without prefix caching sees of `spec`: every request's whole prompt (system prompt +
+    question, group-major) as a private prompt, so nothing is found cached (vLLM's `--no-enable-prefix-caching`)."""
+    sp = spec.shared_prefix
+    if sp is None:
+        return spec  # random / synthetic prompts share nothing already
+    if spec.multi_turn:
+        raise JaxrouteError(f"inference-perf config {spec.source}: multi-turn chat without prefix caching is not "
+                            "modelled (each round would recompute its whole conversation)")
+    n = sp["groups"] * sp["prompts_per_group"]
+    system = np.broadcast_to(np.asarray(sp["system_tokens"]), (sp["groups"],))
+    prompt = np.repeat(system, sp["prompts_per_group"]) + np.broadcast_to(np.asarray(sp["question_tokens"]), (n,))
+    output = np.broadcast_to(np.asarray(sp["output_tokens"]), (n,))
+    return dataclasses.replace(spec, shared_prefix=None, prompt_tokens=np.asarray(prompt, np.int64),
+                               output_tokens=np.asarray(output, np.int64),
+                               notes=spec.notes + ("prefix caching off: every prompt sent whole, as a private prompt",))
 
 
 def workload(spec: InferencePerfLoad, timer: bool | None = None):
