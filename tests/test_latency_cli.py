@@ -102,3 +102,20 @@ def test_cluster_reads_a_vllm_server_file(tmp_path, capsys):
     srv.write_text("model: m\nmax_num_seqs: -1\n")
     assert cli(["cluster", "--server", str(srv), "--requests", "4"]) == 2
     assert "max_num_seqs = -1" in capsys.readouterr().err
+
+
+def test_compare_the_kubecon_demo_folder_simulates_its_paced_stages_only(tmp_path, capsys):
+    """The committed KubeCon fixture is a run folder (server.yaml beside its reports): stages 0-3 simulated under
+    the trained model without prefix caching, stages 4-6 (sent at ~106 of 123-183 req/s) reported client-bound."""
+    from pathlib import Path
+
+    kubecon = Path(__file__).resolve().parent / "fixtures" / "inference_perf_kubecon_na_2025_vllm"
+    out = tmp_path / "kc.json"
+    assert cli(["compare", str(kubecon), "--requests", "20", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "Llama-3.1-8B on 1 x H100-SXM" in text and "enable_chunked_prefill false" in text
+    assert text.count("client-bound: sent at") == 3
+    rows = json.loads(out.read_text())["stages"]
+    assert [r["client_bound"] for r in rows] == [False] * 4 + [True] * 3
+    assert all(r["simulated"] is None for r in rows[4:])
+    assert all(r["simulated"]["e2e"]["mean"] > r["simulated"]["ttft"]["mean"] > 0 for r in rows[:4])
