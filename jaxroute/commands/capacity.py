@@ -8,11 +8,13 @@ import time
 from jaxroute.clusters.names import REPLICA_GPU, REPLICA_MODEL
 from jaxroute.commands._common import (
     PD_DEFAULT_REQUESTS,
+    add_latency_args,
     add_model_args,
     add_pd_args,
     add_save_spec,
     choose,
     csv_list,
+    latency_choice,
     list_of,
     pd_setup,
     positive_float,
@@ -21,6 +23,7 @@ from jaxroute.commands._common import (
     show_progress,
     slo_clauses,
     warn,
+    warn_extrapolation,
 )
 from jaxroute.errors import JaxrouteError
 from jaxroute.experiments.names import (
@@ -96,6 +99,7 @@ def register(subparsers) -> None:
     p.add_argument("--gpu", default=REPLICA_GPU, metavar="NAME", help=f"GPU (default {REPLICA_GPU})")
     add_model_args(p, default=REPLICA_MODEL, flag="--model-name", help=f"model served (default {REPLICA_MODEL})")
     p.add_argument("--tp", type=positive_int, default=1, metavar="T", help="GPUs per replica (default 1)")
+    add_latency_args(p)
     _search_args(p, "cluster")
     p = sub.add_parser("pd", help="prefill/decode disaggregation: P:D ratios x routers, requests/s",
                        description="Capacity of the disaggregated cluster of `jaxroute pd` in requests/s; every "
@@ -138,8 +142,11 @@ def _setup(args):
         from jaxroute.experiments import capacity as cap
         from jaxroute.experiments.cluster import build_workload
 
+        cost_model, latency = latency_choice(args)
+        warn_extrapolation(args, cost_model, latency)
         wl = build_workload(args.workload, args.requests, args.trace)
-        ev = cap.ClusterEvaluator(rows, wl, gpu=args.gpu, model_name=args.model_name, tp=args.tp, **kw)
+        ev = cap.ClusterEvaluator(rows, wl, gpu=args.gpu, model_name=args.model_name, tp=args.tp,
+                                  cost_model=cost_model, latency=latency, **kw)
         return [(f"{p}@{g}", p, g) for p, g in rows], ev
     if args.capacity_model == "pd":
         _, rows, wl, dep = pd_setup(args)

@@ -17,12 +17,14 @@ from jaxroute.clusters.names import (
 )
 from jaxroute.commands._common import (
     add_control_args,
+    add_latency_args,
     add_model_args,
     add_save_spec,
     add_shared_prefix_args,
     choose,
     control_settings,
     csv_list,
+    latency_choice,
     non_negative_float,
     non_negative_int,
     positive_float,
@@ -34,6 +36,7 @@ from jaxroute.commands._common import (
     show_progress,
     slo_clauses,
     warn,
+    warn_extrapolation,
 )
 from jaxroute.errors import JaxrouteError
 from jaxroute.experiments.knobs import DECODE_KNOBS, TUNABLE, TUNABLE_ROUTERS
@@ -127,7 +130,7 @@ def _add_cluster_args(p) -> None:
     p.add_argument("--tp", type=positive_int, default=1, metavar="T", help="tensor-parallel GPUs per replica (default 1)")
     p.add_argument("--kv-capacity", type=positive_int, default=None, metavar="TOKENS",
                    help="KV tokens per replica (default: from GPU memory, as jaxroute cluster)")
-    p.add_argument("--cost-model", default="roofline", metavar="KIND", help="iteration time: roofline or preble (default roofline)")
+    add_latency_args(p)
     p.add_argument("--stale", type=non_negative_float, default=0.0, metavar="T",
                    help="the router's view is refreshed every T seconds (default 0: fresh)")
     p.add_argument("--local", default="fcfs", metavar="ORDER", help=f"local queue order: {', '.join(LOCAL_ORDERS)} (default fcfs)")
@@ -246,10 +249,11 @@ def _setup(args, workload) -> tn.Setup:
     from jaxroute.experiments import tune as tn
 
     is_trace = args.workload in TRACE_WORKLOADS
+    cost_model, latency = latency_choice(args)
+    warn_extrapolation(args, cost_model, latency)
     rate = args.rate if args.rate is not None else (0.0 if is_trace else 1.0)
     return tn.Setup(workload, replicas=args.replicas, rate=rate, gpu=args.gpu, model_name=args.model, tp=args.tp,
-                    cost_model=choose([args.cost_model], ("roofline", "preble"), "cost model")[0],
-                    kv_capacity=args.kv_capacity, stale_s=args.stale, chunk=args.chunk, max_running=args.max_running,
+                    cost_model=cost_model, latency=latency, kv_capacity=args.kv_capacity, stale_s=args.stale, chunk=args.chunk, max_running=args.max_running,
                     local=choose([args.local], LOCAL_ORDERS, "local order")[0],
                     admission=choose([args.admission], ADMISSIONS, "admission")[0])
 

@@ -192,13 +192,14 @@ class ClusterEvaluator(Evaluator):
     def __init__(self, rows, workload, *, seeds: int, gpu: str = REPLICA_GPU, model_name: str = REPLICA_MODEL, tp: int = 1,
                  chunk: int = 512, max_running: int = 64, seed: int = 0, local: str = "fcfs", admission: str = "reserve",
                  cost_model: str = "roofline", kv_capacity: int | None = None, stale_s: float = 0.0, max_grow: int = 3,
-                 progress: bool = False):
+                 progress: bool = False, latency=None):
         self.rows = [(r[0], int(r[1]), dict(r[2]) if len(r) > 2 else {}) for r in rows]
         for p, _, _ in self.rows:
             routers.REGISTRY.id(p)
         self.workload, self.seeds, self.seed, self.progress, self.grows_left = workload, seeds, seed, progress, max_grow
         self.overflowed_grids: list[dict] = []  # grids of this round that filled a capacity
-        self.kw = dict(gpu=gpu, model=model_name, tp=tp, cost_model=cost_model, kv_capacity=kv_capacity, stale_s=stale_s)
+        self.kw = dict(gpu=gpu, model=model_name, tp=tp, cost_model=cost_model, kv_capacity=kv_capacity, stale_s=stale_s,
+                       latency=latency)
         self.static = dict(chunk=chunk, max_running=max_running, local_order=local, admission=admission,
                            stale_view=stale_s > 0)
         self.group = ["partial" if p in routers.PARTIAL_OK else k for p, k, _ in self.rows]

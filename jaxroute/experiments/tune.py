@@ -271,6 +271,7 @@ class Setup:
     cost_model: str = "roofline"
     kv_capacity: int | None = None
     stale_s: float = 0.0
+    latency: Any = None  # the trained model's coefficients (`latency_params.LatencyParams`; None: the shipped ones)
     chunk: int = 512
     max_running: int = 64
     local: str = "fcfs"
@@ -279,7 +280,7 @@ class Setup:
     def params(self, router: str, settings: dict) -> replicas.ReplicaParams:
         return replicas.make_params(router, rate=self.rate, stale_s=self.stale_s, kv_capacity=self.kv_capacity,
                                     gpu=self.gpu, model=self.model_name, cost_model=self.cost_model, tp=self.tp,
-                                    **settings)
+                                    latency=self.latency, **settings)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -356,7 +357,7 @@ def capacity_evaluator(space: Space, obj: Objective, setup: Setup, *, seeds: int
         ev = cap.ClusterEvaluator(rows, setup.workload, seeds=seeds, gpu=setup.gpu, model_name=setup.model_name,
                                   tp=setup.tp, chunk=setup.chunk, max_running=setup.max_running, seed=seed,
                                   local=setup.local, admission=setup.admission, cost_model=setup.cost_model,
-                                  kv_capacity=setup.kv_capacity, stale_s=setup.stale_s)
+                                  kv_capacity=setup.kv_capacity, stale_s=setup.stale_s, latency=setup.latency)
         res = cap.search(ev, len(rows), s.lo, s.hi, obj.slo, tol=s.tol, points=s.points, max_rounds=s.max_rounds)
         scores = np.where(np.isfinite(res.ok), res.ok, 0.0)
         return Batch(np.where(res.overflowed, np.nan, scores), res.evaluations)
