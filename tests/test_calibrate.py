@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from jaxroute import calibrate, cost_models
+from jaxroute.deployment import PD, PD_PAPER
 from jaxroute.errors import JaxrouteError
 from jaxroute.experiments import pd
 from jaxroute.experiments.cluster import build_workload
@@ -76,7 +77,7 @@ def test_the_calibration_terms_add_to_an_iteration_and_to_a_dp_step():
         float(cost_models.kv_step_fraction(ep, batch, kv))
 
 
-SMALL_DEP = dataclasses.replace(pd.Deployment(), model="Llama-3-8B", tp=1)
+SMALL_DEP = dataclasses.replace(PD, model="Llama-3-8B", tp=1)
 
 
 def test_pd_rows_carry_their_own_cost_terms_in_one_grid():
@@ -110,11 +111,11 @@ def test_bad_cost_terms_are_refused_before_running(row, match):
 def test_dp_ep_decode_tier_needs_one_size_and_dp_ranks():
     rows = [pd.PDRow("rr", "jsq", 4, 8), pd.PDRow("rr", "jsq", 4, 4)]
     with pytest.raises(JaxrouteError, match="one decode size"):
-        pd.check_rows(rows, "dp", pd.PAPER_DEPLOYMENT)
+        pd.check_rows(rows, "dp", PD_PAPER)
     with pytest.raises(JaxrouteError, match="decode-tier dp"):
-        pd.check_rows(rows[:1], "replicas", dataclasses.replace(pd.PAPER_DEPLOYMENT, decode_tier="replicas"))
+        pd.check_rows(rows[:1], "replicas", dataclasses.replace(PD_PAPER, decode_tier="replicas"))
     with pytest.raises(JaxrouteError, match="colocated"):
-        pd.check_rows([pd.PDRow("rr", "-", 4, 8, colocated=True)], "dp", pd.PAPER_DEPLOYMENT)
+        pd.check_rows([pd.PDRow("rr", "-", 4, 8, colocated=True)], "dp", PD_PAPER)
 
 
 def test_lengths_workloads_keep_the_decode_laws_and_train_apart():

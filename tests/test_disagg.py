@@ -1,19 +1,22 @@
 """Prefill/decode disaggregation: the three-stage pipeline equals its reference; a P:D sweep is one compilation."""
 
+import dataclasses
+
 import jax
 import numpy as np
 import pytest
 
 from jaxroute import sim
 from jaxroute.clusters import disagg
+from jaxroute.deployment import PD
 from jaxroute.errors import JaxrouteError
 from jaxroute.experiments import conservation_failures, pd
 from jaxroute.routers import balance
 from jaxroute.workloads import prefix as W
 from tests import reference_disagg as ref
 
-DEP = pd.Deployment(gpu="H200", model="Llama-3-8B", tp=1, max_running=8, decode_slots=3, decode_pool=6,
-                    decode_window=3, decode_horizon=4, decode_r_max=2, link_gbps=10.0, link_latency_ms=0.5)
+DEP = dataclasses.replace(PD, gpu="H200", model="Llama-3-8B", tp=1, max_running=8, slots=3, pool=6, window=3,
+                          horizon=4, r_max=2, link_gbps=10.0, link_latency_ms=0.5)
 RATE = 40.0
 SEEDS = 2
 # (prefill router, decode router, P, D, threshold): every row runs in the same two compiled tiers (P_max 3, D_max 3)
@@ -50,13 +53,13 @@ def test_pipeline_matches_reference(raw, row):
         table = wl.realize(seed_keys[s], np.float32(RATE))
         pol = balance.policy_id(r.decode_router)
         want = ref.simulate(
-            table, n_prefill=r.n_prefill, prefill_router=r.prefill_router, cap=DEP.kv_capacity(), cost=cost,
+            table, n_prefill=r.n_prefill, prefill_router=r.prefill_router, cap=DEP.prefill_kv_capacity(), cost=cost,
             chunk=DEP.chunk, B=DEP.max_running, Q=wl.n_requests,
             router_key=seed_keys[s], threshold=r.threshold, bytes_per_token=float(cost.kv_bytes_per_token_gpu),
             link_bytes_per_s=np.float32(DEP.link_gbps * 1e9 / 8), latency_s=np.float32(DEP.link_latency_ms * 1e-3),
             decode_key=jax.random.fold_in(dec_key, s), n_decode=r.n_decode, decode_policy=pol, decode_width=3,
-            decode_kw=dict(slots=DEP.decode_slots, pool=DEP.decode_pool, window=DEP.decode_window,
-                           horizon=DEP.decode_horizon, r_max=DEP.decode_r_max, kv_capacity=DEP.kv_capacity(),
+            decode_kw=dict(slots=DEP.slots, pool=DEP.pool, window=DEP.window,
+                           horizon=DEP.horizon, r_max=DEP.r_max, kv_capacity=DEP.prefill_kv_capacity(),
                            max_steps=10**6, collective_s=DEP.collective_s,
                            dispatch=balance.default_dispatch(r.decode_router), block_size=DEP.block_size))
         got = {k: np.asarray(v[row, s]) for k, v in raw.items() if np.ndim(v) >= 2}
@@ -138,11 +141,11 @@ def test_independent_decode_replicas_match_reference():
     for row, r in enumerate(REPLICA_ROWS):
         want = ref.simulate(
             wl.realize(seed_key, np.float32(RATE)), n_prefill=r.n_prefill, prefill_router=r.prefill_router,
-            cap=dep.kv_capacity(), cost=cost, chunk=dep.chunk, B=dep.max_running, Q=wl.n_requests, router_key=seed_key,
+            cap=dep.prefill_kv_capacity(), cost=cost, chunk=dep.chunk, B=dep.max_running, Q=wl.n_requests, router_key=seed_key,
             threshold=r.threshold, bytes_per_token=float(cost.kv_bytes_per_token_gpu),
             link_bytes_per_s=np.float32(dep.link_gbps * 1e9 / 8), latency_s=np.float32(dep.link_latency_ms * 1e-3),
             decode_key=dec_key, n_decode=r.n_decode, decode_policy=r.decode_router, decode_tier="replicas",
-            decode_kw=dict(B=dep.decode_slots, Q=wl.n_requests))
+            decode_kw=dict(B=dep.slots, Q=wl.n_requests))
         got = {k: np.asarray(v[row, 0]) for k, v in raw.items() if np.ndim(v) >= 2}
         np.testing.assert_array_equal(got["prefill_replica"], want["prefill_replica"])
         np.testing.assert_array_equal(got["decode_worker"], want["decode_worker"])

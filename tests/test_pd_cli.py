@@ -5,6 +5,7 @@ import json
 import pytest
 
 from jaxroute.cli import main
+from jaxroute.deployment import PD_PAPER
 from jaxroute.experiments import pd
 from tests.cli_helpers import cli
 from tests.data_paths import MOONCAKE
@@ -145,7 +146,7 @@ def test_pd_paper_deployment_runs_4p1d_paced_by_its_prefill_tier(tmp_path, capsy
     res = json.loads(out.read_text())
     cfg = res["config"]
     assert cfg["deployment"] == "paper" and cfg["prefill_tp"] == 16 and cfg["ratios"] == ["4:8"]
-    assert cfg["decode_parallel"] == "dp_ep" and cfg["chunk"] == pd.PAPER_DEPLOYMENT.chunk
+    assert cfg["decode_parallel"] == "dp_ep" and cfg["chunk"] == PD_PAPER.chunk
     for r in res["results"]:
         m = {k: v["mean"] for k, v in r["metrics"].items()}
         assert m["completed"] == 24 and 0 < m["decode_kv_share"] < 1

@@ -9,6 +9,7 @@ import pytest
 from jaxroute import sim
 from jaxroute.cli import build_parser
 from jaxroute.clusters import dp_decode as dd
+from jaxroute.deployment import Deployment
 from jaxroute.errors import JaxrouteError
 from jaxroute.experiments import decode as dx
 from jaxroute.experiments import tune as T
@@ -17,7 +18,7 @@ from jaxroute.workloads.decode import make_decode_requests
 from tests.cli_helpers import cli
 
 WORKERS = 4
-DEP = dx.Deployment(slots=4, pool=8, window=3, horizon=6)
+DEP = Deployment(slots=4, pool=8, window=3, horizon=6)
 SMALL = ["--workload", "synthetic-prod", "--requests", "40", "--workers", str(WORKERS), "--slots", "4", "--pool", "8",
          "--window", "3", "--horizon", "6", "--no-progress"]
 

@@ -15,6 +15,9 @@ LOCAL_ORDERS: tuple[str, ...] = ("fcfs", "lpm", "priority")
 # The lecture's replica deployment: Mistral-7B on one RTX A6000 (the roofline's calibration anchors)
 REPLICA_GPU = "a6000"
 REPLICA_MODEL = "mistral-7b"
+# A replica engine's sizes every command starts from (`deployment.Deployment`)
+DEFAULT_CHUNK = 512  # prefill tokens per iteration (SGLang's chunked_prefill_size on a small GPU)
+DEFAULT_MAX_RUNNING = 64  # running requests per replica (SGLang's max_running_requests; a real limit)
 
 # ----------------------------------------------------------------- decode data parallelism (dp_decode.py)
 # Documented default deployment: Llama-3-8B (dense, GQA, 128 KiB KV/token) on one H200 per DP

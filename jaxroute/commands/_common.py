@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from jaxroute import catalog
 from jaxroute.clusters.names import CONTROL_DEFAULTS
+from jaxroute.deployment import PD, PD_PAPER, PD_PRESETS, Deployment
 from jaxroute.errors import JaxrouteError, warn
 from jaxroute.experiments import names as ex_names
 from jaxroute.experiments.names import CLUSTER_WORKLOADS
@@ -345,8 +346,8 @@ def add_pd_args(p) -> None:
                    "(BalanceRoute's 4P1D: DeepSeek-V3-W8A8 on Ascend 910C, 4 prefill instances of 16 devices, 8 decode "
                    "DP ranks of TP 4 stepping as DP attention + expert parallelism, prefill chunks of 8,192 tokens); "
                    "--gpu, --model, --tp, --prefill-tp, --chunk, --prefill and --decode override it (default default)")
-    p.add_argument("--prefill", type=positive_int, default=None, metavar="P", help="prefill groups (default: the deployment's, 4)")
-    p.add_argument("--decode", type=positive_int, default=None, metavar="D", help="decode groups (default: the deployment's, 4)")
+    p.add_argument("--prefill", type=positive_int, default=None, metavar="P", help=f"prefill groups (default: the deployment's, {PD.ratio[0]})")
+    p.add_argument("--decode", type=positive_int, default=None, metavar="D", help=f"decode groups (default: the deployment's, {PD.ratio[1]})")
     p.add_argument("--ratios", type=_ratios, default=None, metavar="P:D,...",
                    help="P:D ratios to compare in one grid, e.g. 2:6,3:5,4:4,5:3,6:2 (default: --prefill:--decode)")
     p.add_argument("--prefill-router", default="llmd_precise", metavar="LIST",
@@ -382,25 +383,25 @@ def add_pd_args(p) -> None:
                    help=f"TTFT SLO in seconds for goodput (default {ex_names.DEFAULT_SLO_TTFT_S:g})")
     p.add_argument("--slo-tpot", type=positive_float, default=ex_names.DEFAULT_SLO_TPOT_S, metavar="S",
                    help=f"TPOT SLO in seconds for goodput (default {ex_names.DEFAULT_SLO_TPOT_S:g})")
-    p.add_argument("--gpu", default=None, metavar="NAME", help=f"GPU: {', '.join(catalog.GPUS)} (default: the deployment's, H200)")
+    p.add_argument("--gpu", default=None, metavar="NAME", help=f"GPU: {', '.join(catalog.GPUS)} (default: the deployment's, {PD.gpu})")
     add_model_args(p, default=None,
-                   help=f"model: {', '.join(catalog.MODELS)} (default: the deployment's, Llama-3.1-70B)")
+                   help=f"model: {', '.join(catalog.MODELS)} (default: the deployment's, {PD.model})")
     p.add_argument("--tp", type=positive_int, default=None, metavar="T",
                    help="GPUs per decode group (tensor parallel), and per prefill group unless --prefill-tp (default: "
-                   "the deployment's, 4)")
+                   f"the deployment's, {PD.tp})")
     p.add_argument("--prefill-tp", type=positive_int, default=None, metavar="T",
-                   help="GPUs per prefill group (default: the deployment's: 16 for paper, else --tp)")
+                   help=f"GPUs per prefill group (default: the deployment's: {PD_PAPER.prefill_tp} for paper, else --tp)")
     p.add_argument("--cost-model", default="roofline", metavar="KIND", help="iteration time: roofline or preble (default roofline)")
     p.add_argument("--chunk", type=positive_int, default=None, metavar="TOKENS",
-                   help="prefill tokens per iteration on a prefill replica (default: the deployment's, 512)")
-    p.add_argument("--max-running", type=positive_int, default=64, metavar="B",
-                   help="running requests per prefill replica (default 64)")
-    p.add_argument("--decode-slots", type=positive_int, default=64, metavar="S",
-                   help="running requests per decode rank (default 64)")
+                   help=f"prefill tokens per iteration on a prefill replica (default: the deployment's, {PD.chunk})")
+    p.add_argument("--max-running", type=positive_int, default=PD.max_running, metavar="B",
+                   help=f"running requests per prefill replica (default {PD.max_running})")
+    p.add_argument("--decode-slots", type=positive_int, default=PD.slots, metavar="S",
+                   help=f"running requests per decode rank (default {PD.slots})")
     add_shared_prefix_args(p)
 
 
-def pd_setup(args) -> tuple[str, list[pd.PDRow], object, pd.Deployment]:
+def pd_setup(args) -> tuple[str, list[pd.PDRow], object, Deployment]:
     """(workload name, rows, workload, deployment) from `add_pd_args`' flags, checked before anything runs
     (the names before JAX is imported)."""
     name = choose([args.workload], CLUSTER_WORKLOADS, "workload")[0]
@@ -416,7 +417,7 @@ def pd_setup(args) -> tuple[str, list[pd.PDRow], object, pd.Deployment]:
     from jaxroute.experiments import pd
     from jaxroute.experiments.cluster import build_workload
 
-    base = pd.DEPLOYMENTS[preset]
+    base = PD_PRESETS[preset]
     ratios = args.ratios or [(args.prefill or base.ratio[0], args.decode or base.ratio[1])]
     given = {k: v for k, v in dict(gpu=args.gpu, model=args.model, tp=args.tp, prefill_tp=args.prefill_tp,
                                    chunk=args.chunk).items() if v is not None}
@@ -428,7 +429,7 @@ def pd_setup(args) -> tuple[str, list[pd.PDRow], object, pd.Deployment]:
         train = pd.train_lengths(name, args.requests, args.trace, shared_prefix_settings(args), args.seed)
         bank, predictor = pd.predictor_bank(args.predictor, train)
     dep = dataclasses.replace(base, predictor=predictor, bank=bank, gpu=gpu, model=model, cost_model=cost_model,
-                              max_running=args.max_running, decode_slots=args.decode_slots, link_gbps=args.kv_link_gbps,
+                              max_running=args.max_running, slots=args.decode_slots, link_gbps=args.kv_link_gbps,
                               link_latency_ms=args.kv_link_latency_ms, decode_tier=tier)
     rows = pd.rows_for(prefill_routers, decode_routers, ratios, thresholds=args.pd_threshold, colocated=args.colocated)
     pd.check_rows(rows, tier, dep)

@@ -25,6 +25,7 @@ from jaxroute.commands._common import (
     warn,
     warn_extrapolation,
 )
+from jaxroute.deployment import DECODE_PRESETS
 from jaxroute.errors import JaxrouteError
 from jaxroute.experiments.names import (
     CLUSTER_WORKLOADS,
@@ -158,10 +159,9 @@ def _setup(args):
     deployment = choose([args.deployment], DECODE_DEPLOYMENTS, "deployment")[0]
     name = choose([args.workload], DECODE_WORKLOADS, "workload")[0]
     from jaxroute.experiments import capacity as cap
-    from jaxroute.experiments import decode
     from jaxroute.workloads.decode import make_decode_requests
 
-    dep = decode.DEPLOYMENTS[deployment]
+    dep = DECODE_PRESETS[deployment]
     req = make_decode_requests(name, args.requests, seed=args.seed, trace_path=args.trace)
     rows = [(p, g) for p in policies for g in args.workers]
     ev = cap.DecodeEvaluator(rows, req, dep=dep, lo_rate=args.rate_range[0], **kw)

@@ -11,6 +11,8 @@ from pathlib import Path
 from jaxroute import catalog
 from jaxroute.clusters.names import (
     ADMISSIONS,
+    DEFAULT_CHUNK,
+    DEFAULT_MAX_RUNNING,
     LOCAL_ORDERS,
     REPLICA_GPU,
     REPLICA_MODEL,
@@ -182,10 +184,11 @@ def register(subparsers) -> None:
                    "stage (the requests that arrived in it) and --plot also draws them against the stage rate in "
                    "PATH-stages.png (default: one --rate)")
     add_shared_prefix_args(p)
-    p.add_argument("--chunk", type=positive_int, default=512, metavar="TOKENS", help="prefill tokens per iteration (default 512)")
-    p.add_argument("--max-running", type=positive_int, default=64, metavar="B",
+    p.add_argument("--chunk", type=positive_int, default=DEFAULT_CHUNK, metavar="TOKENS",
+                   help=f"prefill tokens per iteration (default {DEFAULT_CHUNK})")
+    p.add_argument("--max-running", type=positive_int, default=DEFAULT_MAX_RUNNING, metavar="B",
                    help="max running requests per replica, like SGLang's --max-running-requests: requests wait "
-                   "for a slot (reported as running_full in the JSON) (default 64)")
+                   f"for a slot (reported as running_full in the JSON) (default {DEFAULT_MAX_RUNNING})")
     p.add_argument("--max-queue", type=positive_int, default=None, metavar="Q",
                    help="local queue capacity per replica (default: 4 x requests / replicas, at least 64, at most "
                    "the requests; doubled and rerun while it overflows, up to 3 times)")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import textwrap
 from pathlib import Path
 
@@ -15,10 +16,11 @@ from jaxroute.commands._common import (
     positive_int,
     warn,
 )
+from jaxroute.deployment import REPLAY
 from jaxroute.errors import JaxrouteError
 from jaxroute.routers.names import PREFIX_POLICIES
 
-DEFAULT_MODEL = "Llama-3.1-8B"
+DEFAULT_MODEL = REPLAY.model
 FORMATS = ("auto", "vllm-bench-serve", "inference-perf", "jaxroute")
 
 
@@ -54,7 +56,7 @@ def register(subparsers) -> None:
     p.add_argument("--router", default="least_load", metavar="NAME",
                    help=f"the router of the replay, from: {', '.join(PREFIX_POLICIES)} (default least_load)")
     p.add_argument("--replicas", type=positive_int, default=1, metavar="G", help="replicas behind it (default 1)")
-    p.add_argument("--gpu", default="H100-SXM", metavar="NAME", help=f"GPU: {', '.join(catalog.GPUS)} (default H100-SXM)")
+    p.add_argument("--gpu", default=REPLAY.gpu, metavar="NAME", help=f"GPU: {', '.join(catalog.GPUS)} (default {REPLAY.gpu})")
     add_model_args(p, default=None, help=f"model: {', '.join(catalog.MODELS)} (default {DEFAULT_MODEL}; a run "
                    "folder: the served model's config.json in a model_configs/ folder beside the runs, else the "
                    "server file's model as a catalog name)")
@@ -71,13 +73,14 @@ def register(subparsers) -> None:
                    "queue grew is simulated whole)")
     p.add_argument("--plot", default=None, metavar="PATH.png",
                    help="a run folder: measured against simulated per stage, as a PNG (default: none)")
-    p.add_argument("--tp", type=positive_int, default=1, metavar="T", help="GPUs per replica (default 1)")
-    p.add_argument("--admission", default="on-demand", choices=("reserve", "on-demand"),
-                   help="KV admission (default on-demand: vLLM V1's)")
-    p.add_argument("--max-running", type=positive_int, default=256, metavar="B",
-                   help="running requests per replica (default 256: vLLM's max_num_seqs)")
-    p.add_argument("--chunk", type=positive_int, default=2048, metavar="TOKENS",
-                   help="prefill tokens per iteration (default 2048: vLLM V1's max_num_batched_tokens on H100)")
+    p.add_argument("--tp", type=positive_int, default=REPLAY.tp, metavar="T", help=f"GPUs per replica (default {REPLAY.tp})")
+    p.add_argument("--admission", default=REPLAY.admission, choices=("reserve", "on-demand"),
+                   help=f"KV admission (default {REPLAY.admission}: vLLM V1's)")
+    p.add_argument("--max-running", type=positive_int, default=REPLAY.max_running, metavar="B",
+                   help=f"running requests per replica (default {REPLAY.max_running}: vLLM's max_num_seqs)")
+    p.add_argument("--chunk", type=positive_int, default=REPLAY.chunk, metavar="TOKENS",
+                   help=f"prefill tokens per iteration (default {REPLAY.chunk}: vLLM's max_num_batched_tokens floor, "
+                   "DEFAULT_MAX_NUM_BATCHED_TOKENS; a server file gives a deployment's own)")
     p.add_argument("--kv-capacity", type=positive_int, default=None, metavar="TOKENS",
                    help="KV tokens per replica (default: from GPU memory at 90 %% less the weights)")
     p.add_argument("--cost-params", default=None, metavar="PATH.json",
@@ -106,9 +109,9 @@ def run(args) -> int:
     from jaxroute import measured as measured_lib
     from jaxroute.experiments import fit_roofline, replay
 
-    dep = replay.Deployment(router=args.router, replicas=args.replicas, gpu=gpu, model=model, tp=args.tp,
-                            admission=args.admission, max_running=args.max_running, chunk=args.chunk,
-                            kv_capacity=args.kv_capacity)
+    dep = dataclasses.replace(REPLAY, replicas=args.replicas, gpu=gpu, model=model, tp=args.tp,
+                              admission=args.admission, max_running=args.max_running, chunk=args.chunk,
+                              kv_capacity=args.kv_capacity)
     start = fit_roofline.load(args.cost_params) if args.cost_params else None
     if Path(args.measured).is_dir():
         return _stages(args, dep, start)
@@ -120,15 +123,15 @@ def run(args) -> int:
           f"{args.replicas} x {model} on {args.tp} x {gpu} behind {args.router}")
     if not run_.arrivals_recorded:
         warn("the measured file records no send times; the replay sends at times rebuilt from its request rate")
-    before = replay.compare(run_, replay.simulated(run_, dep, start))
+    before = replay.compare(run_, replay.simulated(run_, dep, args.router, start))
     print(f"\ncost factors: {_factors_text(start)}")
     print(replay.format_comparison(before))
-    out = {"command": "compare", "measured": args.measured, "source": run_.source, "deployment": vars(dep),
+    out = {"command": "compare", "measured": args.measured, "source": run_.source, "deployment": _deployment_json(dep, args.router),
            "cost_factors": (start or fit_roofline.CostFactors())._asdict(), "comparison": before}
     if args.fit:
         kw = {k: v for k, v in (("steps", args.fit_steps), ("lr", args.fit_lr)) if v is not None}
-        result = fit_roofline.fit(run_, dep, start=start, **kw)
-        after = replay.compare(run_, replay.simulated(run_, dep, result.factors))
+        result = fit_roofline.fit(run_, dep, start=start, router=args.router, **kw)
+        after = replay.compare(run_, replay.simulated(run_, dep, args.router, result.factors))
         print(f"\nfitted ({len(result.loss)} Adam steps on {result.requests:,} requests, loss "
               f"{result.loss[0]:.4g} -> {min(result.loss):.4g} at step {result.best_step}): {_factors_text(result.factors)}")
         print(replay.format_comparison(after))
@@ -154,7 +157,8 @@ def _stages(args, dep, factors) -> int:
         raise JaxrouteError("--fit needs per-request results; a report folder holds per-stage summaries only")
     print(f"compare: the stages of {args.measured} replayed one by one on {args.replicas} x {dep.model} on "
           f"{args.tp} x {dep.gpu} behind {args.router}, {args.seeds} seeds; cost factors: {_factors_text(factors)}")
-    result = stage_replay.compare_stages(args.measured, args.config, dep, seeds=args.seeds, factors=factors)
+    result = stage_replay.compare_stages(args.measured, args.config, dep, seeds=args.seeds, factors=factors,
+                                          router=args.router)
     print(stage_replay.format_stages(result))
     if any(c.client_bound for c in result):
         print("client-bound: the stage's achieved rate fell short of its requested rate (the client's concurrency cap "
@@ -162,10 +166,16 @@ def _stages(args, dep, factors) -> int:
     if args.out:
         from jaxroute import report
 
-        doc = {"command": "compare", "measured": args.measured, "config": args.config, "deployment": vars(dep),
+        doc = {"command": "compare", "measured": args.measured, "config": args.config, "deployment": _deployment_json(dep, args.router),
                "seeds": args.seeds, "stages": [c.as_json() for c in result]}
         print(f"wrote {report.write_json(args.out, doc)}")
     return 0
+
+
+def _deployment_json(dep, router: str) -> dict:
+    """The replay's deployment as the JSON records it."""
+    keys = ("gpu", "model", "tp", "replicas", "admission", "max_running", "chunk", "kv_capacity", "cost_model")
+    return {"router": router, **{k: getattr(dep, k) for k in keys}}
 
 
 def _factors_text(f) -> str:

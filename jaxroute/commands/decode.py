@@ -26,6 +26,7 @@ from jaxroute.commands._common import (
     show_progress,
     warn,
 )
+from jaxroute.deployment import DECODE_PRESETS
 from jaxroute.errors import JaxrouteError
 from jaxroute.experiments.names import DECODE_DEPLOYMENTS
 from jaxroute.routers.names import DECODE_POLICIES, DISPATCH_MODES
@@ -179,7 +180,7 @@ def run(args) -> int:
     from jaxroute.predictors import bank as bank_lib  # registers the deployable kinds
     from jaxroute.workloads.decode import make_decode_requests
 
-    base = experiment.DEPLOYMENTS[deployment]
+    base = DECODE_PRESETS[deployment]
     given = {"gpu": args.gpu, "model": args.model, "tp": args.tp, "parallel": args.parallel,
              "collective_s": None if args.collective_ms is None else args.collective_ms / 1e3}
     dep = dataclasses.replace(base, slots=args.slots, pool=args.pool, window=args.window, horizon=args.horizon,

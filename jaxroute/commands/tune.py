@@ -10,6 +10,8 @@ from jaxroute import catalog
 from jaxroute.clusters import names as dd  # dp_decode's defaults, dd.DEFAULT_*
 from jaxroute.clusters.names import (
     ADMISSIONS,
+    DEFAULT_CHUNK,
+    DEFAULT_MAX_RUNNING,
     LOCAL_ORDERS,
     REPLICA_GPU,
     REPLICA_METRICS,
@@ -38,6 +40,7 @@ from jaxroute.commands._common import (
     warn,
     warn_extrapolation,
 )
+from jaxroute.deployment import DECODE_PRESETS
 from jaxroute.errors import JaxrouteError
 from jaxroute.experiments.knobs import DECODE_KNOBS, TUNABLE, TUNABLE_ROUTERS
 from jaxroute.experiments.names import (
@@ -135,8 +138,10 @@ def _add_cluster_args(p) -> None:
                    help="the router's view is refreshed every T seconds (default 0: fresh)")
     p.add_argument("--local", default="fcfs", metavar="ORDER", help=f"local queue order: {', '.join(LOCAL_ORDERS)} (default fcfs)")
     p.add_argument("--admission", default="reserve", metavar="MODE", help=f"KV admission: {', '.join(ADMISSIONS)} (default reserve)")
-    p.add_argument("--chunk", type=positive_int, default=512, metavar="TOKENS", help="prefill tokens per iteration (default 512)")
-    p.add_argument("--max-running", type=positive_int, default=64, metavar="B", help="max running requests per replica (default 64)")
+    p.add_argument("--chunk", type=positive_int, default=DEFAULT_CHUNK, metavar="TOKENS",
+                   help=f"prefill tokens per iteration (default {DEFAULT_CHUNK})")
+    p.add_argument("--max-running", type=positive_int, default=DEFAULT_MAX_RUNNING, metavar="B",
+                   help=f"max running requests per replica (default {DEFAULT_MAX_RUNNING})")
 
 
 def _register_control(models) -> None:
@@ -427,7 +432,6 @@ def run_decode(args) -> int:
     workload = choose([args.workload], DECODE_WORKLOADS, "decode workload")[0]
     deployment = choose([args.deployment], DECODE_DEPLOYMENTS, "deployment")[0]
     # the models, once the flags are checked
-    from jaxroute.experiments import decode as dx
     from jaxroute.experiments import tune_decode as td
     from jaxroute.predictors import bank as bank_lib  # registers the deployable kinds
     from jaxroute.workloads.decode import make_decode_requests
@@ -438,7 +442,7 @@ def run_decode(args) -> int:
     if len(specs) != 1:
         raise JaxrouteError(f"give one predictor, e.g. --predictor oracle; choose from: {bank_lib.SPEC_HELP}")
     predictor = bank_lib.parse_spec(specs[0])[0]
-    base = dx.DEPLOYMENTS[deployment]
+    base = DECODE_PRESETS[deployment]
     dep = dataclasses.replace(base, slots=args.slots, pool=args.pool, window=args.window, horizon=args.horizon,
                               r_max=args.r_max)
     req = make_decode_requests(workload, args.requests, seed=args.seed, trace_path=args.trace)

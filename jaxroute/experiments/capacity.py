@@ -30,13 +30,18 @@ import numpy as np
 from jaxroute import cost_models, sim
 from jaxroute.clusters import dp_decode as dd
 from jaxroute.clusters import replicas
-from jaxroute.clusters.names import REPLICA_GPU, REPLICA_MODEL
+from jaxroute.clusters.names import (
+    DEFAULT_CHUNK,
+    DEFAULT_MAX_RUNNING,
+    REPLICA_GPU,
+    REPLICA_MODEL,
+)
 from jaxroute.clusters.queueing import DispatchModel, make_params
+from jaxroute.deployment import DECODE
 from jaxroute.errors import JaxrouteError
 from jaxroute.experiments import pd
 from jaxroute.experiments.cluster import CAPACITY_FLAGS, initial_capacities
 from jaxroute.experiments.comparison import run_with_retry
-from jaxroute.experiments.decode import Deployment as DecodeDeployment
 from jaxroute.experiments.dispatch import CLI_POLICIES
 from jaxroute.experiments.names import Bound, parse_slo  # noqa: F401  (capacity.parse_slo: SLO clauses)
 from jaxroute.routers import prefix as routers
@@ -190,7 +195,7 @@ class ClusterEvaluator(Evaluator):
     table and Preble ring start from `initial_capacities` and double when a run overflowed them."""
 
     def __init__(self, rows, workload, *, seeds: int, gpu: str = REPLICA_GPU, model_name: str = REPLICA_MODEL, tp: int = 1,
-                 chunk: int = 512, max_running: int = 64, seed: int = 0, local: str = "fcfs", admission: str = "reserve",
+                 chunk: int = DEFAULT_CHUNK, max_running: int = DEFAULT_MAX_RUNNING, seed: int = 0, local: str = "fcfs", admission: str = "reserve",
                  cost_model: str = "roofline", kv_capacity: int | None = None, stale_s: float = 0.0, max_grow: int = 3,
                  progress: bool = False, latency=None):
         self.rows = [(r[0], int(r[1]), dict(r[2]) if len(r) > 2 else {}) for r in rows]
@@ -301,7 +306,7 @@ class DecodeEvaluator(Evaluator):
 
     def __init__(self, rows, requests, *, seeds: int, dep=None, lo_rate: float, seed: int = 0, max_grow: int = 3,
                  progress: bool = False):
-        dep = dep or DecodeDeployment()
+        dep = dep or DECODE
         self.rows = [(p, int(k)) for p, k in rows]
         self.g_max = max(k for _, k in self.rows)
         if dep.parallel != "independent" and len({k for _, k in self.rows}) > 1:

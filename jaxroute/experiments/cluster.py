@@ -10,6 +10,8 @@ import numpy as np
 
 from jaxroute.clusters import replicas
 from jaxroute.clusters.names import (
+    DEFAULT_CHUNK,
+    DEFAULT_MAX_RUNNING,
     LORA_DEFAULTS,
     LORA_SLOTS,
     REPLICA_GPU,
@@ -256,8 +258,8 @@ def initial_capacities(workload, params, n_replicas: int) -> dict[str, int]:
     return caps
 
 
-def run_cluster(rows, workload, *, replicas_n=4, seeds=16, local="fcfs", chunk=512,
-                max_running=64, seed=0, progress=False, label_params=None, max_tries=4,
+def run_cluster(rows, workload, *, replicas_n=4, seeds=16, local="fcfs", chunk=DEFAULT_CHUNK,
+                max_running=DEFAULT_MAX_RUNNING, seed=0, progress=False, label_params=None, max_tries=4,
                 capacities: dict[str, int | None] | None = None, admission="reserve",
                 priority_groups=10, extra_metrics=(), request_records: bool = False,
                 lora_slots: int = LORA_SLOTS) -> Results:

@@ -13,6 +13,7 @@ import numpy as np
 
 from jaxroute import cost_models, report
 from jaxroute.clusters import dp_decode as dd
+from jaxroute.deployment import DECODE, Deployment
 from jaxroute.errors import JaxrouteError
 from jaxroute.experiments.comparison import (
     Comparison,
@@ -21,7 +22,7 @@ from jaxroute.experiments.comparison import (
     paired_difference,
     run_with_retry,
 )
-from jaxroute.experiments.names import DECODE_DEPLOYMENTS, LOWER_IS_BETTER
+from jaxroute.experiments.names import LOWER_IS_BETTER
 from jaxroute.metrics import summarize
 from jaxroute.predictors import base as predictors
 from jaxroute.routers import balance
@@ -51,31 +52,6 @@ class DecodeRow:
         return base if self.dispatch is None else f"{base}/{self.dispatch}"
 
 
-@dataclasses.dataclass(frozen=True)
-class Deployment:
-    """Hardware and batching of every worker (static: shapes and the cost model)."""
-
-    gpu: str = dd.DEFAULT_GPU
-    model: str = dd.DEFAULT_MODEL
-    tp: int = dd.DEFAULT_TP
-    slots: int = dd.DEFAULT_SLOTS
-    pool: int = dd.DEFAULT_POOL
-    window: int = dd.DEFAULT_WINDOW
-    horizon: int = dd.DEFAULT_HORIZON
-    r_max: int = dd.DEFAULT_R_MAX
-    collective_s: float = dd.DEFAULT_COLLECTIVE_S
-    parallel: str = "independent"  # cost model: "independent" replicas, or "dp_ep" (DP attention + EP MoE)
-    block_size: int = dd.DEFAULT_BLOCK_SIZE  # tokens per KV block
-    preempt: bool = True  # vLLM recompute preemption when a rank runs out of blocks (False: only flagged)
-    cap_immediate: bool = False  # legacy: immediate dispatch held to `pool` waiting requests in total
-
-
-# The paper's serving setting (BalanceRoute, write-up section 10): DeepSeek-V3 671B W8A8 on Atlas 910C NPUs with
-# vllm-ascend, decode DP G = 8 with TP = 4 per DP worker (4 dies), DP attention + expert-parallel MoE. The per-step
-# all-to-all and the per-layer barrier are in the cost model, so no extra collective is added. Slots (64)
-# and R_max (4, the paper's dispatch setting) are not given as a batch limit by the seed; 64 is kept.
-PAPER_DEPLOYMENT = Deployment(gpu="Ascend-910C", model="DeepSeek-V3-W8A8", tp=4, parallel="dp_ep", collective_s=0.0)
-DEPLOYMENTS = dict(zip(DECODE_DEPLOYMENTS, (Deployment(), PAPER_DEPLOYMENT), strict=True))
 
 
 def rows_for(policies, predictor_names, *, alpha=dd.DEFAULT_ALPHA, beta=None, gamma=dd.DEFAULT_GAMMA,
@@ -90,7 +66,7 @@ def rows_for(policies, predictor_names, *, alpha=dd.DEFAULT_ALPHA, beta=None, ga
     return rows
 
 
-def run_comparison(req: DecodeRequests, rows: list[DecodeRow], *, workers: int, seeds: int, dep: Deployment = Deployment(),
+def run_comparison(req: DecodeRequests, rows: list[DecodeRow], *, workers: int, seeds: int, dep: Deployment = DECODE,
                    arrival: str = "saturated", rate: float = 1.0, seed: int = 0, bank: tuple = (),
                    progress: bool | str = False, max_steps: int | None = None) -> Results:
     """Run all rows x seeds in one compiled grid; records get `<metric>_vs_best_pct` columns.

@@ -126,8 +126,9 @@ def _program(model, steps: int, lr: float):
 
 
 def fit(measured: MeasuredRun, dep, start: CostFactors | None = None, steps: int = DEFAULT_STEPS,
-        lr: float = DEFAULT_LR) -> Fit:
-    """Fit the factors to `measured` replayed on `dep` (`replay.Deployment`): `steps` Adam steps in one compiled run."""
+        lr: float = DEFAULT_LR, router: str = "least_load") -> Fit:
+    """Fit the factors to `measured` replayed on `dep` (`deployment.Deployment`) behind `router`: `steps` Adam steps
+    in one compiled run."""
     from jaxroute.clusters import replicas
     from jaxroute.experiments import replay
     from jaxroute.experiments.cluster import initial_capacities
@@ -142,12 +143,12 @@ def fit(measured: MeasuredRun, dep, start: CostFactors | None = None, steps: int
     if valid.sum() < 3:
         raise JaxrouteError(f"{measured.name}: fewer than 3 requests with a measured TTFT and TPOT (streamed, more "
                             "than one output token); nothing to fit")
-    params = replicas.make_params(dep.router, rate=0.0, kv_capacity=dep.kv_capacity, gpu=dep.gpu, model=dep.model,
+    params = replicas.make_params(router, rate=0.0, kv_capacity=dep.kv_capacity, gpu=dep.gpu, model=dep.model,
                                   tp=dep.tp, cost_model="roofline")
     caps = initial_capacities(wl, [params], dep.replicas)
     model = replicas.ReplicaModel(n_replicas=dep.replicas, chunk=dep.chunk, max_running=dep.max_running,
                                   max_queue=caps["max_queue"], cache_slots=caps["cache_slots"], admission=dep.admission,
-                                  router_policies=(dep.router,))
+                                  router_policies=(router,))
     model.check_params(params, wl)
     weights_s = float(_weights_s(params.cost))
     log_target = jnp.asarray(np.log(np.where(valid, target, 1.0)), jnp.float32)

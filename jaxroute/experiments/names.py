@@ -54,7 +54,7 @@ DEFAULT_LINK_LATENCY_MS = 0.1
 DEFAULT_SLO_TTFT_S = 2.0
 DEFAULT_SLO_TPOT_S = 0.1
 DECODE_TIERS: tuple[str, ...] = ("dp", "replicas")
-PD_DEPLOYMENTS: tuple[str, ...] = ("default", "paper")  # the keys of `pd.DEPLOYMENTS`, in this order
+PD_DEPLOYMENTS: tuple[str, ...] = ("default", "paper")  # the keys of `deployment.PD_PRESETS`, in this order
 
 
 def decode_routers(tier: str) -> tuple[str, ...]:
@@ -81,7 +81,7 @@ def parse_ratios(text: str) -> list[tuple[int, int]]:
 
 
 # ----------------------------------------------------------------- decode data parallelism (decode.py)
-DECODE_DEPLOYMENTS: tuple[str, ...] = ("default", "paper")  # the keys of `decode.DEPLOYMENTS`, in this order
+DECODE_DEPLOYMENTS: tuple[str, ...] = ("default", "paper")  # the keys of `deployment.DECODE_PRESETS`, in this order
 # the decode model's metrics that are compared against the best paper baseline; True = lower is better
 LOWER_IS_BETTER = {"imbalance_tokens": True, "imbalance_loaded_tokens": True, "barrier_idle_tokens": True,
                    "tpot_p95_s": True, "tpot_p95_loaded_s": True, "throughput_tok_s": False,

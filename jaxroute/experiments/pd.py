@@ -20,6 +20,7 @@ import numpy as np
 from jaxroute import cost_models, report, sim
 from jaxroute.clusters import disagg, replicas
 from jaxroute.clusters import dp_decode as dd
+from jaxroute.deployment import PD, Deployment
 from jaxroute.errors import JaxrouteError
 from jaxroute.experiments.cluster import build_workload, initial_capacities
 from jaxroute.experiments.comparison import Results, Row, run_with_retry
@@ -30,7 +31,6 @@ from jaxroute.experiments.names import (  # noqa: F401  (pd.DEFAULT_*, pd.parse_
     DEFAULT_SLO_TPOT_S,
     DEFAULT_SLO_TTFT_S,
     LENGTH_WORKLOADS,
-    PD_DEPLOYMENTS,
     decode_routers,
     parse_ratios,
 )
@@ -76,60 +76,6 @@ class PDRow:
         return f"{pd} {self.prefill_router} > {self.decode_router}{kind}{th}{g}"
 
 
-@dataclasses.dataclass(frozen=True)
-class Deployment:
-    """Hardware, model and engine sizes shared by every row (a decode group = tp GPUs, a prefill group prefill_tp)."""
-
-    gpu: str = "H200"
-    model: str = "Llama-3.1-70B"
-    tp: int = 4
-    prefill_tp: int = 0  # GPUs per prefill group (0: tp)
-    parallel: str = "independent"  # decode ranks' step: "independent", or "dp_ep" (DP attention + EP over all D)
-    cost_model: str = "roofline"
-    chunk: int = 512  # prefill chunk per iteration (prefill tier and colocated replicas)
-    max_running: int = 64
-    decode_slots: int = 64
-    decode_pool: int = dd.DEFAULT_POOL
-    decode_window: int = dd.DEFAULT_WINDOW
-    decode_horizon: int = dd.DEFAULT_HORIZON
-    decode_r_max: int = dd.DEFAULT_R_MAX
-    block_size: int = dd.DEFAULT_BLOCK_SIZE
-    collective_s: float = 0.0  # independent decode ranks: no DP collective per step
-    link_gbps: float = DEFAULT_LINK_GBPS
-    link_latency_ms: float = DEFAULT_LINK_LATENCY_MS
-    decode_tier: str = "dp"  # "dp": ranks behind a barrier (dp_decode); "replicas": independent, continuous batching
-    predictor: int = 1  # BR-H's predictor kind id (`predictors.base.kind_names()`; 1 = oracle); its table is in `bank`
-    bank: tuple = ()  # fitted predictor tables (`predictor_bank`)
-    ratio: tuple[int, int] = (4, 4)  # the command line's P:D when none is given
-
-    @property
-    def prefill_group_tp(self) -> int:
-        return self.prefill_tp or self.tp
-
-    def kv_capacity(self) -> int:
-        """KV tokens of one prefill replica (prefill_tp GPUs; colocated rows need prefill_tp == tp)."""
-        return cost_models.kv_capacity_tokens(self.gpu, self.model, self.prefill_group_tp)
-
-    def decode_kv_capacity(self, n_decode: int) -> int:
-        """KV tokens of one decode DP rank of n_decode (dp_ep spreads the experts' weights over all of them)."""
-        return cost_models.kv_capacity_tokens(self.gpu, self.model, self.tp, parallel=self.parallel,
-                                              dp_ranks=n_decode)
-
-    def cost(self, n_decode: int = 1) -> cost_models.CostParams:
-        """The decode ranks' step cost (n_decode of them: dp_ep's expert spread); the prefill tier's is
-        `_tier_params`'."""
-        return cost_models.cost_params(self.gpu, self.model, self.tp, kind=self.cost_model, parallel=self.parallel,
-                                       dp_ranks=n_decode)
-
-
-# BalanceRoute's 4P1D (write-up section 10): DeepSeek-V3 W8A8 on Ascend 910C with vllm-ascend; 4 prefill nodes, one
-# instance each (vllm-ascend's P/D tutorial, docs/source/tutorials/multi_node_pd_disaggregation_mooncake.md: "use 8
-# NPUs 16 chips to deploy one service instance" per Atlas 800T A3 server -> 16 devices), and a decode tier of G = 8
-# DP ranks x TP 4 with DP attention + expert parallelism (as `decode.PAPER_DEPLOYMENT`). The prefill chunk of 8,192
-# tokens is an assumption (the seed gives none).
-PAPER_DEPLOYMENT = Deployment(gpu="Ascend-910C", model="DeepSeek-V3-W8A8", tp=4, prefill_tp=16, parallel="dp_ep",
-                              chunk=8192, ratio=(4, 8))
-DEPLOYMENTS = dict(zip(PD_DEPLOYMENTS, (Deployment(), PAPER_DEPLOYMENT), strict=True))
 
 
 def _check_partial(router: str, size: int, tier_size: int, what: str) -> None:
@@ -300,7 +246,7 @@ def _decode_dp(rows, a, delivered, dep: Deployment, key, progress, max_tries):
     wl, order = _dp_handoff(flat(a["arrival_s"]), flat(a["prompt"]), flat(a["output"]), flat(a["disagg"]), delivered,
                             costs, jnp.float32(dep.collective_s), dep.bank, flat(a["key_id"]))
     last = float(np.max(np.where(np.isfinite(np.asarray(wl.arrival_s)), np.asarray(wl.arrival_s), 0.0)))
-    bound = dd.step_bound(flat(a["output"])[0], min(r.n_decode for r in rows), dep.decode_slots, dep.decode_r_max,
+    bound = dd.step_bound(flat(a["output"])[0], min(r.n_decode for r in rows), dep.slots, dep.r_max,
                           span_s=last)
     dec_rows = [dd.make_params(r.decode_router, n_workers=d_max, n_active=r.n_decode, arrival="trace", gamma=r.gamma,
                                predictor=dep.predictor if r.predictor is None else r.predictor) for r in rows]
@@ -310,8 +256,8 @@ def _decode_dp(rows, a, delivered, dep: Deployment, key, progress, max_tries):
 
     def run(caps):
         model = disagg.DecodeStage(dd.DecodeModel(
-            n_workers=d_max, n_requests=N, max_steps=caps["max_steps"], slots=dep.decode_slots, pool=dep.decode_pool,
-            window=dep.decode_window, horizon=dep.decode_horizon, r_max=dep.decode_r_max, kv_capacity=dep.decode_kv_capacity(d_max),
+            n_workers=d_max, n_requests=N, max_steps=caps["max_steps"], slots=dep.slots, pool=dep.pool,
+            window=dep.window, horizon=dep.horizon, r_max=dep.r_max, kv_capacity=dep.decode_kv_capacity(d_max),
             block_size=dep.block_size, trace_points=8))
         return sim.run_grid(model, jax.random.fold_in(key, 1), None, params, 1, chunk=2000,
                             progress="decode tier" if progress else False)
@@ -331,7 +277,7 @@ def _decode_replicas(rows, a, delivered, dep: Deployment, key, progress, workloa
     landed, order = _replica_handoff(table, flat(a["disagg"]), delivered)
     tier = [_tier_params(dep, r.decode_router, x, r.n_decode, dep.tp) for r, x in zip(rows, rates, strict=True)]
     tier = [dataclasses.replace(t, cost=with_terms(t.cost, r, "decode")) for t, r in zip(tier, rows, strict=True)]
-    model = disagg.DecodeReplicasStage(_replica_model(dep, workload, tier, max_running=dep.decode_slots),
+    model = disagg.DecodeReplicasStage(_replica_model(dep, workload, tier, max_running=dep.slots),
                                        bound=int(workload.step_bound(dep.chunk)))
     params = disagg.DecodeReplicasParams(
         tier=jax.tree.map(lambda x: jnp.repeat(x, S, axis=0), sim.stack_params(tier)),
@@ -399,7 +345,7 @@ def run_disaggregated(rows: list[PDRow], workload, *, rate, seeds: int, dep: Dep
     req/s, one for all rows or one per row).
     A DP decode tier's step budget is doubled (the tier rerun) while a run did not finish, up to max_tries."""
     p_max = max(r.n_prefill for r in rows)
-    wl_prefix.check_fits(workload, dep.kv_capacity())
+    wl_prefix.check_fits(workload, dep.prefill_kv_capacity())
     rates = row_rates(rate, rows)
     tier = [_tier_params(dep, r.prefill_router, x, r.n_prefill, dep.prefill_group_tp) for r, x in zip(rows, rates, strict=True)]
     tier = [dataclasses.replace(t, cost=with_terms(t.cost, r, "prefill")) for t, r in zip(tier, rows, strict=True)]
@@ -426,14 +372,14 @@ def run_disaggregated(rows: list[PDRow], workload, *, rate, seeds: int, dep: Dep
             **{k: shape(v) for k, v in b.items()}, "prefill_conservation_error": a["conservation_error"],
             # [C, S]: a capacity of either tier overflowed in this run (the one overflow fact the books read)
             "overflow": np.asarray(a["overflow"]).reshape(C, S) | shape(b["overflow"]).reshape(C, S),
-            "n_prefill": np.array([[r.n_prefill] * S for r in rows]), "slots": np.full((C, S), dep.decode_slots),
+            "n_prefill": np.array([[r.n_prefill] * S for r in rows]), "slots": np.full((C, S), dep.slots),
             "n_decode": np.array([[r.n_decode] * S for r in rows])}
 
 
 def run_colocated(rows: list[PDRow], workload, *, rate, seeds: int, dep: Deployment, seed: int = 0,
                   progress: bool = False, allow_overflow: bool = False) -> dict[str, np.ndarray]:
     """Per-request records [rows, seeds, N] of the colocated rows (one replica cluster of P + D groups each)."""
-    wl_prefix.check_fits(workload, dep.kv_capacity())
+    wl_prefix.check_fits(workload, dep.prefill_kv_capacity())
     tier = [_tier_params(dep, r.prefill_router, x, r.n_prefill + r.n_decode, dep.tp)
             for r, x in zip(rows, row_rates(rate, rows), strict=True)]
     model = ColocatedStage(_replica_model(dep, workload, tier))
@@ -517,7 +463,7 @@ def _request_metrics(rec, c, s, slo_ttft, slo_tpot, colocated) -> dict[str, floa
     return m
 
 
-def run_pd(rows: list[PDRow], workload, *, rate: float, seeds: int, dep: Deployment = Deployment(),
+def run_pd(rows: list[PDRow], workload, *, rate: float, seeds: int, dep: Deployment = PD,
            slo_ttft: float = DEFAULT_SLO_TTFT_S, slo_tpot: float = DEFAULT_SLO_TPOT_S, seed: int = 0,
            progress: bool = False, allow_overflow: bool = False) -> tuple[Results, dict[str, dict[str, np.ndarray]]]:
     """Every row on the same seeds: (Results with a record per row, the raw per-request records by kind)."""
@@ -604,7 +550,7 @@ CACHE_DP_METRICS = ("tpot_p95_s", "tpot_mean_s", "hit_rate", "prefill_tokens", "
                     "throughput_tok_s", "makespan_s", "cache_evictions")
 
 
-def run_cache_aware_dp(workload, policies, *, ranks: int, rate: float, seeds: int, dep: Deployment = Deployment(),
+def run_cache_aware_dp(workload, policies, *, ranks: int, rate: float, seeds: int, dep: Deployment = PD,
                        cache_tokens: int | None = None, cache_weight: float = 1.0, seed: int = 0,
                        arrival: str = "poisson", progress: bool = False) -> Results:
     """Decode DP ranks with colocated prefill and a prefix cache each (SGLang DP attention): every request is
@@ -619,9 +565,9 @@ def run_cache_aware_dp(workload, policies, *, ranks: int, rate: float, seeds: in
     kv = dep.decode_kv_capacity(ranks)
     n = int(table.prompt_tok.shape[0])
     span = 0.0 if arrival == "saturated" else n / max(rate, 1e-9) * 1.5  # dp_decode.step_budget's Poisson span
-    bound = dd.step_bound(np.asarray(table.out_tok), ranks, dep.decode_slots, dep.decode_r_max, span_s=span)
-    model = dd.DecodeModel(n_workers=ranks, n_requests=n, max_steps=bound, slots=dep.decode_slots, pool=dep.decode_pool,
-                           window=dep.decode_window, horizon=dep.decode_horizon, r_max=dep.decode_r_max,
+    bound = dd.step_bound(np.asarray(table.out_tok), ranks, dep.slots, dep.r_max, span_s=span)
+    model = dd.DecodeModel(n_workers=ranks, n_requests=n, max_steps=bound, slots=dep.slots, pool=dep.pool,
+                           window=dep.window, horizon=dep.horizon, r_max=dep.r_max,
                            kv_capacity=kv, block_size=dep.block_size, trace_points=8,
                            prefix_cache_tokens=int(cache_tokens if cache_tokens is not None else kv // 4))
     rows = [(p, dd.make_params(p, n_workers=ranks, arrival=arrival, rate=rate, cache_weight=cache_weight),

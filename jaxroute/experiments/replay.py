@@ -11,12 +11,13 @@ Pearson correlation, the bias direction and BLIS's quality rating.
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 
+from jaxroute.deployment import Deployment
 from jaxroute.errors import JaxrouteError
 from jaxroute.measured import METRICS, MeasuredRun, summary
+
+DEFAULT_ROUTER = "least_load"  # one replica: the router does not matter
 
 STATS = ("mean", "p50", "p90", "p99")
 
@@ -37,29 +38,13 @@ def workload(run: MeasuredRun):
     return prefix.from_azure(trace, name=run.name)
 
 
-@dataclasses.dataclass(frozen=True)
-class Deployment:
-    """What the replay runs on: `replicas.make_params` and `ReplicaModel` settings, one router."""
-
-    router: str = "least_load"
-    replicas: int = 1
-    gpu: str = "h100"
-    model: str = "llama-3.1-8b"
-    tp: int = 1
-    admission: str = "on-demand"
-    max_running: int = 256
-    chunk: int = 2048
-    kv_capacity: int | None = None
-    cost_model: str = "roofline"
-
-
-def simulated(run: MeasuredRun, dep: Deployment, factors=None) -> MeasuredRun:
+def simulated(run: MeasuredRun, dep: Deployment, router: str = DEFAULT_ROUTER, factors=None) -> MeasuredRun:
     """The replay's per-request results, as a MeasuredRun over the same (replayable) requests."""
     from jaxroute.experiments import requests as req_lib
     from jaxroute.experiments.cluster import policy_rows, run_cluster
 
     wl = workload(run)
-    rows = policy_rows([dep.router], rate=0.0, kv_capacity=dep.kv_capacity, gpu=dep.gpu, model_name=dep.model,
+    rows = policy_rows([router], rate=0.0, kv_capacity=dep.kv_capacity, gpu=dep.gpu, model_name=dep.model,
                        cost_model=dep.cost_model, tp=dep.tp, cost_factors=factors)
     res = run_cluster(rows, wl, replicas_n=dep.replicas, seeds=1, chunk=dep.chunk, max_running=dep.max_running,
                       admission=dep.admission, request_records=True)

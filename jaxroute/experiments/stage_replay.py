@@ -40,9 +40,10 @@ class StageComparison:
                     k: 100 * (self.simulated[k].mean / self.measured[k] - 1) for k in METRICS if self.measured[k] > 0}}
 
 
-def compare_stages(folder, config, dep, seeds: int = 4, stages=None, factors=None, progress=None) -> list[StageComparison]:
+def compare_stages(folder, config, dep, seeds: int = 4, stages=None, factors=None, progress=None,
+                   router: str = "least_load") -> list[StageComparison]:
     """Replay each stage of an inference-perf report `folder` whose prompts are `config`'s data section, on
-    `dep` (`replay.Deployment`), `seeds` draws each; `stages`: the indices to run (None: all)."""
+    `dep` (`deployment.Deployment`) behind `router`, `seeds` draws each; `stages`: the indices to run (None: all)."""
     from jaxroute import measured
     from jaxroute.experiments import requests as req_lib
     from jaxroute.experiments.cluster import policy_rows, run_cluster
@@ -65,7 +66,7 @@ def compare_stages(folder, config, dep, seeds: int = 4, stages=None, factors=Non
             continue
         duration = row["requests"] / row["rate"]
         wl = inference_perf.workload(inference_perf.one_stage(cfg["data"], row["rate"], row["requests"]))
-        rows = policy_rows([dep.router], rate=wl.stage_mean_rate, gpu=dep.gpu, model_name=dep.model, tp=dep.tp,
+        rows = policy_rows([router], rate=wl.stage_mean_rate, gpu=dep.gpu, model_name=dep.model, tp=dep.tp,
                            kv_capacity=dep.kv_capacity, cost_factors=factors)
         res = run_cluster(rows, wl, replicas_n=dep.replicas, seeds=seeds, chunk=dep.chunk,
                           max_running=dep.max_running, admission=dep.admission, request_records=True)

@@ -29,7 +29,12 @@ import numpy as np
 
 from jaxroute import sim
 from jaxroute.clusters import replicas
-from jaxroute.clusters.names import REPLICA_GPU, REPLICA_MODEL
+from jaxroute.clusters.names import (
+    DEFAULT_CHUNK,
+    DEFAULT_MAX_RUNNING,
+    REPLICA_GPU,
+    REPLICA_MODEL,
+)
 from jaxroute.errors import JaxrouteError
 from jaxroute.experiments import capacity as cap
 from jaxroute.experiments.cluster import initial_capacities, uses_weights
@@ -272,8 +277,8 @@ class Setup:
     kv_capacity: int | None = None
     stale_s: float = 0.0
     latency: Any = None  # the trained model's coefficients (`latency_params.LatencyParams`; None: the shipped ones)
-    chunk: int = 512
-    max_running: int = 64
+    chunk: int = DEFAULT_CHUNK
+    max_running: int = DEFAULT_MAX_RUNNING
     local: str = "fcfs"
     admission: str = "reserve"
 

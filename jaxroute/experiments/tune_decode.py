@@ -14,6 +14,7 @@ import dataclasses
 import numpy as np
 
 from jaxroute.clusters import dp_decode as dd
+from jaxroute.deployment import DECODE, Deployment
 from jaxroute.errors import JaxrouteError
 from jaxroute.experiments import decode as dx
 from jaxroute.experiments import tune as tn
@@ -71,7 +72,7 @@ class DecodeSetup:
     requests: DecodeRequests
     workers: int = 8
     predictor: str = "oracle"
-    dep: dx.Deployment = dx.Deployment()
+    dep: Deployment = DECODE
     arrival: str = "saturated"
     rate: float = 1.0
     bank: tuple = ()

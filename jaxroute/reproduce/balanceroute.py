@@ -29,11 +29,10 @@ import time
 import numpy as np
 
 from jaxroute import cost_models, report
+from jaxroute.deployment import DECODE_PAPER, Deployment
 from jaxroute.experiments.decode import (
     METRICS,
-    PAPER_DEPLOYMENT,
     DecodeRow,
-    Deployment,
     best_baseline,
     comparison_columns,
     rows_for,
@@ -82,9 +81,9 @@ LADDER = [
     ("before issue 12 (v1 workloads, Llama-3-8B/H200, 32-request cap, no preemption)", 1, BEFORE),
     ("+ workloads calibrated on the predictor AUC/MAE", 2, BEFORE),
     ("+ paper's setting: DeepSeek-V3 W8A8 on 4x910C per worker, DP attention + EP", 2,
-     dataclasses.replace(PAPER_DEPLOYMENT, cap_immediate=True, preempt=False, block_size=1)),
-    ("+ immediate dispatch without the cap", 2, dataclasses.replace(PAPER_DEPLOYMENT, preempt=False, block_size=1)),
-    ("+ paged admission (128-token blocks) with preemption = after", 2, PAPER_DEPLOYMENT),
+     dataclasses.replace(DECODE_PAPER, cap_immediate=True, preempt=False, block_size=1)),
+    ("+ immediate dispatch without the cap", 2, dataclasses.replace(DECODE_PAPER, preempt=False, block_size=1)),
+    ("+ paged admission (128-token blocks) with preemption = after", 2, DECODE_PAPER),
 ]
 # Little's law on the paper's JSQ row: 843 tok/s x 83.2 ms TPOT P95 (an upper bound on the mean TPOT)
 # = ~70 requests decoding at once over G = 8 workers -> at most ~9 per worker.
@@ -108,13 +107,13 @@ def settings(quick: bool, seeds: int | None) -> dict:
                     output_cap=QUICK_OUTPUT_CAP,
                     per_worker=5, workers=(4, 8), betas=(8.0,), gammas=(0.9, 0.99), little_slots=2,
                     workloads=("synthetic-prod",), ladder=(0,))
-    return dict(sizes=dict(PAPER_SIZES), seeds=seeds or 3, output_cap=None, slots=PAPER_DEPLOYMENT.slots,
+    return dict(sizes=dict(PAPER_SIZES), seeds=seeds or 3, output_cap=None, slots=DECODE_PAPER.slots,
                 per_worker=1000, workers=(4, 8, 16), betas=(4.0, 8.0, 16.0), gammas=(0.9, 0.95, 0.99), little_slots=LITTLE_SLOTS,
                 workloads=("synthetic-prod", "synthetic-azure24"), ladder=tuple(range(len(LADDER))))
 
 
 def deployment_line(s: dict) -> str:
-    dep = PAPER_DEPLOYMENT
+    dep = DECODE_PAPER
     return (f"{dep.model} on {dep.tp}x{dep.gpu} per worker ({dep.parallel}), {s['slots']} slots, KV blocks of "
             f"{dep.block_size}, preemption on, pool {dep.pool}, W={dep.window}, H={dep.horizon}, R_max={dep.r_max}; "
             "saturated arrivals")
@@ -218,7 +217,7 @@ def ladder(ctx: Context) -> Section:
     n = s["sizes"]["synthetic-prod"]
     rows = rows_for(LADDER_POLICIES, ["oracle"])
     little = (f"after, at the paper's Little's-law concurrency ({s['little_slots']} slots per worker)", 2,
-              dataclasses.replace(PAPER_DEPLOYMENT, slots=s["little_slots"]))
+              dataclasses.replace(DECODE_PAPER, slots=s["little_slots"]))
     steps = [LADDER[i] for i in s["ladder"]] + [little]
     step_rows, gains, data, claims = [], [], [], []
     for label, version, dep in steps:
@@ -330,7 +329,7 @@ def main_claims(records, workload: str, share: float) -> tuple[list[Claim], list
 
 def main_table(ctx: Context) -> Section:
     s = settings(ctx.quick, ctx.seeds)
-    dep = dataclasses.replace(PAPER_DEPLOYMENT, slots=s["slots"])
+    dep = dataclasses.replace(DECODE_PAPER, slots=s["slots"])
     claims, tables, figures, data, panels = [], [], [], {}, {}
     intro = [f"The main table at G=8, {s['seeds']} seeds, {deployment_line(s)}. The paper's best baseline is "
              "the best of its four (random, rr, p2c, jsq) on each metric, and so is ours (paired per seed)."]
@@ -425,7 +424,7 @@ def gains_plot(panels: dict[str, list[tuple[str, Summary, float]]], path) -> Non
 
 def scaling(ctx: Context) -> Section:
     s = settings(ctx.quick, ctx.seeds)
-    dep = dataclasses.replace(PAPER_DEPLOYMENT, slots=s["slots"])
+    dep = dataclasses.replace(DECODE_PAPER, slots=s["slots"])
     rows = rows_for(LADDER_POLICIES, ["oracle"])
     claims, best_rows, gains, data, ours = [], [], [], {}, {}
     for g in s["workers"]:
@@ -492,7 +491,7 @@ def scaling(ctx: Context) -> Section:
 
 def sensitivity(ctx: Context) -> Section:
     s = settings(ctx.quick, ctx.seeds)
-    dep = dataclasses.replace(PAPER_DEPLOYMENT, slots=s["slots"])
+    dep = dataclasses.replace(DECODE_PAPER, slots=s["slots"])
     n = s["sizes"]["synthetic-prod"]
     req = requests(s, "synthetic-prod", n)
     base_rows = rows_for(balance.PAPER_BASELINES, [])

@@ -1,6 +1,6 @@
 """BalanceRoute in its own deployment (issue 36): 4P1D through the pd pipeline, calibrated on the baselines only.
 
-The paper's topology (`pd.PAPER_DEPLOYMENT`: 4 prefill instances of 16 Ascend 910C dies, one decode tier of
+The paper's topology (`deployment.PD_PAPER`: 4 prefill instances of 16 Ascend 910C dies, one decode tier of
 G = 8 DP ranks x TP 4 stepping as DP attention + EP, DeepSeek-V3 W8A8) runs the two datasets' lengths with every
 request queued at t = 0, so the prefill tier paces the decode tier. Four free terms are fitted to the paper's
 eight baseline numbers per dataset (throughput and TPOT P95 of random, rr, p2c, jsq; `calibrate.fit`, every
@@ -28,6 +28,7 @@ import math
 import numpy as np
 
 from jaxroute import calibrate, report
+from jaxroute.deployment import PD_PAPER, Deployment
 from jaxroute.errors import JaxrouteError
 from jaxroute.experiments import pd
 from jaxroute.experiments.cluster import lengths_workload
@@ -97,7 +98,7 @@ def free_terms(workload: str, prompt_mean: float, output_mean: float, n_prefill:
             calibrate.Term("decode.kv_token_s", 0.0, 1e-7)]
 
 
-def run_rows(workload, rows: list[pd.PDRow], seeds: int, dep: pd.Deployment) -> dict[str, np.ndarray]:
+def run_rows(workload, rows: list[pd.PDRow], seeds: int, dep: Deployment) -> dict[str, np.ndarray]:
     """The decode tier's metrics [rows, seeds] of every row on the same seeds, all requests at t = 0 (the prefill
     tier paces the decode tier), plus the whole run's output tokens/s."""
     res, raw = pd.run_pd(rows, workload, rate=math.inf, seeds=seeds, dep=dep)
@@ -106,7 +107,7 @@ def run_rows(workload, rows: list[pd.PDRow], seeds: int, dep: pd.Deployment) -> 
     return out | {"output_tokens_per_s": np.asarray(res.grid.metrics["output_tokens_per_s"], np.float64)}
 
 
-def run_draws(name: str, n: int, rows: list[pd.PDRow], draws: int, dep: pd.Deployment) -> dict[str, np.ndarray]:
+def run_draws(name: str, n: int, rows: list[pd.PDRow], draws: int, dep: Deployment) -> dict[str, np.ndarray]:
     """`run_rows` on `draws` independent draws of the dataset's lengths (numpy seeds 0, 1, ...; one router seed
     each): metrics [rows, draws], so a CI spans workload draws, not only the routers' coins."""
     loads = [lengths_workload(name, n, seed=d) for d in range(draws)]
@@ -122,12 +123,12 @@ def run_draws(name: str, n: int, rows: list[pd.PDRow], draws: int, dep: pd.Deplo
 TRAIN_SEED = 1000  # numpy seed of the lengths deployed predictors are fitted on (no simulated draw uses it)
 
 
-def _rows(policies, terms: tuple, dep: pd.Deployment) -> list[pd.PDRow]:
+def _rows(policies, terms: tuple, dep: Deployment) -> list[pd.PDRow]:
     p, d = dep.ratio
     return [pd.PDRow(PREFILL_ROUTER, b, p, d, cost_terms=terms) for b in policies]
 
 
-def evaluator(workload, names: list[str], seeds: int, dep: pd.Deployment, log):
+def evaluator(workload, names: list[str], seeds: int, dep: Deployment, log):
     """points [K, T] -> [K, 8]: the baselines' throughput and TPOT P95 under each point (one pd grid)."""
     def evaluate(points: np.ndarray) -> np.ndarray:
         rows = [r for p in points for r in _rows(BASELINES, tuple(zip(names, map(float, p), strict=True)), dep)]
@@ -153,7 +154,7 @@ def best_baseline(grid_metrics: dict, labels: list[str], metric: str) -> int:
     return pick(idx, key=lambda i: means[i])
 
 
-def predict(name: str, fitted: tuple, s: dict, dep: pd.Deployment, ctx: Context) -> tuple[dict, list[str]]:
+def predict(name: str, fitted: tuple, s: dict, dep: Deployment, ctx: Context) -> tuple[dict, list[str]]:
     """Baselines, BR-0 and BR-H with each of DEPLOYED in one grid with the fitted terms, on `seeds` draws of the
     dataset (the deployed tables fitted on another draw): ({metric: [rows, draws]}, labels)."""
     n = s["sizes"][name]
@@ -165,7 +166,7 @@ def predict(name: str, fitted: tuple, s: dict, dep: pd.Deployment, ctx: Context)
     return m, [*BASELINES, *PREDICTED]
 
 
-def _claims(name: str, m: dict, labels: list[str], dep: pd.Deployment) -> tuple[list[Claim], list[list[str]]]:
+def _claims(name: str, m: dict, labels: list[str], dep: Deployment) -> tuple[list[Claim], list[list[str]]]:
     claims, table = [], []
     paper = PAPER_MAIN[name]
     where = "write-up §10 (main table)"
@@ -175,7 +176,7 @@ def _claims(name: str, m: dict, labels: list[str], dep: pd.Deployment) -> tuple[
         mean = lambda k: float(np.mean(m[k][i]))  # noqa: B023
         row = [lab, f"{paper[lab][2]:,}", f"{mean(TPUT):,.0f}", f"{mean('output_tokens_per_s'):,.0f}",
                f"{paper[lab][1]:.1f}", f"{1000 * mean(TPOT):.1f}", f"{paper[lab][0]:,}", f"{mean(IMBALANCE):,.0f}",
-               f"{mean(RUNNING):.1f}", f"{mean(RUNNING) / dep.decode_slots:.0%}", f"{mean(SHARE):.0%}"]
+               f"{mean(RUNNING):.1f}", f"{mean(RUNNING) / dep.slots:.0%}", f"{mean(SHARE):.0%}"]
         table.append(row)
         if lab in BASELINES:
             continue
@@ -186,7 +187,7 @@ def _claims(name: str, m: dict, labels: list[str], dep: pd.Deployment) -> tuple[
             verdict, reason = gain_verdict(ours, pc, GAIN_TOLERANCE)
             if verdict != "reproduced" and metric == TPUT:
                 reason += (f"; decode runs {mean(RUNNING):.1f} requests per rank "
-                           f"({mean(RUNNING) / dep.decode_slots:.0%} of slots) and {mean(SHARE):.0%} of its "
+                           f"({mean(RUNNING) / dep.slots:.0%} of slots) and {mean(SHARE):.0%} of its "
                            "step scales with KV in this calibrated run")
             claims.append(Claim(f"{ROW_NAMES[lab]}: {what} change against the best baseline, {PAPER_NAMES[name]}, "
                                 "calibrated 4P1D (predicted, not fitted)", where, f"{pc:+.1f} %",
@@ -204,7 +205,7 @@ def _claims(name: str, m: dict, labels: list[str], dep: pd.Deployment) -> tuple[
 
 def calibrated(ctx: Context) -> Section:
     s = settings(ctx.quick, ctx.seeds)
-    dep = pd.PAPER_DEPLOYMENT
+    dep = PD_PAPER
     claims, tables, data, intro = [], [], {}, []
     for name, n in s["sizes"].items():
         workload = lengths_workload(name, n)
@@ -244,7 +245,7 @@ def calibrated(ctx: Context) -> Section:
     return Section(
         SOURCE, "calibrated", "BalanceRoute in 4P1D: the step calibrated on the baselines, the BalanceRoute rows "
         "predicted",
-        intro=(f"`pd.PAPER_DEPLOYMENT` ({dep.ratio[0]} prefill instances of {dep.prefill_group_tp} x {dep.gpu}, "
+        intro=(f"`deployment.PD_PAPER` ({dep.ratio[0]} prefill instances of {dep.prefill_group_tp} x {dep.gpu}, "
                f"{dep.ratio[1]} decode DP ranks of {dep.tp} x {dep.gpu} as DP attention + EP, {dep.model}), every "
                "request at t = 0 so the prefill tier paces decode; prefill router rr. Four terms fitted "
                "(Levenberg-Marquardt, `jaxroute/calibrate.py`) to the paper's baseline throughput and TPOT P95 only, "
@@ -293,12 +294,12 @@ def regime(ctx: Context) -> Section:
     s = regime_settings(ctx.quick, ctx.seeds)
     cal = calibrated_terms(ctx)
     kv_levels = sorted({*s["kv"], cal["decode.kv_token_s"]})
-    p, d = pd.PAPER_DEPLOYMENT.ratio
+    p, d = PD_PAPER.ratio
     arrivals = {"paced (calibrated prefill)": cal["prefill.token_s"], "saturated (roofline prefill)": 0.0}
     policies = [("br0", 1.0)] + [("brh", g) for g in s["gammas"]]  # BR-0 ignores gamma
     cells, row_labels, data = {}, [], []
     for slots in s["slots"]:
-        dep = dataclasses.replace(pd.PAPER_DEPLOYMENT, decode_slots=slots)
+        dep = dataclasses.replace(PD_PAPER, slots=slots)
         rows, keys = [], []
         for arrival, prefill_s in arrivals.items():
             for kv in kv_levels:

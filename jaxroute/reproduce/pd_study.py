@@ -28,7 +28,7 @@ import time
 
 import numpy as np
 
-from jaxroute import report
+from jaxroute import deployment, report
 from jaxroute.experiments import paired_difference, pd
 from jaxroute.experiments.cluster import build_workload
 from jaxroute.metrics import summarize
@@ -51,7 +51,7 @@ QUICK_RATIOS = [(2, 6), (4, 4), (6, 2)]
 PREFILL_ROUTERS = ("llmd_precise", "random")
 DECODE_ROUTERS = ("jsq", "br0", "brh")
 QUICK_DECODE = ("jsq", "br0")
-DEP = pd.Deployment(gpu="H200", model="Llama-3.1-70B", tp=4)
+DEP = deployment.PD  # 8 groups of Llama-3.1-70B on 4 H200 each
 SP = dict(groups=8, prompts_per_group=16, system_tokens=2000, question_tokens=300, output_tokens=400)
 # per workload: (rate req/s, tight (TTFT s, TPOT s), loose (TTFT s, TPOT s))
 WORKLOADS = {"mooncake": (4.0, (3.0, 0.02), (10.0, 0.1)), "shared-prefix": (40.0, (0.2, 0.015), (2.0, 0.1))}

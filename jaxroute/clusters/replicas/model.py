@@ -79,6 +79,8 @@ from jaxroute import metrics as mlib
 from jaxroute.clusters.names import (
     ADMISSIONS,
     CLASSES,
+    DEFAULT_CHUNK,
+    DEFAULT_MAX_RUNNING,
     GATES,
     LOCAL_ORDERS,
     REPLICA_GPU,
@@ -167,8 +169,8 @@ class ReplicaModel(sim.Model):
     cpu_rows_together: ClassVar[int | None] = sim.CPU_ROWS_TOGETHER  # branches and loops: rows in groups
 
     n_replicas: int = 4
-    chunk: int = 512  # prefill tokens per iteration
-    max_running: int = 64  # B: running requests per replica (SGLang's max_running_requests; a real limit)
+    chunk: int = DEFAULT_CHUNK  # prefill tokens per iteration
+    max_running: int = DEFAULT_MAX_RUNNING  # B: running requests per replica (a real limit)
     max_queue: int = 256  # Q: local queue per replica (overflow -> queue_overflow)
     max_admit: int = 4  # admissions per iteration
     local_order: str = "fcfs"  # or "lpm", or "priority" (Preble's priority groups)
