@@ -24,6 +24,8 @@ from jaxroute import (
 from jaxroute.errors import JaxrouteError
 from jaxroute.runtime import NO_CACHE_ENV, use_all_cpu_cores, use_compile_cache
 
+INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a process Ctrl-C stopped
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -63,6 +65,9 @@ def main(argv: list[str] | None = None) -> int:
     except JaxrouteError as e:
         print(f"jaxroute {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C: one line, the shell's exit status for SIGINT, no traceback
+        print(f"\njaxroute {args.command}: interrupted", file=sys.stderr)
+        return INTERRUPTED
 
 
 if __name__ == "__main__":  # pragma: no cover

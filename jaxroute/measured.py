@@ -154,7 +154,13 @@ def _require_success(p: Path, ok: np.ndarray, first_error: str = "") -> None:
 
 def _sorted_run(source: str, name: str, arrival: np.ndarray, prompt: np.ndarray, output: np.ndarray,
                 ttft: np.ndarray, e2e: np.ndarray, ok: np.ndarray, stage: np.ndarray, recorded: bool) -> MeasuredRun:
-    """Order by arrival (stable: ties keep the file's order) and shift so the first arrival is 0."""
+    """Order by arrival (stable: ties keep the file's order) and shift so the first arrival is 0. A successful
+    request that ended before its first token is refused (its TPOT would be negative)."""
+    early = np.flatnonzero(ok & np.isfinite(ttft) & np.isfinite(e2e) & (e2e < ttft))
+    if len(early):
+        i = int(early[0])
+        raise JaxrouteError(f"{name}: request {i}: end-to-end latency {e2e[i]:.6g} s is shorter than its TTFT "
+                            f"{ttft[i]:.6g} s ({len(early)} such request(s))")
     order = np.argsort(arrival, kind="stable")
     arrival, prompt, output, ttft, e2e, ok, stage = (a[order] for a in (arrival, prompt, output, ttft, e2e, ok, stage))
     ttft = np.where(ok, ttft, np.nan)

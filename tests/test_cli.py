@@ -47,6 +47,29 @@ def test_unknown_command_is_a_usage_error(capsys):
     assert "invalid choice" in capsys.readouterr().err
 
 
+def test_counts_past_an_int32_are_one_line_usage_errors(capsys):
+    """`--requests 99999999999999999999` failed inside numpy, `dispatch --requests 10000000000` inside JAX."""
+    for argv in (["cluster", "--requests", "99999999999999999999"], ["dispatch", "--requests", "10000000000"]):
+        with pytest.raises(SystemExit) as e:
+            main(argv)
+        assert e.value.code == 2
+        err = capsys.readouterr().err.strip().splitlines()[-1]
+        assert "argument --requests: expected a positive integer up to 2,147,483,647 (an int32 count)" in err
+
+
+def test_ctrl_c_is_one_line_and_exit_130(monkeypatch, capsys):
+    """Ctrl-C during a run prints one line naming the command, no traceback, and exits as a shell reports SIGINT."""
+    from jaxroute import spec
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(spec, "run_parsed", interrupted)
+    assert main(["dispatch"]) == 130
+    err = capsys.readouterr().err
+    assert err.strip() == "jaxroute dispatch: interrupted" and "Traceback" not in err
+
+
 @pytest.mark.parametrize("convert,good,bad", [
     (common.positive_int, [("3", 3)], ["0", "-2", "1.5", "x"]),
     (common.non_negative_int, [("0", 0)], ["-1", "x"]),

@@ -34,6 +34,11 @@ def test_effort_follows_the_work_and_can_be_forced(monkeypatch):
     assert compile_effort.options(True) == compile_effort.FAST_OPTIONS
 
 
+# floats of two differently compiled programs: XLA's CPU code differs with the host's instruction set (one ulp seen
+# in kv_usage_mean on another machine of the CI kind); counts and decisions stay exact
+FLOAT_ULPS = 4
+
+
 def test_both_efforts_give_the_same_replica_grid(monkeypatch):
     """The suite's small exact-match runs compile fast; this holds the optimized program (long jobs) to them.
     12 rows on the suite's 4 devices: the fast program runs a device's 3 rows one at a time, the optimized one
@@ -53,8 +58,15 @@ def test_both_efforts_give_the_same_replica_grid(monkeypatch):
     assert sim.compile_count(model, "run") == 2  # one program per effort
     fast, optimized = grids["fast"].metrics, grids["optimized"].metrics
     assert fast.keys() == optimized.keys()
-    for name in fast:
-        np.testing.assert_array_equal(fast[name], optimized[name], err_msg=name)
+    for name in fast:  # counts and decisions exact; floats within a few ulp (XLA's CPU code follows the host's ISA)
+        a, b = np.asarray(fast[name]), np.asarray(optimized[name])
+        if not np.issubdtype(a.dtype, np.floating):
+            np.testing.assert_array_equal(a, b, err_msg=name)
+            continue
+        finite = np.isfinite(a)
+        np.testing.assert_array_equal(finite, np.isfinite(b), err_msg=name)
+        np.testing.assert_array_equal(a[~finite], b[~finite], err_msg=name)
+        np.testing.assert_array_max_ulp(a[finite], b[finite], maxulp=FLOAT_ULPS)
     assert np.all(fast["completed"] == 60)
 
 

@@ -144,6 +144,25 @@ def test_vllm_bad_cases(tmp_path, mutate, needle):
     assert needle in str(e.value) and str(e.value).startswith("bad.json") and "\n" not in str(e.value)
 
 
+def test_a_request_that_ends_before_its_first_token_is_refused(tmp_path):
+    """E2E < TTFT would give a negative TPOT that pulls the mean down (issue: compare printed MAPE -50.97 %)."""
+    d = _vllm_result()
+    d["latencies"][0] = d["ttfts"][0] / 2
+    with pytest.raises(JaxrouteError, match=r"^early: request 0: end-to-end latency .* is shorter than its TTFT") as e:
+        read_vllm_bench_serve(_dump(tmp_path, "early.json", d))
+    assert "\n" not in str(e.value)
+
+
+def test_pearson_r_of_constant_values_is_undefined_not_nan():
+    from jaxroute.experiments import replay
+
+    assert math.isnan(replay._pearson(np.ones(5), np.arange(5.0))) and replay.quality(0.01, math.nan) == "n/a"
+    table = replay.format_comparison({"ttft": {"pairs": 5, "measured": dict.fromkeys(replay.STATS, 0.1),
+                                               "simulated": dict.fromkeys(replay.STATS, 0.1), "mape_pct": 0.0,
+                                               "pearson_r": math.nan, "bias": "neutral", "quality": "n/a"}})
+    assert "undefined" in table and "nan" not in table
+
+
 @pytest.mark.parametrize("run_fields, needle", [
     ({"request_rate": 0}, "field 'request_rate' is 0; expected a positive number or \"inf\""),
     ({"request_rate": "fast"}, "field 'request_rate' is 'fast'"),

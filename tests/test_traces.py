@@ -91,3 +91,27 @@ def test_azure_2024_timestamps_with_a_utc_offset(tmp_path):
     p.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2024-05-10 00:00:00.00x930+00:00,100,10\n")
     with pytest.raises(JaxrouteError, match="cannot parse timestamp"):
         load_azure_csv(p)
+
+
+def test_gzipped_traces_read_as_their_text_and_bad_bytes_get_one_line(tmp_path):
+    """The public traces ship compressed: `.csv.gz` and `.jsonl.gz` read as the text inside; a truncated gzip or
+    bytes that are not UTF-8 are one-line errors, not a UnicodeDecodeError."""
+    import gzip
+
+    csv_text = "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.5,374,44\n2023-11-16 18:15:48,396,109\n"
+    plain = load_trace(_write(tmp_path, "conv.csv", csv_text))
+    packed = tmp_path / "conv.csv.gz"
+    packed.write_bytes(gzip.compress(csv_text.encode()))
+    t = load_trace(packed)
+    assert t.name == plain.name == "conv" and t.prompt_tokens.tolist() == plain.prompt_tokens.tolist()
+    np.testing.assert_allclose(t.arrival_s, plain.arrival_s)
+    line = '{"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [1, 2]}\n'
+    (tmp_path / "m.jsonl.gz").write_bytes(gzip.compress(line.encode()))
+    assert load_trace(tmp_path / "m.jsonl.gz").prompt_tokens.tolist() == [600]
+    (tmp_path / "cut.csv.gz").write_bytes(gzip.compress(csv_text.encode())[:30])
+    with pytest.raises(JaxrouteError, match="cut.csv.gz: not a whole gzip file") as e:
+        load_trace(tmp_path / "cut.csv.gz")
+    assert "\n" not in str(e.value)
+    (tmp_path / "bin.csv").write_bytes(b"TIMESTAMP,ContextTokens,GeneratedTokens\n\xff\xfe,1,2\n")
+    with pytest.raises(JaxrouteError, match="bin.csv: not a UTF-8 text file"):
+        load_trace(tmp_path / "bin.csv")

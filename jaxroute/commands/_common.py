@@ -21,7 +21,7 @@ from jaxroute.errors import JaxrouteError, warn
 from jaxroute.experiments import names as ex_names
 from jaxroute.experiments.names import CLUSTER_WORKLOADS
 from jaxroute.routers.names import DECODE_POLICIES, PARTIAL_OK, PREFIX_POLICIES
-from jaxroute.workloads.names import SP_DEFAULTS
+from jaxroute.workloads.names import MAX_COUNT, SP_DEFAULTS
 
 if TYPE_CHECKING:
     from jaxroute.experiments import pd
@@ -57,8 +57,24 @@ def _checked(kind: type, what: str, ok: Callable[[float], bool]) -> Callable[[st
     return convert
 
 
-positive_int = _checked(int, "a positive integer", lambda v: v >= 1)
-non_negative_int = _checked(int, "an integer >= 0", lambda v: v >= 0)
+INT32_MAX = MAX_COUNT  # counts become array sizes and int32 indices in the compiled programs
+
+
+def _count(minimum: int, what: str) -> Callable[[str], int]:
+    """Converter for a count >= minimum that an int32 holds (a larger one would fail inside numpy or JAX)."""
+    check = _checked(int, what, lambda v: v >= minimum)
+
+    def convert(text: str) -> int:
+        v = check(text)
+        if v > INT32_MAX:
+            raise argparse.ArgumentTypeError(f"expected {what} up to {INT32_MAX:,} (an int32 count), got '{text}'")
+        return v
+
+    return convert
+
+
+positive_int = _count(1, "a positive integer")
+non_negative_int = _count(0, "an integer >= 0")
 finite_float = _checked(float, "a finite number", lambda v: True)
 positive_float = _checked(float, "a finite number > 0", lambda v: v > 0)
 non_negative_float = _checked(float, "a finite number >= 0", lambda v: v >= 0)

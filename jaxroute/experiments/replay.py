@@ -66,7 +66,10 @@ def _pearson(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def quality(mape_fraction: float, r: float) -> str:
-    """BLIS's rating (calibrate.go `qualityRating`, lines 627-636): MAPE as a fraction, Pearson r."""
+    """BLIS's rating (calibrate.go `qualityRating`, lines 627-636): MAPE as a fraction, Pearson r ("n/a" when r is
+    undefined: fewer than 3 pairs, or one side constant)."""
+    if not np.isfinite(r):
+        return "n/a"
     for label, m, c in (("excellent", 0.10, 0.95), ("good", 0.20, 0.85), ("fair", 0.35, 0.70)):
         if mape_fraction < m and r > c:
             return label
@@ -103,7 +106,8 @@ def format_comparison(result: dict[str, dict]) -> str:
     for metric, c in result.items():
         cells = [metric, str(c["pairs"])]
         cells += [f"{c['measured'][k] * 1e3:.4g} / {c['simulated'][k] * 1e3:.4g}" for k in STATS]
-        cells += [f"{c['mape_pct']:.2f}", f"{c['pearson_r']:.3f}", c["bias"], c["quality"]]
+        r = c["pearson_r"]
+        cells += [f"{c['mape_pct']:.2f}", f"{r:.3f}" if np.isfinite(r) else "undefined", c["bias"], c["quality"]]
         rows.append(cells)
     from jaxroute.report import text_table
 

@@ -93,6 +93,7 @@ from pydantic import (
 
 from jaxroute.errors import JaxrouteError
 from jaxroute.mapping_files import read_mapping
+from jaxroute.workloads.names import MAX_COUNT
 
 SOURCE = "inference-perf @ 7de5ef2"
 DATA_TYPES = ("shared_prefix", "random", "synthetic")
@@ -181,7 +182,7 @@ class DataConfig(_Strict):
 class Stage(_Strict):
     """`config/loadgen/config.py` `StandardLoadStage` (lines 39-55)."""
 
-    rate: float = Field(gt=0)
+    rate: float = Field(gt=0, allow_inf_nan=False)
     duration: int = Field(gt=0)
     num_requests: int | None = None
     concurrency_level: int | None = None
@@ -375,6 +376,9 @@ def load(source: str | Path | dict, seed: int = 0) -> InferencePerfLoad:
             raise _fail(name, f"load.stages.{i}: num_requests and concurrency_level belong to the concurrent load type")
     stages = tuple((float(s.rate), float(s.duration)) for s in ld.stages)
     counts = tuple(int(r * d) for r, d in stages)  # load_generator.py run_stage: int(rate * duration)
+    if sum(counts) > MAX_COUNT:
+        raise _fail(name, f"load.stages send {sum(counts):,} requests; a run holds at most {MAX_COUNT:,} (an int32 "
+                    "count): lower a stage's rate or duration")
     if min(counts) < 1:
         i = counts.index(0)
         raise _fail(name, f"load.stages.{i} sends int(rate x duration) = 0 requests")

@@ -6,6 +6,8 @@ importing the workload generators, so `jaxroute --help` and argument errors need
 
 from __future__ import annotations
 
+MAX_COUNT = 2**31 - 1  # the most requests (or any count) a run holds: array sizes and int32 indices
+
 # Service-time laws of the classic dispatch model (`service.py`), in traced-id order; mean 1 each
 SERVICE_LAWS: tuple[str, ...] = ("exp", "pareto", "lognormal", "det")
 

@@ -19,9 +19,11 @@ The files are not bundled: pass a path (the repo's CI reads them from ../shared/
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import dataclasses
 import datetime as dt
+import gzip
 import json
 import math
 import re
@@ -125,6 +127,31 @@ def _open_nonempty(path: str | Path) -> Path:
     return p
 
 
+GZIP_MAGIC = b"\x1f\x8b"
+
+
+@contextlib.contextmanager
+def _text(p: Path):
+    """A trace file's lines, gzip-compressed or not (the public traces ship as .csv.gz; told by the magic bytes),
+    with a file that is not UTF-8 text or not valid gzip refused in one line."""
+    with p.open("rb") as raw:
+        packed = raw.read(2) == GZIP_MAGIC
+    try:
+        with (gzip.open(p, "rt", newline="", encoding="utf-8") if packed else
+              p.open(newline="", encoding="utf-8")) as f:
+            yield f
+    except UnicodeDecodeError:
+        raise JaxrouteError(f"{p.name}: not a UTF-8 text file{' (after gunzip)' if packed else ''}") from None
+    except (gzip.BadGzipFile, EOFError) as e:
+        raise JaxrouteError(f"{p.name}: not a whole gzip file ({e})") from None
+
+
+def _stem(p: Path) -> str:
+    """The trace's name: the file name less its extensions (`conv.csv.gz` -> `conv`)."""
+    name = p.name[:-3] if p.name.lower().endswith(".gz") else p.name
+    return Path(name).stem
+
+
 def _check_lengths(values: list, column: str, path: Path, first_line: int, minimum: int = 1) -> np.ndarray:
     """Lengths must be finite integers >= `minimum`: 1 (a zero-token prompt or output is not a request),
     or 0 for a loader that drops such rows itself."""
@@ -192,7 +219,7 @@ def _parse_azure_time(text: str) -> float:
 def _read_csv(p: Path, columns: tuple[str, ...], kind: str) -> list[dict[str, str]]:
     """The rows of a CSV with a header holding `columns` (row i is on line i + 2), each with a value in every
     one of them; `kind` names the format in the error ("an Azure trace")."""
-    with p.open(newline="") as f:
+    with _text(p) as f:
         reader = csv.DictReader(f)
         header = [h.strip() for h in (reader.fieldnames or [])]
         missing = [c for c in columns if c not in header]
@@ -216,7 +243,7 @@ def load_azure_csv(path: str | Path) -> Trace:
     _check_sorted(times, p, 2)
     prompt = _check_lengths([r["ContextTokens"] for r in rows], "ContextTokens", p, 2)
     output = _check_lengths([r["GeneratedTokens"] for r in rows], "GeneratedTokens", p, 2)
-    return Trace(p.stem, times - times[0], prompt, output, None, **_optional_csv(rows, p))
+    return Trace(_stem(p), times - times[0], prompt, output, None, **_optional_csv(rows, p))
 
 
 def jsonl_objects(p: Path, lines, required: tuple[str, ...], kind: str = "key(s)") -> list[tuple[int, dict]]:
@@ -241,7 +268,7 @@ def jsonl_objects(p: Path, lines, required: tuple[str, ...], kind: str = "key(s)
 def load_mooncake_jsonl(path: str | Path) -> Trace:
     """Load a Mooncake JSONL trace (`timestamp` ms, `input_length`, `output_length`, `hash_ids`)."""
     p = _open_nonempty(path)
-    with p.open() as f:
+    with _text(p) as f:
         recs = jsonl_objects(p, f, MOONCAKE_KEYS, "key(s)")
     if not recs:
         raise JaxrouteError(f"{p.name}: contains no requests")
@@ -269,7 +296,7 @@ def load_mooncake_jsonl(path: str | Path) -> Trace:
             i = recs[have.index(False)][0]
             raise JaxrouteError(f"{p.name} line {i}: missing key {key} (other lines have it)")
         values[key] = [o[key] for _, o in recs] if all(have) else None
-    return Trace(p.stem, times - times[0], prompt, output, blocks, **_classes_and_tenants(values, p, [i for i, _ in recs]))
+    return Trace(_stem(p), times - times[0], prompt, output, blocks, **_classes_and_tenants(values, p, [i for i, _ in recs]))
 
 
 def load_burstgpt_csv(path: str | Path, model: str | None = None) -> Trace:
@@ -318,13 +345,13 @@ def load_burstgpt_csv(path: str | Path, model: str | None = None) -> Trace:
     for k in ("slo_class", "tenant", "adapter"):
         if k in extra:
             extra[k] = extra[k][keep]
-    return Trace(p.stem, t - t[0], prompt[keep], output[keep], None, models[keep], **extra)
+    return Trace(_stem(p), t - t[0], prompt[keep], output[keep], None, models[keep], **extra)
 
 
 def _csv_loader(p: Path):
     """The loader of a CSV trace by its header: any Azure column -> Azure, any BurstGPT column -> BurstGPT
     (the loader then names the columns missing); neither -> an error naming both headers."""
-    with p.open(newline="") as f:
+    with _text(p) as f:
         header = {h.strip() for h in next(csv.reader(f), [])}
     if header & set(AZURE_COLUMNS):
         return load_azure_csv
@@ -335,15 +362,17 @@ def _csv_loader(p: Path):
 
 
 def load_trace(path: str | Path) -> Trace:
-    """Load a trace: `.jsonl` (Mooncake), or `.csv` (Azure or BurstGPT, told apart by the header)."""
-    suffix = Path(path).suffix.lower()
+    """Load a trace: `.jsonl` (Mooncake), or `.csv` (Azure or BurstGPT, told apart by the header), each also
+    gzip-compressed (`.csv.gz`, `.jsonl.gz`)."""
+    name = Path(path).name.lower()
+    suffix = Path(name[:-3] if name.endswith(".gz") else name).suffix
     if suffix == ".csv":
         p = _open_nonempty(path)
         return _csv_loader(p)(p)
     if suffix in (".jsonl", ".json"):
         return load_mooncake_jsonl(path)
     raise JaxrouteError(f"unknown trace format '{suffix}' for {path}; expected .csv (Azure or BurstGPT) or "
-                        ".jsonl (Mooncake)")
+                        ".jsonl (Mooncake), either optionally .gz")
 
 
 def load_named(name: str, path: str | Path) -> Trace:
