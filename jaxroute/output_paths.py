@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 from jaxroute.errors import JaxrouteError
@@ -20,7 +21,51 @@ def check(*paths: str | Path | None) -> None:
         parent = p.parent if str(p.parent) else Path(".")
         while not parent.exists() and parent != parent.parent:
             parent = parent.parent
-        if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        if not parent.is_dir() or not _writable_dir(parent):
             raise JaxrouteError(f"output {p}: cannot write in {parent}")
-        if p.exists() and not os.access(p, os.W_OK):
+        if p.exists() and not _writable_file(p):
             raise JaxrouteError(f"output {p}: the file is not writable")
+
+
+def _writable_dir(d: Path) -> bool:
+    """Whether a file can be made in `d`: tried (os.access says yes to root even on /proc and read-only mounts)."""
+    try:
+        with tempfile.TemporaryFile(dir=d):
+            return True
+    except OSError:
+        return False
+
+
+def _writable_file(p: Path) -> bool:
+    try:
+        with p.open("ab"):  # opened for appending, nothing written: the file is unchanged
+            return True
+    except OSError:
+        return False
+
+
+# the file outputs a command line may name (argparse dests), and the image formats matplotlib writes
+FILE_OUTPUTS = ("out", "plot", "requests_out", "save_spec", "cost_params_out", "params_out", "fit_plot")
+PLOTS = ("plot", "fit_plot")
+IMAGE_SUFFIXES = (".png", ".pdf", ".svg", ".svgz", ".eps", ".ps", ".jpg", ".jpeg", ".tif", ".tiff", ".webp", ".pgf")
+
+
+def check_args(args) -> None:
+    """Every output a parsed command line names, checked before the command runs (`spec.run_parsed`): a file
+    output is `check`ed, a plot must have a suffix matplotlib writes; a command whose output is a folder lists
+    its dest in `output_dirs` (set by its parser), checked as a folder."""
+    folders = set(getattr(args, "output_dirs", ()))
+    for dest in FILE_OUTPUTS:
+        raw = getattr(args, dest, None)
+        if raw is None or not isinstance(raw, str | os.PathLike):
+            continue
+        if dest in folders:
+            p = Path(raw)
+            if p.exists() and not p.is_dir():
+                raise JaxrouteError(f"output folder {p} is a file; name a folder")
+            check(p / "x")
+            continue
+        check(raw)
+        if dest in PLOTS and Path(raw).suffix.lower() not in IMAGE_SUFFIXES:
+            raise JaxrouteError(f"--{dest.replace('_', '-')} {raw}: matplotlib writes {', '.join(IMAGE_SUFFIXES)}; "
+                                "name the file with one of them")

@@ -273,7 +273,11 @@ def save(path: str | Path, command: str, argv: list[str], root: argparse.Argumen
 
 
 def run_parsed(args: argparse.Namespace, argv: list[str], root: argparse.ArgumentParser) -> int:
-    """Run a parsed `jaxroute` command line; with --save-spec, write the spec of what it ran once it succeeded."""
+    """Run a parsed `jaxroute` command line (its output paths checked first, `output_paths.check_args`); with
+    --save-spec, write the spec of what it ran once it succeeded."""
+    from jaxroute import output_paths
+
+    output_paths.check_args(args)
     rc = int(args.func(args) or 0)
     if rc == 0 and getattr(args, "save_spec", None):
         command, after = split_command(argv, args.command, root)

@@ -57,6 +57,24 @@ def test_counts_past_an_int32_are_one_line_usage_errors(capsys):
         assert "argument --requests: expected a positive integer up to 2,147,483,647 (an int32 count)" in err
 
 
+def test_bad_output_paths_are_refused_before_the_run(tmp_path, capsys):
+    """Each of these ran the whole simulation, then died in a traceback; now one line before anything runs (the
+    folder checks try to make a file: os.access says yes to root on /proc)."""
+    folder = tmp_path / "d"
+    folder.mkdir()
+    cases = [(["cluster", "--out", str(folder)], f"output {folder} is a directory"),
+             (["cluster", "--requests-out", "/proc/x.csv"], "output /proc/x.csv: cannot write in /proc"),
+             (["cluster", "--save-spec", str(folder)], f"output {folder} is a directory"),
+             (["cluster", "--plot", str(tmp_path / "p.xyz")], "matplotlib writes .png"),
+             (["reproduce", "lecture", "--out", str(tmp_path / "f.txt")], None)]
+    (tmp_path / "f.txt").write_text("x")
+    cases[-1] = (cases[-1][0], f"output folder {tmp_path / 'f.txt'} is a file")
+    for argv, needle in cases:
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert needle in err[-1] and len(err) == 1, err
+
+
 def test_ctrl_c_is_one_line_and_exit_130(monkeypatch, capsys):
     """Ctrl-C during a run prints one line naming the command, no traceback, and exits as a shell reports SIGINT."""
     from jaxroute import spec

@@ -196,9 +196,6 @@ def _is_run_folder(args) -> bool:
 def _run_folder(args) -> int:
     """A measured run folder (vLLM's settings + inference-perf's config and stage metrics), every stage simulated
     under the latency model, measured and simulated side by side."""
-    from jaxroute import output_paths
-
-    output_paths.check(args.out, args.plot)
     if args.fit:
         raise JaxrouteError("--fit applies to per-request files; fit a run folder with `jaxroute fit-latency`")
     from jaxroute import latency_params, real_runs

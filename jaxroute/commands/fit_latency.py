@@ -52,9 +52,6 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from jaxroute import output_paths
-
-    output_paths.check(args.params_out, args.out)
     from jaxroute import latency_params, real_runs
 
     wanted = [w for w in (args.runs or "").split(",") if w]

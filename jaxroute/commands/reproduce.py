@@ -32,6 +32,7 @@ def register(subparsers) -> None:
         f"done, so an interrupted run resumes where it stopped (--fresh reruns everything). Sources: {listing}.",
     )
     p.add_argument("source", choices=[*SOURCES, "all"], help="which source to reproduce (all: every one, in order)")
+    p.set_defaults(output_dirs=("out",))
     p.add_argument("--out", default="results/reproduce", metavar="DIR",
                    help="report folder: report.md, results.json, PNGs, parts/ (default results/reproduce)")
     p.add_argument("--quick", action="store_true",
