@@ -91,8 +91,17 @@ class Summary:
     def half_width(self) -> float:
         return (self.hi - self.lo) / 2
 
+    @property
+    def seeds(self) -> int:
+        """Seeds the mean is over: those with a value (a metric over no requests is missing, NaN, not zero)."""
+        return sum(1 for x in self.per_seed if math.isfinite(x))
+
     def as_json(self) -> dict:
-        return {"mean": self.mean, "ci95": [self.lo, self.hi], "per_seed": list(self.per_seed)}
+        out = {"mean": self.mean, "ci95": [self.lo, self.hi],
+               "per_seed": [x if math.isfinite(x) else None for x in self.per_seed]}
+        if self.seeds < len(self.per_seed):
+            out["seeds"] = self.seeds
+        return out
 
 
 def t_quantile_975(dof: int) -> float:
@@ -117,6 +126,19 @@ def t_quantile_975(dof: int) -> float:
 
 
 _T_CACHE: dict[int, float] = {}
+
+
+def summarize_present(values: np.ndarray) -> Summary:
+    """`summarize` over the seeds that have a value (NaN: the metric is missing for that seed, e.g. a load stage in
+    which it got no request); per_seed keeps the NaNs, `Summary.seeds` counts the others; no seed: all NaN."""
+    v = np.asarray(values, dtype=np.float64).reshape(len(values), -1).mean(axis=1)
+    present = np.isfinite(v)
+    if present.all():
+        return summarize(v)
+    if not present.any():
+        return Summary(math.nan, math.nan, math.nan, tuple(float(x) for x in v))
+    s = summarize(v[present])
+    return Summary(s.mean, s.lo, s.hi, tuple(float(x) for x in v))
 
 
 def summarize(values: np.ndarray) -> Summary:

@@ -94,7 +94,12 @@ def write_results(path: str | Path, command: str, config: dict, records: Sequenc
 
 
 def fmt_ci(s: Summary, digits: int = 3) -> str:
-    """`mean ± half-width` with a sensible number of significant digits."""
+    """`mean ± half-width` with a sensible number of significant digits; "–" when no seed has a value, and the
+    seeds it is over when some have none (`metrics.summarize_present`)."""
+    if not math.isfinite(s.mean):
+        return "–"
+    if s.seeds < len(s.per_seed):
+        return f"{fmt_ci(dataclasses.replace(s, per_seed=()), digits)} ({s.seeds}/{len(s.per_seed)} seeds)"
     if s.mean == 0 and s.half_width == 0:
         return "0 ± 0"
     mag = max(abs(s.mean), abs(s.half_width), 1e-12)

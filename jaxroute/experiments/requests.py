@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from jaxroute.errors import JaxrouteError
-from jaxroute.metrics import Summary, summarize
+from jaxroute.metrics import Summary, summarize_present
 
 # the columns of a records file (times in seconds since the run's first arrival; an unfinished request's
 # admit, first-token and finish times are empty in CSV, null in JSONL; replica -1: never dispatched)
@@ -55,7 +55,7 @@ def stage_of(arrival_s: np.ndarray, stages: Sequence[tuple[float, float]]) -> np
 
 
 def _quantile(x: np.ndarray, mask: np.ndarray, q: float) -> np.ndarray:
-    """Quantile over the last axis where mask, linear interpolation (`metrics.masked_quantile`); 0 if none."""
+    """Quantile over the last axis where mask, linear interpolation (`metrics.masked_quantile`); NaN if none."""
     xs = np.sort(np.where(mask, x, np.inf), axis=-1)
     n = mask.sum(-1)
     pos = q * np.maximum(n - 1, 0)
@@ -65,12 +65,12 @@ def _quantile(x: np.ndarray, mask: np.ndarray, q: float) -> np.ndarray:
     x_hi = np.take_along_axis(xs, hi[..., None], -1)[..., 0]
     with np.errstate(invalid="ignore"):
         val = x_lo + (x_hi - x_lo) * (pos - lo)
-    return np.where(n > 0, val, 0.0)
+    return np.where(n > 0, val, np.nan)
 
 
 def _mean(x: np.ndarray, mask: np.ndarray) -> np.ndarray:
     n = mask.sum(-1)
-    return np.where(n > 0, np.where(mask, x, 0.0).sum(-1) / np.maximum(n, 1), 0.0)
+    return np.where(n > 0, np.where(mask, x, 0.0).sum(-1) / np.maximum(n, 1), np.nan)  # none: missing, not 0
 
 
 def stage_values(table: dict[str, np.ndarray], stages: Sequence[tuple[float, float]]) -> dict[str, np.ndarray]:
@@ -97,7 +97,7 @@ def stage_values(table: dict[str, np.ndarray], stages: Sequence[tuple[float, flo
         out["output_tokens_per_s"].append(np.where(span > 0, tokens / np.where(span > 0, span, 1.0), 0.0))
         prompt = np.where(fin, table["prompt_tokens"], 0).sum(-1)
         cached = np.where(fin, table["cached_tokens"], 0).sum(-1)
-        out["hit_rate"].append(cached / np.maximum(prompt, 1))
+        out["hit_rate"].append(np.where(prompt > 0, cached / np.maximum(prompt, 1), np.nan))
     return {m: np.stack(v, axis=-1) for m, v in out.items()}
 
 
@@ -105,7 +105,7 @@ def stage_summaries(table: dict[str, np.ndarray], stages: Sequence[tuple[float, 
     """[row][stage] {metric: mean and 95 % CI over seeds} of `stage_values`."""
     values = stage_values(table, stages)
     rows, _, k = values["requests"].shape
-    return [[{m: summarize(values[m][c, :, j]) for m in STAGE_METRICS} for j in range(k)] for c in range(rows)]
+    return [[{m: summarize_present(values[m][c, :, j]) for m in STAGE_METRICS} for j in range(k)] for c in range(rows)]
 
 
 def stages_json(labels: Sequence[str], stages, summaries) -> dict:
