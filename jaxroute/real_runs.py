@@ -69,7 +69,7 @@ class Stage:
     def client_bound(self) -> bool:
         """The client sent slower than asked (its concurrency cap held requests back: a closed loop, not simulated;
         e.g. the KubeCon demo's last three stages at about 106 of 123-183 req/s)."""
-        return self.achieved_rate < CLIENT_BOUND * self.rate
+        return client_bound(self.achieved_rate, self.rate)
 
     @property
     def label(self) -> str:
@@ -98,6 +98,11 @@ def find_model_config(server_model: str, search: list[Path]) -> Path | None:
             if d.name.lower() == base and (d / "config.json").is_file():
                 return d
     return None
+
+
+def client_bound(achieved_rate: float, rate: float) -> bool:
+    """Whether a stage was sent slower than its rate asked (`CLIENT_BOUND`): its client's cap paced it."""
+    return achieved_rate < CLIENT_BOUND * rate
 
 
 def served_model_name(server_model: str) -> str:
@@ -192,16 +197,20 @@ def _run_summary(results: Path, out_len: int) -> dict:
             "requests": row["requests"], "failures": row["failures"]}
 
 
+def is_run_folder(d: Path) -> bool:
+    """A folder holding a server file (`SERVER_FILES`)."""
+    return d.is_dir() and any((d / n).is_file() for n in SERVER_FILES)
+
+
 def discover(data_dir: str | Path) -> list[Path]:
     """The run folders under `data_dir` (itself, its `runs/`, or its children holding a server file)."""
     d = Path(data_dir)
     if not d.is_dir():
         raise JaxrouteError(f"data folder not found: {d}")
-    is_run = lambda p: any((p / n).is_file() for n in SERVER_FILES)
-    if is_run(d):
+    if is_run_folder(d):
         return [d]
     root = d / "runs" if (d / "runs").is_dir() else d
-    runs = sorted(p for p in root.iterdir() if p.is_dir() and is_run(p))
+    runs = sorted(p for p in root.iterdir() if is_run_folder(p))
     if not runs:
         raise JaxrouteError(f"{d}: no run folders (each with {' or '.join(SERVER_FILES)} and its stage reports)")
     return runs

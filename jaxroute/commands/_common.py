@@ -57,17 +57,14 @@ def _checked(kind: type, what: str, ok: Callable[[float], bool]) -> Callable[[st
     return convert
 
 
-INT32_MAX = MAX_COUNT  # counts become array sizes and int32 indices in the compiled programs
-
-
 def _count(minimum: int, what: str) -> Callable[[str], int]:
     """Converter for a count >= minimum that an int32 holds (a larger one would fail inside numpy or JAX)."""
     check = _checked(int, what, lambda v: v >= minimum)
 
     def convert(text: str) -> int:
         v = check(text)
-        if v > INT32_MAX:
-            raise argparse.ArgumentTypeError(f"expected {what} up to {INT32_MAX:,} (an int32 count), got '{text}'")
+        if v > MAX_COUNT:
+            raise argparse.ArgumentTypeError(f"expected {what} up to {MAX_COUNT:,} (an int32 count), got '{text}'")
         return v
 
     return convert

@@ -188,9 +188,9 @@ def _factors_text(f) -> str:
 
 def _is_run_folder(args) -> bool:
     d = Path(args.measured)
-    from jaxroute.real_runs import SERVER_FILES
+    from jaxroute.real_runs import is_run_folder
 
-    return d.is_dir() and (args.server is not None or any((d / n).is_file() for n in SERVER_FILES))
+    return d.is_dir() and (args.server is not None or is_run_folder(d))
 
 
 def _run_folder(args) -> int:

@@ -18,9 +18,9 @@ import numpy as np
 
 from jaxroute.errors import JaxrouteError
 from jaxroute.metrics import Summary
+from jaxroute.real_runs import client_bound
 
 METRICS = ("ttft_mean_s", "ttft_p90_s", "e2e_mean_s", "e2e_p90_s", "tpot_mean_s")
-CLIENT_BOUND = 0.95  # achieved / requested rate below this: the client's concurrency cap paced the stage
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,7 +60,7 @@ def compare_stages(folder, config, dep, seeds: int = 4, stages=None, factors=Non
             continue
         m = {"ttft_mean_s": row["ttft_mean_s"], "ttft_p90_s": row["ttft_p90_s"], "e2e_mean_s": row["e2e_mean_s"],
              "e2e_p90_s": row["e2e_p90_s"], "tpot_mean_s": row["tpot_from_means_s"]}
-        bound = bool(row["achieved_rate"] < CLIENT_BOUND * row["rate"])
+        bound = client_bound(row["achieved_rate"], row["rate"])
         if bound:
             out.append(StageComparison(k, row["rate"], row["requests"], True, m, None))
             continue
