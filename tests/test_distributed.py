@@ -1,6 +1,7 @@
 """One grid over two processes (jax.distributed on the loopback address, gloo collectives): `jaxroute cluster`
 and `jaxroute decode` write the same per-seed records as one process, process 1 prints and writes nothing, a
-killed process ends the other's run with an error and no table, and bad flags are one-line errors."""
+killed process ends the other's run with an error and no table, a process whose peers never join ends in one line
+after --join-timeout, and bad flags (an address JAX cannot use among them) are one-line errors."""
 
 import json
 import os
@@ -8,11 +9,13 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
 
 from jaxroute.cli import main
+from jaxroute.distributed import JOIN_FAILED
 from tests.cli_helpers import cli
 
 pytestmark = pytest.mark.xdist_group("distributed")  # the two processes share the machine's cores
@@ -61,13 +64,24 @@ def test_two_processes_write_the_records_of_one(argv, tmp_path, capsys):
     assert "wrote" in outs[0][0] and outs[1][0] == "" and not (tmp_path / "rank1.json").exists()
 
 
+def _joined(proc, deadline_s: float = 240) -> None:
+    """Wait until `proc` says it joined the run (its stderr's "joined:" line), or fail."""
+    lines = []
+    threading.Thread(target=lambda: lines.extend(iter(proc.stderr.readline, "")), daemon=True).start()
+    end = time.monotonic() + deadline_s
+    while not any(line.startswith("joined:") for line in lines):
+        assert proc.poll() is None and time.monotonic() < end, "".join(lines)[-2000:]
+        time.sleep(0.1)
+
+
 def test_a_killed_process_ends_the_run_without_a_table(tmp_path):
     env = dict(os.environ, JAXROUTE_HEARTBEAT_S="3")
     argv = [*CLUSTER[:4], "3000", *CLUSTER[5:]]  # long enough to be killed mid-run
     port, out = _port(), tmp_path / "r.json"
     procs = [_start(argv, port, rank, out if rank == 0 else None, env) for rank in (0, 1)]
     try:
-        time.sleep(6)
+        _joined(procs[1])  # killed once joined: before that, the join's deadline is what ends process 0
+        time.sleep(2)
         procs[1].send_signal(signal.SIGKILL)
         _, err = procs[0].communicate(timeout=120)
     finally:
@@ -77,10 +91,26 @@ def test_a_killed_process_ends_the_run_without_a_table(tmp_path):
     assert "unhealthy" in err or "died" in err or "error" in err.lower(), err[-2000:]
 
 
+@pytest.mark.parametrize("rank, waits_for", [(0, "the other processes"), (1, "the coordinator (process 0)")])
+def test_a_process_whose_peers_never_come_ends_in_one_line(rank, waits_for, tmp_path):
+    out = tmp_path / "r.json"
+    proc = _start(["--join-timeout", "3", *CLUSTER], _port(), rank, out)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == JOIN_FAILED and not out.exists()
+    assert err.strip().splitlines() == [line for line in err.strip().splitlines() if line.startswith("error:")]
+    assert f"process {rank} waited 3 s for {waits_for} to join" in err and "--join-timeout" in err
+
+
 @pytest.mark.parametrize("argv, msg", [
     (["--coordinator", "127.0.0.1:1"], "needs --coordinator, --num-processes and --process-id"),
     (["--coordinator", "127.0.0.1:1", "--num-processes", "2", "--process-id", "2"], "--process-id must be in 0 .. 1"),
     (["--distributed", "auto", "reproduce", "lecture"], "`jaxroute reproduce` runs in one process"),
+    (["--coordinator", "localhost:abc", "--num-processes", "2", "--process-id", "0"], "a port in 1 .. 65535, got"),
+    (["--coordinator", "localhost:70000", "--num-processes", "2", "--process-id", "1"], "a port in 1 .. 65535"),
+    (["--coordinator", "no-such-host.invalid:1234", "--num-processes", "2", "--process-id", "0"],
+     "host 'no-such-host.invalid' does not resolve"),
+    (["--coordinator", "127.0.0.1:1", "--num-processes", "2", "--process-id", "0", "--join-timeout", "0"],
+     "--join-timeout (JAXROUTE_JOIN_TIMEOUT_S) must be seconds in (0, 86400), got 0"),
 ])
 def test_bad_process_flags(argv, msg, capsys):
     if "reproduce" not in argv:
