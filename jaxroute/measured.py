@@ -15,6 +15,7 @@ Every bad input gets a one-line `JaxrouteError` naming the file, the field and t
 
 from __future__ import annotations
 
+import collections
 import csv
 import dataclasses
 import json
@@ -550,6 +551,11 @@ def _jaxroute_from_rows(p: Path, rows: list[tuple[int, dict]], router: str | Non
             raise JaxrouteError(f"{p.name} line {line}: column 'seed' is {r['seed']!r}; expected a whole number")
         keyed.append((str(r["router"]), int(s), line, r))
     runs = list(dict.fromkeys((k[0], k[1]) for k in keyed))
+    counts = collections.Counter((k[0], k[1]) for k in keyed)
+    if len(set(counts.values())) > 1:  # jaxroute writes every router x seed run with the same requests
+        (r0, s0), (r1, s1) = min(counts, key=counts.get), max(counts, key=counts.get)
+        raise JaxrouteError(f"{p.name}: its runs hold different numbers of requests ({r0} seed {s0}: {counts[r0, s0]}, "
+                            f"{r1} seed {s1}: {counts[r1, s1]}); a file cut short? rerun with --requests-out")
     chosen = [k for k in keyed if (router is None or k[0] == router) and (seed is None or k[1] == int(seed))]
     left = list(dict.fromkeys((k[0], k[1]) for k in chosen))
     if not left:

@@ -1,10 +1,14 @@
-"""Output paths checked before a run starts, so a bad one costs a second, not a whole simulation. No JAX."""
+"""Output files: their paths checked before a run starts, so a bad one costs a second, not a whole simulation,
+and every file written whole or not at all (`atomic`: a temporary file beside it, renamed over it). No JAX."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
+from typing import IO
 
 from jaxroute.errors import JaxrouteError
 
@@ -25,6 +29,46 @@ def check(*paths: str | Path | None) -> None:
             raise JaxrouteError(f"output {p}: cannot write in {parent}")
         if p.exists() and not _writable_file(p):
             raise JaxrouteError(f"output {p}: the file is not writable")
+
+
+@contextlib.contextmanager
+def atomic(path: str | Path, mode: str = "w", **open_kwargs) -> Iterator[IO]:
+    """Open `path` for writing so that it appears whole or not at all: the writes go to a temporary file in the
+    same folder (parents created), renamed over `path` when the block ends without an error, removed otherwise
+    (an error, Ctrl-C). `mode` is "w" or "wb"."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
+    try:
+        with os.fdopen(fd, mode, **open_kwargs) as f:
+            yield f
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp's 0600 would make results private to their writer
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def write_text(path: str | Path, text: str) -> Path:
+    """`path` holds `text`, written whole (`atomic`)."""
+    with atomic(path) as f:
+        f.write(text)
+    return Path(path)
+
+
+def save_figure(fig, path: str | Path, **savefig_kwargs) -> Path:
+    """A matplotlib figure written whole (`atomic`), its format from the suffix."""
+    path = Path(path)
+    with atomic(path, "wb") as f:
+        fig.savefig(f, format=path.suffix.lstrip(".").lower() or "png", **savefig_kwargs)
+    return path
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def _writable_dir(d: Path) -> bool:

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from jaxroute import output_paths
 from jaxroute.errors import warn  # noqa: F401  (report.warn)
 from jaxroute.metrics import Summary, summarize
 
@@ -65,10 +66,7 @@ def jsonable(x: Any) -> Any:
 
 def write_json(path: str | Path, obj: Any) -> Path:
     """Write any results object as indented JSON (parents created); returns the path."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(jsonable(obj), indent=1))
-    return path
+    return output_paths.write_text(path, json.dumps(jsonable(obj), indent=1))
 
 
 def results_json(command: str, config: dict, records: Sequence[Record], extra: Mapping[str, Any] | None = None) -> dict:
@@ -81,10 +79,9 @@ def write_results(path: str | Path, command: str, config: dict, records: Sequenc
                   extra: Mapping[str, Any] | None = None) -> Path:
     """Write the results JSON and a long-format CSV (one row per result x metric) beside it."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w") as f:
+    with output_paths.atomic(path) as f:
         json.dump(results_json(command, config, records, extra), f, indent=1)
-    with path.with_suffix(".csv").open("w", newline="") as f:
+    with output_paths.atomic(path.with_suffix(".csv"), newline="") as f:
         w = csv.writer(f)
         w.writerow(["policy", "params", "overflow", "metric", "mean", "ci95_lo", "ci95_hi", "n_seeds"])
         for r in records:
@@ -206,7 +203,7 @@ def bar_plot(records: Sequence[Record], metric_names: Sequence[str], path: str |
             log_scale(ax)
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    output_paths.save_figure(fig, path, dpi=120)
     plt.close(fig)
     return Path(path)
 
@@ -273,7 +270,7 @@ def line_plot(panels: Mapping[str, Sequence[dict]], path: str | Path, *, xlabel:
     fig.tight_layout()
     if shared and handles:
         fig.legend(list(handles.values()), list(handles), fontsize=8, loc="center left", bbox_to_anchor=(1.0, 0.5))
-    fig.savefig(path, dpi=120, bbox_inches="tight")
+    output_paths.save_figure(fig, path, dpi=120, bbox_inches="tight")
     plt.close(fig)
     return Path(path)
 
@@ -311,7 +308,6 @@ def heatmap(panels: Mapping[str, tuple[np.ndarray, Sequence[Sequence[str]]]], pa
     if title:
         fig.suptitle(title, fontsize=10)
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120, bbox_inches="tight")
+    output_paths.save_figure(fig, path, dpi=120, bbox_inches="tight")
     plt.close(fig)
     return path

@@ -25,6 +25,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
+from jaxroute import output_paths
 from jaxroute.errors import JaxrouteError
 from jaxroute.mapping_files import read_mapping
 
@@ -266,9 +267,8 @@ def save(path: str | Path, command: str, argv: list[str], root: argparse.Argumen
             value = os.path.relpath(os.path.abspath(value), os.path.abspath(p.parent))
         doc.setdefault(SECTION_OF.get(key, "options"), {})[key] = value
     ordered = {k: doc[k] for k in ("command", "description", *SECTIONS) if k in doc}
-    p.parent.mkdir(parents=True, exist_ok=True)
     header = f"# jaxroute experiment spec: run it with `jaxroute run {p.name}`\n# written by: jaxroute {command} {shlex.join(argv)}\n"
-    p.write_text(header + yaml.safe_dump(ordered, sort_keys=False))
+    output_paths.write_text(p, header + yaml.safe_dump(ordered, sort_keys=False))
     return p
 
 

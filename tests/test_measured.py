@@ -540,6 +540,14 @@ def test_jaxroute_bad_cases(tmp_path):
         read_jaxroute_requests(tmp_path / "broken.jsonl")
 
 
+def test_a_records_file_cut_short_is_refused(tmp_path):
+    """Runs of one file hold the same requests: a file whose last run is short was cut short (a killed writer),
+    and is refused rather than read as a smaller run."""
+    rows = _jx_rows()[:-2]  # jsq seed 1 lost its last two records
+    msg = _jx_error(tmp_path, rows, router="jsq", seed=1)
+    assert "its runs hold different numbers of requests (jsq seed 1: 2, rr seed 0: 4); a file cut short?" in msg
+
+
 # ----------------------------------------------------------------------------- detection and summaries
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from jaxroute import report
+from jaxroute import output_paths, report
 from jaxroute.clusters.names import CLASSES, GATES, SCALERS
 from jaxroute.clusters.replicas import control as ctl_lib
 from jaxroute.errors import JaxrouteError
@@ -102,8 +102,7 @@ def ready_plot(results, path: str | Path, title: str, seed: int = 0, stages=None
         ax.set_ylabel("replicas")
     fig.suptitle(title + f" (seed {seed}; solid: ready, dotted: billed, dashed: load stages)", fontsize=9)
     fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    output_paths.save_figure(fig, path, dpi=110)
     plt.close(fig)
     return Path(path)
 

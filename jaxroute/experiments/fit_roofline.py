@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxroute import cost_models
+from jaxroute import cost_models, output_paths
 from jaxroute.cost_models import CostFactors
 from jaxroute.errors import JaxrouteError
 from jaxroute.mapping_files import read_mapping
@@ -164,10 +164,9 @@ def fit(measured: MeasuredRun, dep, start: CostFactors | None = None, steps: int
 def save(path: str | Path, result: Fit, dep, source: str) -> Path:
     """The fitted factors as JSON (`--cost-params` reads them back)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     doc = {"kind": "jaxroute cost factors", **result.as_json(), "fitted_to": source,
            "deployment": dataclasses.asdict(dep)}
-    path.write_text(json.dumps(doc, indent=1))
+    output_paths.write_text(path, json.dumps(doc, indent=1))
     return path
 
 

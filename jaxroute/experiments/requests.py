@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from jaxroute import output_paths
 from jaxroute.errors import JaxrouteError
 from jaxroute.metrics import Summary, summarize_present
 
@@ -159,17 +160,16 @@ def write_requests(path: str | Path, labels: Sequence[str], table: dict[str, np.
     stage = stage_of(table["arrival_s"], stages) if stages else np.zeros(table["arrival_s"].shape, np.int64)
     for name in COLUMNS[3:]:
         cols[name] = (stage if name == "stage" else table[name]).reshape(-1)
-    path.parent.mkdir(parents=True, exist_ok=True)
     times = [c for c in COLUMNS if c.endswith("_s")]
     values = {c: cols[c].tolist() for c in COLUMNS}
     for c in times:  # unfinished: empty / null
         values[c] = [v if np.isfinite(v) else None for v in values[c]]
     if path.suffix.lower() == ".jsonl":
-        with path.open("w") as f:
+        with output_paths.atomic(path) as f:
             for i in range(rows * seeds * n):
                 f.write(json.dumps({c: values[c][i] for c in COLUMNS}) + "\n")
     else:
-        with path.open("w", newline="") as f:
+        with output_paths.atomic(path, newline="") as f:
             w = csv.writer(f)
             w.writerow(COLUMNS)
             w.writerows(zip(*(["" if v is None else v for v in values[c]] for c in COLUMNS), strict=True))

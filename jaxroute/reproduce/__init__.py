@@ -18,7 +18,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from jaxroute import report
+from jaxroute import output_paths, report
 from jaxroute.errors import JaxrouteError
 from jaxroute.reproduce.document import (
     Context,
@@ -124,7 +124,7 @@ def run(sources: Sequence[str], out_dir: str | Path, *, quick: bool = False, see
     if ran_now:
         header |= {"jobs": jobs, "elapsed_s": time.perf_counter() - start}
     path = out_dir / "report.md"
-    path.write_text(render(sections, header))
+    output_paths.write_text(path, render(sections, header))
     report.write_json(out_dir / "results.json", results_json(sections, header))
     if echo:
         print(f"wrote {path} and {out_dir / 'results.json'}: "
@@ -263,7 +263,7 @@ def write_readme_block(readme: str | Path, key: str, out_dir: str | Path, comman
         text = replace_block(readme.read_text(), key, summary_markdown(results, link), command)
     except ValueError as e:
         raise JaxrouteError(f"--readme {readme}: {e}") from None
-    readme.write_text(text)
+    output_paths.write_text(readme, text)
     return readme
 
 

@@ -28,7 +28,7 @@ import time
 
 import numpy as np
 
-from jaxroute import cost_models, report
+from jaxroute import cost_models, output_paths, report
 from jaxroute.deployment import DECODE_PAPER, Deployment
 from jaxroute.experiments.decode import (
     METRICS,
@@ -415,7 +415,7 @@ def gains_plot(panels: dict[str, list[tuple[str, Summary, float]]], path) -> Non
         ax.set_ylabel("throughput gain over best baseline (%)")
         ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    output_paths.save_figure(fig, path, dpi=120)
     plt.close(fig)
 
 

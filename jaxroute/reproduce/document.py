@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from jaxroute import report
+from jaxroute import output_paths, report
 from jaxroute.metrics import Summary
 
 VERDICTS = ("reproduced", "direction only", "differs")
@@ -234,11 +234,7 @@ def part_path(out_dir: Path, source: str, name: str) -> Path:
 
 def save_part(out_dir: Path, section: Section) -> Path:
     path = part_path(out_dir, section.source, section.name)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(section.as_json(), indent=1))
-    tmp.replace(path)  # a run killed mid-write leaves no half part behind
-    return path
+    return output_paths.write_text(path, json.dumps(section.as_json(), indent=1))  # whole or absent
 
 
 def load_part(out_dir: Path, source: str, name: str, quick: bool) -> Section | None:

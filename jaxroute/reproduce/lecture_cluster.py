@@ -15,7 +15,7 @@ import math
 
 import numpy as np
 
-from jaxroute import report
+from jaxroute import output_paths, report
 from jaxroute.clusters import replicas
 from jaxroute.experiments import conservation_failures, paired_difference
 from jaxroute.experiments.cluster import build_workload, policy_rows, run_cluster
@@ -121,7 +121,7 @@ def _bars(path, panels: dict, title: str) -> None:
         ax.legend(fontsize=7)
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    output_paths.save_figure(fig, path, dpi=120)
     plt.close(fig)
 
 

@@ -23,7 +23,7 @@ from collections import Counter
 import jax
 import numpy as np
 
-from jaxroute import report, sim
+from jaxroute import output_paths, report, sim
 from jaxroute.metrics import Summary, summarize
 from jaxroute.reproduce.document import (
     Claim,
@@ -595,7 +595,7 @@ def _pareto_figure(path, costs, train, test, allocs, lam, down) -> None:
     axes[1].legend(fontsize=7, loc="lower right")
     fig.suptitle("exercise 7: cost vs accuracy, locate-solve with prices A 5, B 3, C 1, D 0.5, E 0.2", fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    output_paths.save_figure(fig, path, dpi=120)
     plt.close(fig)
 
 
