@@ -8,7 +8,14 @@ import pytest
 
 from jaxroute.bench.blis import unique_workload
 from jaxroute.clusters import replicas as R
-from jaxroute.experiments.cluster import policy_rows, run_cluster
+from jaxroute.experiments.cluster import (
+    ACCOUNTING,
+    policy_rows,
+    run_cluster,
+    unfinished_records,
+)
+from jaxroute.metrics import summarize
+from jaxroute.report import Record
 from tests.test_replicas import CASES, _compare
 
 
@@ -53,3 +60,20 @@ def test_too_small_table_is_flagged_and_regrown(capsys):
                       capacities={"cache_slots": 2}, max_tries=3)
     assert "capacity cache_slots = 2 overflowed (cache_full)" in capsys.readouterr().err
     assert not res.grid.overflow.any()
+
+
+def test_every_request_is_accounted_for_when_a_queue_overflows():
+    """A queue that overflows drops requests: each run says how many it completed, left in flight, dropped and
+    never admitted, and they add up to the trace (the table `cluster --allow-overflow` prints)."""
+    make, cap, _ = CASES["toolbench"]
+    wl = make()
+    model = R.ReplicaModel(n_replicas=2, max_queue=1, max_running=1, router_modules=())
+    p = R.make_params("rr", rate=500.0, kv_capacity=cap)  # all at once: one runs and one waits per replica
+    m = model.metrics(R.run_single(model, jax.random.key(0), wl, p), wl, p)
+    counts = {k: int(m[k]) for k in ACCOUNTING}
+    assert counts["dropped"] > 0 and bool(m["queue_overflow"]) and sum(counts.values()) == wl.n_requests, counts
+    assert counts["in_flight_end"] == counts["not_arrived"] == 0  # run to completion: nothing left over
+    record = Record("rr", {}, True, {k: summarize(np.array([v, v])) for k, v in counts.items()})
+    assert unfinished_records([record]) == [record]
+    done = Record("rr", {}, False, {k: summarize(np.array([0.0, 0.0])) for k in ACCOUNTING[1:]})
+    assert unfinished_records([done]) == []

@@ -281,6 +281,7 @@ def run(args) -> int:
     # the models, once the flags are checked
     from jaxroute import report
     from jaxroute.experiments.cluster import (
+        ACCOUNTING,
         E2_METRICS,
         METRICS,
         PREBLE_PRESETS,
@@ -288,6 +289,7 @@ def run(args) -> int:
         e2_variants,
         policy_rows,
         run_cluster,
+        unfinished_records,
     )
 
     if seeds < 2:
@@ -350,6 +352,11 @@ def run(args) -> int:
              f"{'stale view T=' + str(stale) if stale > 0 else 'fresh view'}; {seeds} seeds x {requests} requests")
     print(title)
     print(report.format_table(records, METRICS))
+    unfinished = unfinished_records(records)
+    if unfinished:  # only with --allow-overflow: a run that overflowed is otherwise refused
+        print(f"requests per seed (of {requests:,}): completed, in flight at the end, dropped by a full queue, "
+              "never arrived (the run's event budget ran out)")
+        print(report.format_table(unfinished, ACCOUNTING))
     if control:
         from jaxroute.experiments import control as ctl_exp
 

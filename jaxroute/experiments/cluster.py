@@ -35,6 +35,8 @@ METRICS = replicas.METRICS
 E2_METRICS = ("e2_mean_L_s", "e2_mean_M_s", "e2_mean_P_s", "e2_exploits", "e2_rebalanced", "e2_paired",
               "e2_autoscaled")
 # Fixed capacities of the replica model and the bool metric that says each one overflowed.
+# where every request ended, per seed: each record carries these (the JSON too); `unaccounted` picks the rows to show
+ACCOUNTING = ("completed", "in_flight_end", "dropped", "not_arrived")
 CAPACITY_FLAGS = {"max_queue": "queue_overflow", "router_window": "e2_ring_overflow", "cache_slots": "cache_full"}
 TIER_FLAGS = {"cpu_slots": "tier_full", "shared_slots": "tier_full"}
 # the offload tiers' metrics (clusters/replicas/tiers.py), summarised when the rows have tiers
@@ -163,6 +165,11 @@ def policy_rows(policies, *, rate=1.0, stale=0.0, kv_capacity=None, gpu=REPLICA_
                             cost_factors=cost_factors, control=c_params, tiers=t_params, lora=a_params,
                             latency=latency, **kw)))
     return rows
+
+
+def unfinished_records(records) -> list:
+    """Records in which some seed left a request unfinished: in flight at the end, dropped or never arrived."""
+    return [r for r in records if any(max(r.metrics[k].per_seed) > 0 for k in ACCOUNTING[1:] if k in r.metrics)]
 
 
 def _is_e2(p: replicas.ReplicaParams) -> bool:
@@ -323,7 +330,8 @@ def run_cluster(rows, workload, *, replicas_n=4, seeds=16, local="fcfs", chunk=D
             **({k: caps[k] for k in TIER_FLAGS} if kv_tiers else {}),
             **({k: caps[k] for k in ("control_ticks", "control_history", "control_log", "gateway_queue")}
                if control else {}))
-        metrics = METRICS + (E2_METRICS if any(_is_e2(p) for p in params) else ()) + tuple(extra_metrics)
+        metrics = (METRICS + ACCOUNTING + (E2_METRICS if any(_is_e2(p) for p in params) else ())
+                   + tuple(extra_metrics))
         if control:
             metrics += ctl_exp.METRICS + ctl_exp.class_metric_names()
         if kv_tiers:

@@ -656,6 +656,10 @@ class ReplicaModel(sim.Model):
             **routers.stats(state.router, params.policy),
             "overflow": overflow,
             "dropped": state.dropped,
+            # every request is completed, in flight at the end (queued, running, at the gateway), dropped by a full
+            # queue, shed by a gate, or not arrived (a run whose event budget ran out): the run's accounting
+            "in_flight_end": in_queue + running + at_gateway,
+            "not_arrived": r.arrival_s.shape[0] - arrived,
             "conservation_error": jnp.abs(arrived - (completed + in_queue + running + state.dropped + shed + at_gateway)),
             **control,
             **({f"req.{k}": v for k, v in request_fields(state, params.cost).items()} if self.request_records else {}),
