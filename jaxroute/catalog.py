@@ -365,3 +365,12 @@ def _dp_ep_device_weight_bytes(m: ModelSpec, tp: int, dp_ranks: int) -> float:
 
 def _kv_tokens(g: GPUSpec, m: ModelSpec, tp: int, mem_util: float) -> float:
     return (g.mem_bytes * tp * mem_util - m.weight_bytes) / (m.kv_bytes_per_token * tp / _kv_shards(m, tp))
+
+
+def check_args(args) -> None:
+    """The GPU and model a parsed command line names (--gpu, --model / --model-config) resolve, checked before the
+    command runs: one line naming the one that does not, without JAX."""
+    if isinstance(gpu := getattr(args, "gpu", None), str):
+        get_gpu(gpu)
+    if isinstance(model := getattr(args, "model", None), str):
+        get_model(model)

@@ -27,8 +27,16 @@ from jaxroute.runtime import NO_CACHE_ENV, use_all_cpu_cores, use_compile_cache
 INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a process Ctrl-C stopped
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse with a usage error in one line, the error first and last (no usage block above it: --help
+    prints that); every subcommand's parser is one too (argparse builds them with the root's class)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="jaxroute", allow_abbrev=False,  # a command's abbreviated flag never matches a root flag
         description="JAX simulator for routing and load balancing in LLM serving. "
         "Every command runs many seeds in one compiled program and prints means with 95% CIs.",
@@ -44,7 +52,18 @@ def build_parser() -> argparse.ArgumentParser:
             continue
         module = importlib.import_module(f"jaxroute.commands.{info.name}")
         module.register(sub)
+    _name_commands(parser)
     return parser
+
+
+def _name_commands(parser: argparse.ArgumentParser) -> None:
+    """Each (sub)command's parser sets `command_name` to its full name ("capacity cluster"), so an error names the
+    command the user typed; the innermost parser's default wins."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                child.set_defaults(command_name=child.prog.split(" ", 1)[1])
+                _name_commands(child)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -63,10 +82,10 @@ def main(argv: list[str] | None = None) -> int:
 
         return spec.run_parsed(args, sys.argv[1:] if argv is None else argv, parser)
     except JaxrouteError as e:
-        print(f"jaxroute {args.command}: error: {e}", file=sys.stderr)
+        print(f"jaxroute {args.command_name}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # Ctrl-C: one line, the shell's exit status for SIGINT, no traceback
-        print(f"\njaxroute {args.command}: interrupted", file=sys.stderr)
+        print(f"\njaxroute {args.command_name}: interrupted", file=sys.stderr)
         return INTERRUPTED
 
 

@@ -26,7 +26,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from jaxroute import output_paths
-from jaxroute.errors import JaxrouteError
+from jaxroute.errors import JaxrouteError, warn
 from jaxroute.mapping_files import read_mapping
 
 # setting (a flag's dest) -> the section `--save-spec` writes it in; any other setting goes to `options`
@@ -273,12 +273,16 @@ def save(path: str | Path, command: str, argv: list[str], root: argparse.Argumen
 
 
 def run_parsed(args: argparse.Namespace, argv: list[str], root: argparse.ArgumentParser) -> int:
-    """Run a parsed `jaxroute` command line (its output paths checked first, `output_paths.check_args`); with
-    --save-spec, write the spec of what it ran once it succeeded."""
-    from jaxroute import output_paths
+    """Run a parsed `jaxroute` command line (its output paths, GPUs and models checked first, without JAX:
+    `output_paths.check_args`, `catalog.check_args`); with --save-spec, write the spec of what it ran once it
+    succeeded."""
+    from jaxroute import catalog
 
     output_paths.check_args(args)
+    catalog.check_args(args)
     rc = int(args.func(args) or 0)
+    if rc == 0 and getattr(args, "seeds", None) == 1:  # said after the run, never before an error
+        warn("one seed gives no confidence interval")
     if rc == 0 and getattr(args, "save_spec", None):
         command, after = split_command(argv, args.command, root)
         print(f"wrote {save(args.save_spec, command, after, root)}")

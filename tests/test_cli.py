@@ -2,6 +2,7 @@
 
 import argparse
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -174,10 +175,105 @@ except SystemExit as e:
 def test_usage_error_exits_2_with_one_line_before_any_jax_import():
     out = _python("-c", USAGE_ERROR.format(heavy=HEAVY))
     assert out.stdout.split() == ["2"], f"exit code and modules imported: {out.stdout.strip()}"
-    assert out.stderr.strip().splitlines()[-1] == (
-        "jaxroute dispatch: error: argument --servers: expected a positive integer, got '0'")
+    assert out.stderr.strip().splitlines() == [  # one line: no usage block above it
+        "jaxroute dispatch: error: argument --servers: expected a positive integer, got '0' (see jaxroute dispatch "
+        "--help)"]
     module = _python("-m", "jaxroute", "dispatch", "--servers", "0")
     assert module.returncode == 2 and module.stderr == out.stderr
+
+
+# Bad flags and files of every command that need no simulation: each is one line naming the problem (and the command
+# the user typed), exit 2, and JAX never imported (imports counted, not seconds). FILE: an existing text file,
+# DIR: an existing folder, NOPE: a path that is not there.
+BAD_FLAGS = [
+    (["cluster", "--policies", "bogus"], "cluster: error: unknown policy 'bogus'"),
+    (["cluster", "--workload", "bogus"], "cluster: error: unknown workload 'bogus'"),
+    (["cluster", "--trace", "NOPE"], "--trace is for mooncake / azure-conv / burstgpt, not the synthetic workload"),
+    (["cluster", "--workload", "mooncake", "--trace", "NOPE"], "trace file not found"),
+    (["cluster", "--workload", "mooncake", "--trace", "DIR"], "is a folder; name a file"),
+    (["cluster", "--model", "bogus"], "unknown model 'bogus'"),
+    (["cluster", "--gpu", "bogus"], "unknown GPU 'bogus'"),
+    (["cluster", "--params-json", "NOPE"], "--params-json file not found"),
+    (["cluster", "--autoscaler", "bogus"], "unknown autoscaler 'bogus'"),
+    (["cluster", "--gate", "bogus"], "unknown gate 'bogus'"),
+    (["cluster", "--policies", "weighted", "--weights", "bogus=1"], "unknown --weights scorer name 'bogus'"),
+    (["cluster", "--latency-model", "bogus"], "unknown latency model 'bogus'"),
+    (["cluster", "--latency-params", "NOPE"], "latency params file not found"),
+    (["cluster", "--server", "NOPE"], "server file not found"),
+    (["cluster", "--server", "FILE"], "expected a mapping of vLLM serve arguments"),
+    (["cluster", "--inference-perf", "FILE"], "expected a mapping with `data` and `load` sections"),
+    (["cluster", "--out", "DIR"], "is a directory; name a file"),
+    (["cluster", "--plot", "x.bogus"], "matplotlib writes .png"),
+    (["cluster", "--requests", "0"], "argument --requests: expected a positive integer"),
+    (["dispatch", "--policies", "nope"], "dispatch: error: unknown policy 'nope'"),
+    (["dispatch", "--load", "2"], "is unstable"),
+    (["decode", "--policies", "nope"], "decode: error: unknown policy 'nope'"),
+    (["decode", "--trace", "NOPE"], "--trace is for azure-conv / azure-code, not the synthetic workload"),
+    (["decode", "--workload", "azure-conv", "--trace", "NOPE"], "trace file not found"),
+    (["decode", "--predictor", "bogus"], "unknown predictor 'bogus'"),
+    (["decode", "--predictor", "learned:NOPE"], "predictor checkpoint folder not found"),
+    (["decode", "--model", "bogus"], "unknown model 'bogus'"),
+    (["pd", "--prefill-router", "nope"], "pd: error: unknown prefill router 'nope'"),
+    (["pd", "--trace", "NOPE"], "--trace is for mooncake / azure-conv / burstgpt"),
+    (["capacity", "cluster", "--slo", "ttft_p90_s<=1", "--policies", "nope"], "capacity cluster: error: unknown router"),
+    (["capacity", "decode", "--slo", "ttft_p90_s<=1", "--policies", "nope"], "capacity decode: error: unknown policy"),
+    (["capacity", "dispatch", "--slo", "mean_response<=3", "--policies", "nope"], "capacity dispatch: error: unknown"),
+    (["tune", "cluster", "--router", "nope"], "tune cluster: error: unknown tunable router 'nope'"),
+    (["tune", "control", "--autoscaler", "nope"], "tune control: error: unknown autoscaler 'nope'"),
+    (["cost", "--model", "nope"], "cost: error: unknown model 'nope'"),
+    (["cost", "--latency-params", "NOPE"], "latency params file not found"),
+    (["compare", "NOPE"], "measured file or run folder not found"),
+    (["compare", "FILE"], "unknown measured-results format"),
+    (["fit-latency", "NOPE"], "data folder not found"),
+    (["fit-latency", "DIR"], "no run folders"),
+    (["select", "--system", "bogus"], "select: error: unknown system 'bogus'"),
+    (["run", "NOPE"], "spec file not found"),
+    (["run", "FILE"], "expected a mapping with a `command`"),
+    (["train-predictor", "--workload", "azure-conv", "--trace", "NOPE", "--save", "DIR"], "trace file not found"),
+    (["train-predictor", "--workload", "synthetic-prod", "--trace", "FILE", "--save", "DIR"], "--trace is for"),
+    (["eval-predictor", "--workload", "synthetic-prod", "--load", "NOPE"], "predictor checkpoint folder not found"),
+    (["eval-predictor", "--workload", "synthetic-prod", "--predictors", "bogus"], "unknown predictor 'bogus'"),
+    (["reproduce", "bogus"], "reproduce: error: argument source: invalid choice"),
+    (["bench", "--only", "bogus"], "bench: error: unknown bench part 'bogus'"),
+    (["--coordinator", "localhost:abc", "--num-processes", "2", "--process-id", "0", "cluster"], "a port in 1 .. 65535"),
+]
+BAD_FLAGS_RUN = """
+import contextlib, io, json, sys
+from jaxroute.cli import main
+
+out = []
+for argv in json.loads(sys.argv[1]):
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            rc = main(argv)
+        except SystemExit as e:
+            rc = e.code
+    out.append([rc, err.getvalue(), [m for m in {heavy!r} if m in sys.modules]])
+    if out[-1][2]:
+        break  # the first case that imported JAX is named below; the others would be blamed for it
+print(json.dumps(out))
+"""
+
+
+def test_every_command_refuses_bad_flags_and_files_in_one_line_without_jax(tmp_path):
+    import json
+
+    (tmp_path / "file.txt").write_text("just a line\n")
+    (tmp_path / "dir").mkdir()
+    subst = {"FILE": str(tmp_path / "file.txt"), "DIR": str(tmp_path / "dir"), "NOPE": str(tmp_path / "nope.csv")}
+    argvs = [[subst.get(a, a) for a in argv] for argv, _ in BAD_FLAGS]
+    env = {k: v for k, v in os.environ.items() if k != "JAXROUTE_COMPILE_LOG"}  # the suite's log watches JAX
+    done = subprocess.run([sys.executable, "-c", BAD_FLAGS_RUN.format(heavy=HEAVY[:2]), json.dumps(argvs)],
+                          capture_output=True, text=True, timeout=300, cwd=Path(__file__).resolve().parents[1], env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads(done.stdout)
+    for (argv, needle), (rc, err, heavy) in zip(BAD_FLAGS, results, strict=False):
+        lines = err.strip().splitlines()
+        assert rc == 2 and len(lines) == 1 and needle in lines[0], (argv, rc, lines)
+        assert lines[0].startswith("jaxroute ") and ": error: " in lines[0], (argv, lines)
+        assert not heavy, f"{' '.join(argv)} imported {heavy} before refusing"
+    assert len(results) == len(BAD_FLAGS)
 
 
 def _default(command: str, dest: str):

@@ -42,6 +42,17 @@ DEFAULT_GAMMA = 0.95
 SCALERS: tuple[str, ...] = ("fixed", "hpa", "kpa", "sla")  # autoscalers, in traced-id order
 SCALE_METRICS: tuple[str, ...] = ("waiting", "running", "kv_usage", "in_flight")  # HPA metrics, per ready replica
 GATES: tuple[str, ...] = ("none", "token_bucket", "tier_shed", "saturation", "flow_control")  # gateway admission
+
+
+def check_control_names(scalers, gates) -> None:
+    """Refuse, in one line and without JAX, an autoscaler or gate name that is not modelled."""
+    from jaxroute.errors import JaxrouteError
+
+    for name, given, known in (("autoscaler", scalers, SCALERS), ("gate", gates, GATES)):
+        for x in given:
+            if x not in known:
+                raise JaxrouteError(f"unknown {name} '{x}'; choose from: {', '.join(known)}")
+
 FAIRNESS: tuple[str, ...] = ("global_strict", "round_robin")  # flow_control: how a priority band picks among tenants
 # Request classes and their priorities: GAIE's defaults as BLIS documents them (negative = sheddable)
 CLASSES: tuple[str, ...] = ("critical", "standard", "batch", "sheddable", "background")

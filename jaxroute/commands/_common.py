@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from jaxroute import catalog
-from jaxroute.clusters.names import CONTROL_DEFAULTS
+from jaxroute.clusters.names import CONTROL_DEFAULTS, check_control_names
 from jaxroute.deployment import PD, PD_PAPER, PD_PRESETS, Deployment
 from jaxroute.errors import JaxrouteError, warn
 from jaxroute.experiments import names as ex_names
@@ -427,6 +427,7 @@ def pd_setup(args) -> tuple[str, list[pd.PDRow], object, Deployment]:
     preset = choose([args.deployment], ex_names.PD_DEPLOYMENTS, "deployment")[0]
     if args.ratios and (args.prefill is not None or args.decode is not None):
         raise JaxrouteError("give either --ratios or --prefill/--decode, not both")
+    ex_names.check_cluster_workload(name, args.trace, shared_prefix=shared_prefix_settings(args))
     from jaxroute.experiments import pd
     from jaxroute.experiments.cluster import build_workload
 
@@ -538,6 +539,7 @@ def control_settings(args, replicas: int):
             raise JaxrouteError(f"{given[0]} applies with --autoscaler or --gate")
         return None
     check_names(args.control_set, CONTROL_SET, "--control-set")
+    check_control_names(args.autoscaler or (), args.gate or ())
     mix = args.class_mix or {}
     if bad := sorted(set(mix) - set(CLASSES)):
         raise JaxrouteError(f"unknown class '{bad[0]}' in --class-mix; choose from: {', '.join(CLASSES)}")
@@ -672,7 +674,8 @@ def add_latency_args(p, default: str = "trained") -> None:
 def latency_choice(args):
     """(cost model name, LatencyParams or None) from --latency-model / --cost-params / --latency-params."""
     given = getattr(args, "cost_params", None)
-    kind = (args.cost_model or ("roofline" if given else args.latency_default)).lower()
+    implied = "roofline" if given else "trained" if args.latency_params else args.latency_default
+    kind = (args.cost_model or implied).lower()  # --latency-params implies the trained model
     kind = choose([kind], LATENCY_MODELS, "latency model")[0]
     if args.latency_params is None:
         return kind, None

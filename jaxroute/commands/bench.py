@@ -121,7 +121,7 @@ First-run times include compilation only when the persistent compile cache misse
 def config_from_args(args) -> C.BenchConfig:
     """The BenchConfig of the parsed flags: the preset's sizes, then every flag given."""
     from jaxroute.routers.names import PREFIX_POLICIES
-    from jaxroute.workloads.prefix import PREFIX_WORKLOADS
+    from jaxroute.workloads.names import PREFIX_WORKLOADS
 
     kw: dict = {}
     if args.only:

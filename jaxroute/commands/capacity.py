@@ -22,7 +22,6 @@ from jaxroute.commands._common import (
     rate_range,
     show_progress,
     slo_clauses,
-    warn,
     warn_extrapolation,
 )
 from jaxroute.deployment import DECODE_PRESETS
@@ -169,8 +168,6 @@ def _setup(args):
 
 
 def run(args) -> int:
-    if args.seeds < 2:
-        warn("one seed gives no confidence interval")
     rows, ev = _setup(args)
     import numpy as np
 

@@ -29,8 +29,10 @@ from jaxroute.commands._common import (
     apply_server,
     at_least,
     check_conservation,
+    check_names,
     check_overflow,
     choose,
+    control_settings,
     control_variants,
     csv_list,
     key_values,
@@ -54,7 +56,11 @@ from jaxroute.commands._common import (
     warn_extrapolation,
 )
 from jaxroute.errors import JaxrouteError
-from jaxroute.experiments.names import CLUSTER_WORKLOADS
+from jaxroute.experiments.names import (
+    CLUSTER_WORKLOADS,
+    check_cluster_workload,
+    check_input_file,
+)
 from jaxroute.routers import spec as router_spec
 from jaxroute.routers.names import (
     DEFAULT_E2_TH_BAL,
@@ -260,14 +266,21 @@ def run(args) -> int:
     admission = choose([args.admission], ADMISSIONS, "admission")[0]
     cost_model, latency = latency_choice(args)
     G, seeds, requests, stale = args.replicas, args.seeds, args.requests, args.stale
+    controlled = control_settings(args, G) is not None  # the flags checked here, without JAX
+    policies = choose(csv_list(args.policies or (CONTROL_POLICIES if controlled else DEFAULT_POLICIES)),
+                      PREFIX_POLICIES, "policy")
+    stages = list(ip_load.stages) if ip_load else args.rate_stages
+    if not ip_load:
+        check_cluster_workload(name, args.trace, args.hot_tool, shared_prefix_settings(args), stages)
+    if args.params_json:
+        check_input_file(args.params_json, "--params-json file")
+    for weights in args.weights or ():
+        check_names(weights, SCORERS, "--weights scorer")
     control, slots = control_variants(args, G)
     tiers = tier_rows(args)
     if tiers and stale > 0:
         raise JaxrouteError("--cpu-tier / --shared-tier need a fresh router view (--stale 0)")
-    policies = choose(csv_list(args.policies or (CONTROL_POLICIES if control else DEFAULT_POLICIES)), PREFIX_POLICIES,
-                      "policy")
     is_trace = name in TRACE_WORKLOADS
-    stages = list(ip_load.stages) if ip_load else args.rate_stages
     if ip_load:
         args.requests = ip_load.requests
     if stages and args.rate is not None:
@@ -292,8 +305,6 @@ def run(args) -> int:
         unfinished_records,
     )
 
-    if seeds < 2:
-        warn("one seed gives no confidence interval")
     if ip_load:
         from jaxroute.workloads import inference_perf
 

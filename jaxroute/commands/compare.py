@@ -96,6 +96,8 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
+    if not Path(args.measured).exists():
+        raise JaxrouteError(f"measured file or run folder not found: {args.measured}")
     if args.router not in PREFIX_POLICIES:
         raise JaxrouteError(f"unknown router '{args.router}'; choose from: {', '.join(PREFIX_POLICIES)}")
     if not args.fit and (args.cost_params_out or args.fit_plot or args.fit_steps or args.fit_lr):
@@ -107,15 +109,17 @@ def run(args) -> int:
                             "(exp-config.yaml and results/ with stage_N_lifecycle_metrics.json)")
     gpu, model = catalog.get_gpu(args.gpu).name, catalog.model_ref(args.model or DEFAULT_MODEL)
     from jaxroute import measured as measured_lib
+
+    run_ = None if Path(args.measured).is_dir() else measured_lib.read_measured(
+        args.measured, args.format, router=args.measured_router, seed=args.measured_seed)  # read before JAX loads
     from jaxroute.experiments import fit_roofline, replay
 
     dep = dataclasses.replace(REPLAY, replicas=args.replicas, gpu=gpu, model=model, tp=args.tp,
                               admission=args.admission, max_running=args.max_running, chunk=args.chunk,
                               kv_capacity=args.kv_capacity)
     start = fit_roofline.load(args.cost_params) if args.cost_params else None
-    if Path(args.measured).is_dir():
+    if run_ is None:
         return _stages(args, dep, start)
-    run_ = measured_lib.read_measured(args.measured, args.format, router=args.measured_router, seed=args.measured_seed)
     skipped = int((~replay.replayable(run_)).sum())
     print(f"compare: {run_.name} ({run_.source}, {len(run_):,} requests"
           f"{f', {skipped} without a prompt or output not replayed' if skipped else ''}"

@@ -65,12 +65,12 @@ def run(args) -> int:
         print(_catalogs())
         return 0
     gpu, model = catalog.get_gpu(args.gpu), catalog.get_model(args.model)
-    # the cost model, once the catalog names are checked
+    kind, latency = latency_choice(args)
+    # the cost model, once the names and files are checked
     import jax.numpy as jnp
 
     from jaxroute import cost_models as cm
 
-    kind, latency = latency_choice(args)
     tp, prefill, cached, batch, context = args.tp, args.prefill, args.cached, args.decode_batch, args.context
     mem_util, parallel, ranks = args.mem_util, args.parallel.lower(), args.dp_ranks
     if parallel == "dp_ep" and cached:

@@ -24,13 +24,17 @@ from jaxroute.commands._common import (
     positive_int,
     save_outputs,
     show_progress,
-    warn,
 )
 from jaxroute.deployment import DECODE_PRESETS
 from jaxroute.errors import JaxrouteError
-from jaxroute.experiments.names import DECODE_DEPLOYMENTS
-from jaxroute.routers.names import DECODE_POLICIES, DISPATCH_MODES
-from jaxroute.workloads.names import DECODE_WORKLOADS
+from jaxroute.experiments.names import DECODE_DEPLOYMENTS, check_trace_flag
+from jaxroute.routers.names import (
+    DECODE_POLICIES,
+    DISPATCH_MODES,
+    PREDICTOR_SPEC_HELP,
+    check_predictor_specs,
+)
+from jaxroute.workloads.names import DECODE_TRACE_WORKLOADS, DECODE_WORKLOADS
 
 DEFAULT_REQUESTS = 2000
 DEFAULT_SEEDS = 8
@@ -174,6 +178,11 @@ def run(args) -> int:
     policies = choose(csv_list(args.policies), DECODE_POLICIES, "policy")
     dispatch = None if args.dispatch is None else choose([args.dispatch], DISPATCH_MODES, "dispatch mode")[0]
     arrival, rate, scale = parse_arrival(args.arrival)
+    check_trace_flag(workload, args.trace, DECODE_TRACE_WORKLOADS)
+    specs = csv_list(args.predictor)
+    if not specs:
+        raise JaxrouteError(f"no predictor given; choose from: {PREDICTOR_SPEC_HELP}")
+    check_predictor_specs(specs)
     # the models, once the flags are checked
     from jaxroute import cost_models
     from jaxroute.experiments import decode as experiment
@@ -189,11 +198,6 @@ def run(args) -> int:
     cost_models.get_gpu(dep.gpu)
     cost_models.get_model(dep.model)
     cost_models.cost_params(dep.gpu, dep.model, dep.tp, parallel=dep.parallel, dp_ranks=workers)  # clear errors first
-    specs = csv_list(args.predictor)
-    if not specs:
-        raise JaxrouteError(f"no predictor given; choose from: {bank_lib.SPEC_HELP}")
-    if seeds < 2:
-        warn("one seed gives no confidence interval")
     req = make_decode_requests(workload, n_req, seed=seed, trace_path=args.trace, time_scale=scale)
     # Deployable predictors (survival, exact, learned:DIR) are fitted on requests distinct from the simulated ones.
     bank, preds, _ = (bank_lib.bank_for_simulation(specs, workload, n_req, seed, args.trace, dep.horizon)

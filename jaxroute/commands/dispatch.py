@@ -16,7 +16,6 @@ from jaxroute.commands._common import (
     positive_int,
     save_outputs,
     show_progress,
-    warn,
 )
 from jaxroute.experiments.names import DISPATCH_POLICIES, check_load, unstable_reason
 from jaxroute.workloads.names import SERVICE_LAWS
@@ -70,8 +69,6 @@ def run(args) -> int:
 
     load, stale, seeds, requests = args.load, args.stale, args.seeds, args.requests
     unstable = load >= 1.0
-    if seeds < 2:
-        warn("one seed gives no confidence interval")
 
     start = time.perf_counter()
     results = run_dispatch(policies, servers=args.servers, load=load, service=service, seeds=seeds,

@@ -12,7 +12,9 @@ from jaxroute.commands._common import (
     warn,
 )
 from jaxroute.errors import JaxrouteError
-from jaxroute.workloads.names import PREDICTOR_WORKLOADS
+from jaxroute.experiments.names import check_trace_flag
+from jaxroute.routers.names import check_predictor_specs
+from jaxroute.workloads.names import PREDICTOR_TRACE_WORKLOADS, PREDICTOR_WORKLOADS
 
 EVAL_KINDS = ("survival", "exact", "learned")
 
@@ -57,6 +59,9 @@ def run(args: argparse.Namespace) -> int:
         raise JaxrouteError("predictor 'learned' needs --load DIR (a checkpoint from train-predictor --save)")
     if args.folds < 2:
         raise JaxrouteError("--folds must be >= 2 to give a confidence interval")
+    check_trace_flag(args.workload, args.trace, PREDICTOR_TRACE_WORKLOADS)
+    if args.load:
+        check_predictor_specs([f"learned:{args.load}"])
     # the predictors, once the flags are checked
     import numpy as np
 

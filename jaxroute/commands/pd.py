@@ -67,8 +67,6 @@ def run(args) -> int:
     tier, gpu, model = dep.decode_tier, dep.gpu, dep.model
     is_trace = name in TRACE_WORKLOADS or name in LENGTH_WORKLOADS  # replayed: the same requests on every seed
     rate = args.rate if args.rate is not None else (0.0 if is_trace else 4.0)
-    if args.seeds < 2:
-        warn("one seed gives no confidence interval")
     if is_trace and args.seeds > 1:
         warn("trace workloads replay the same requests on every seed: the CIs are zero-width")
     start = time.perf_counter()

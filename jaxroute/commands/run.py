@@ -45,5 +45,8 @@ def run(args) -> int:
     root = args.root_parser
     command, argv = spec.read(args.spec, root)
     full = command.split() + argv + list(args.overrides)
-    print(f"spec {args.spec}: jaxroute {shlex.join(full)}")
-    return spec.run_parsed(root.parse_args(full), full, root)
+    inner = root.parse_args(full)
+    args.command_name = f"{inner.command_name} (spec {args.spec})"  # an error names the command that failed
+    rc = spec.run_parsed(inner, full, root)
+    print(f"spec {args.spec} ran: jaxroute {shlex.join(full)}")
+    return rc

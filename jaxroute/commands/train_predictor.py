@@ -13,7 +13,8 @@ from jaxroute.commands._common import (
     show_progress,
 )
 from jaxroute.errors import JaxrouteError
-from jaxroute.workloads.names import PREDICTOR_WORKLOADS
+from jaxroute.experiments.names import check_trace_flag
+from jaxroute.workloads.names import PREDICTOR_TRACE_WORKLOADS, PREDICTOR_WORKLOADS
 
 
 def register(subparsers) -> None:
@@ -43,6 +44,7 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_trace_flag(args.workload, args.trace, PREDICTOR_TRACE_WORKLOADS)
     import numpy as np
 
     from jaxroute.predictors import checkpoint, data, learned

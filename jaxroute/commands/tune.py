@@ -305,7 +305,7 @@ def _plot(res: tn.TuneResult, path: str, title: str) -> None:
 
 def _search(args, title: str, run_tune) -> tn.TuneResult:
     """Print the title, run the search (`run_tune(on_generation)`) and print its curve."""
-    if args.seeds < 2 or args.final_seeds < 2:
+    if args.final_seeds < 2:
         warn("one seed gives no confidence interval")
     print(title)
     print(f"CMA-ES (evosax): population {args.population} x {args.generations} generations x {args.seeds} seeds; "

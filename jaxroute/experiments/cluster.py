@@ -21,7 +21,11 @@ from jaxroute.clusters.replicas import adapters as lora_lib
 from jaxroute.clusters.replicas import tiers as tier_lib
 from jaxroute.errors import JaxrouteError
 from jaxroute.experiments.comparison import Comparison, Results, Row, run_with_retry
-from jaxroute.experiments.names import CLUSTER_WORKLOADS, LENGTH_WORKLOADS
+from jaxroute.experiments.names import (
+    CLUSTER_WORKLOADS,
+    LENGTH_WORKLOADS,
+    check_cluster_workload,
+)
 from jaxroute.routers import preble
 from jaxroute.routers.names import DEFAULT_E2_TH_BAL, DEFAULT_E2_WINDOW_S, DEFAULT_THETA
 from jaxroute.routers.parts import SCORERS
@@ -54,15 +58,8 @@ def build_workload(name: str, requests: int, trace: str | None = None, hot_tool:
     empty = inference-perf's defaults). rate_stages: [(requests/s, seconds), ...] for staged Poisson load
     (a trace's recorded arrivals are time-warped to them; realize at `workload.stage_mean_rate`).
     """
-    if name not in WORKLOADS:
-        raise JaxrouteError(f"unknown workload '{name}'; choose from: {', '.join(WORKLOADS)}")
-    if shared_prefix and name != "shared-prefix":
-        raise JaxrouteError(f"--sp-* flags apply to --workload shared-prefix only, not '{name}'")
+    check_cluster_workload(name, trace, hot_tool, shared_prefix, rate_stages)
     if name in wl_prefix.PREFIX_WORKLOADS:
-        if trace is not None:
-            raise JaxrouteError(f"--trace is for {' / '.join(wl_prefix.TRACE_WORKLOADS)}, not the synthetic workload '{name}'")
-        if hot_tool and name != "toolbench":
-            raise JaxrouteError("--hot-tool applies to --workload toolbench only")
         kw = {"hot_tool_share": hot_tool} if name == "toolbench" else dict(shared_prefix or {})
         unknown = set(kw) - ({"hot_tool_share"} | set(wl_prefix.SP_DEFAULTS))
         if unknown:
@@ -71,9 +68,6 @@ def build_workload(name: str, requests: int, trace: str | None = None, hot_tool:
         wl = wl_prefix.synthetic(name, requests, **kw)
         return wl_prefix.with_rate_stages(wl, rate_stages) if rate_stages else wl
     if name in LENGTH_WORKLOADS:
-        if hot_tool or rate_stages or trace is not None:
-            raise JaxrouteError(f"'{name}' draws its own lengths and Poisson arrivals: --hot-tool, --rate-stages "
-                                "and --trace do not apply (--rate rescales its arrivals)")
         return lengths_workload(name, requests)
     path = trace or wl_prefix.DEFAULT_TRACE_PATHS[name]
     trace = traces.load_named(name, path).head(requests)

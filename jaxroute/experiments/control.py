@@ -10,9 +10,8 @@ from pathlib import Path
 import numpy as np
 
 from jaxroute import output_paths, report
-from jaxroute.clusters.names import CLASSES, GATES, SCALERS
+from jaxroute.clusters.names import CLASSES, GATES, check_control_names
 from jaxroute.clusters.replicas import control as ctl_lib
-from jaxroute.errors import JaxrouteError
 
 # summarised into every record of a control-plane comparison
 METRICS = ("mean_ready", "peak_ready", "gpu_hours", "cost", "scale_ups", "scale_downs", "shed_fraction",
@@ -26,10 +25,7 @@ def class_metric_names(classes: Sequence[str] = CLASSES) -> tuple[str, ...]:
 
 def variants(scalers: Sequence[str], gates: Sequence[str], n_slots: int, settings: dict) -> list[tuple[str, object]]:
     """(label suffix, ControlParams) for every autoscaler x gate, all with `settings` (control.DEFAULTS' names)."""
-    for name, given, known in (("autoscaler", scalers, SCALERS), ("gate", gates, GATES)):
-        for x in given:
-            if x not in known:
-                raise JaxrouteError(f"unknown {name} '{x}'; choose from: {', '.join(known)}")
+    check_control_names(scalers, gates)
     out = []
     for s in scalers:
         for g in gates:

@@ -44,6 +44,44 @@ def check_load(load: float, allow_unstable: bool) -> None:
 LENGTH_WORKLOADS: tuple[str, ...] = ("synthetic-prod", "synthetic-azure24")
 CLUSTER_WORKLOADS: tuple[str, ...] = PREFIX_WORKLOADS + TRACE_WORKLOADS + LENGTH_WORKLOADS
 
+
+def check_cluster_workload(name: str, trace=None, hot_tool: float = 0.0, shared_prefix: dict | None = None,
+                           rate_stages=None) -> None:
+    """Refuse, without JAX, a cluster workload's flags that do not go together (`cluster.build_workload` and the
+    commands, before they load the models): an unknown name, --trace, --hot-tool or --sp-* where they do not
+    apply, a --trace file that is not there."""
+    if name not in CLUSTER_WORKLOADS:
+        raise JaxrouteError(f"unknown workload '{name}'; choose from: {', '.join(CLUSTER_WORKLOADS)}")
+    if shared_prefix and name != "shared-prefix":
+        raise JaxrouteError(f"--sp-* flags apply to --workload shared-prefix only, not '{name}'")
+    if name in LENGTH_WORKLOADS and (hot_tool or rate_stages or trace is not None):
+        raise JaxrouteError(f"'{name}' draws its own lengths and Poisson arrivals: --hot-tool, --rate-stages "
+                            "and --trace do not apply (--rate rescales its arrivals)")
+    if hot_tool and name != "toolbench":
+        raise JaxrouteError("--hot-tool applies to --workload toolbench only")
+    check_trace_flag(name, trace, TRACE_WORKLOADS)
+
+
+def check_trace_flag(workload: str, trace, readers) -> None:
+    """Refuse, without JAX, --trace for a workload that reads none (`readers`: those that do) or a trace file that
+    is not there."""
+    if trace is None:
+        return
+    if workload not in readers:
+        raise JaxrouteError(f"--trace is for {' / '.join(readers)}, not the synthetic workload '{workload}'")
+    check_input_file(trace, "trace file")
+
+
+def check_input_file(path, what: str) -> None:
+    """Refuse, in one line, an input path that is missing or is a folder."""
+    from pathlib import Path
+
+    p = Path(path)
+    if not p.exists():
+        raise JaxrouteError(f"{what} not found: {p}")
+    if p.is_dir():
+        raise JaxrouteError(f"{what} {p} is a folder; name a file")
+
 # ----------------------------------------------------------------- P/D disaggregation (pd.py)
 # A DGX H100/H200 pairs each GPU with its own ConnectX-7 port on the compute fabric (NVIDIA DGX H100 User Guide,
 # 1.2.3 Network Modules, Table 6: eight OSFP ports, one per GPU), 400 Gb/s NDR each: the path NIXL / Mooncake

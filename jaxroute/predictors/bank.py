@@ -20,8 +20,9 @@ from jaxroute.predictors import base, learned
 from jaxroute.predictors.data import LengthData, Pairs, from_requests
 from jaxroute.predictors.exact import fit_exact
 from jaxroute.predictors.survival import fit_survival
+from jaxroute.routers.names import PREDICTOR_SPEC_HELP
 
-SPEC_HELP = "none, oracle, survival, exact, learned:DIR"
+SPEC_HELP = PREDICTOR_SPEC_HELP
 
 
 def parse_spec(spec: str) -> tuple[str, str | None]:

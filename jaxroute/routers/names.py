@@ -23,4 +23,23 @@ SCORERS: tuple[str, ...] = ("prefix", "inflight", "tokens", "queue", "kv", "load
 
 # Decode data-parallel routers (`balance.py`), in traced-id order: run on every decode model
 DECODE_POLICIES: tuple[str, ...] = ("random", "rr", "p2c", "jsq", "least_kv", "br0", "brh")
+# BR-H's horizon predictors (`predictors/`) as --predictor names them; learned:DIR reads a checkpoint folder
+PREDICTOR_SPEC_HELP = "none, oracle, survival, exact, learned:DIR"
+
+
+def check_predictor_specs(specs) -> None:
+    """Refuse, without JAX, a --predictor spec that names no predictor or a checkpoint folder that is not there
+    (`predictors.bank.parse_spec` checks them again against the registered kinds)."""
+    from pathlib import Path
+
+    from jaxroute.errors import JaxrouteError
+
+    known = [k.split(":")[0] for k in PREDICTOR_SPEC_HELP.split(", ")]
+    for spec in specs:
+        name, sep, arg = spec.strip().partition(":")
+        if name.lower() not in known:
+            raise JaxrouteError(f"unknown predictor '{spec}'; choose from: {PREDICTOR_SPEC_HELP}")
+        if name.lower() == "learned" and arg and not Path(arg).is_dir():
+            raise JaxrouteError(f"predictor checkpoint folder not found: {arg} (write one with jaxroute "
+                                "train-predictor --save DIR)")
 DISPATCH_MODES: tuple[str, ...] = ("immediate", "pooled")  # decode dispatch: bind at once, or from a prompt pool

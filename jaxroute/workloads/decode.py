@@ -78,7 +78,7 @@ from jaxroute.workloads import traces
 from jaxroute.workloads.names import DECODE_WORKLOADS
 
 # Trace files in the shared data folder (never bundled); resolved relative to the cwd.
-DEFAULT_TRACE_PATHS = {
+DEFAULT_TRACE_PATHS = {  # the keys are names.DECODE_TRACE_WORKLOADS
     "azure-conv": "../shared/data/azure_llm_2023_conv.csv",
     "azure-code": "../shared/data/azure_llm_2023_code.csv",
 }

@@ -23,4 +23,6 @@ SP_DEFAULTS = {"groups": 10, "prompts_per_group": 10, "system_tokens": 100, "que
 
 # Decode workloads (`decode.py`), and those a horizon predictor learns from (`predictors/data.py`)
 DECODE_WORKLOADS: tuple[str, ...] = ("synthetic-azure24", "synthetic-prod", "azure-conv", "azure-code")
+DECODE_TRACE_WORKLOADS: tuple[str, ...] = ("azure-conv", "azure-code")  # read --trace; the others draw lengths
 PREDICTOR_WORKLOADS: tuple[str, ...] = DECODE_WORKLOADS + ("mooncake",)
+PREDICTOR_TRACE_WORKLOADS: tuple[str, ...] = DECODE_TRACE_WORKLOADS + ("mooncake",)
