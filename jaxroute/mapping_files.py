@@ -13,6 +13,8 @@ def read_mapping(path: str | Path, what: str, expected: str) -> dict:
     from jaxroute.errors import JaxrouteError
 
     p = Path(path)
+    if p.is_dir():
+        raise JaxrouteError(f"{what} {p} is a folder; name the file")
     if not p.is_file():
         raise JaxrouteError(f"{what} not found: {p}")
     try:

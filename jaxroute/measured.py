@@ -279,7 +279,7 @@ def read_vllm_bench_serve(path: str | Path) -> MeasuredRun:
     ok: no error, ttft > 0 and output_lens >= 1. With start_times, arrival_s = start_times - their minimum (sorted
     stably: a --max-concurrency wait can reorder sends); without, arrivals are rebuilt and arrivals_recorded is False.
     """
-    p = _open_nonempty(path)
+    p = _open_nonempty(path, "measured file")
     return _vllm_from_dict(p, _load_json(p))
 
 
@@ -410,7 +410,7 @@ def read_inference_perf_requests(path: str | Path) -> MeasuredRun:
     the number of records, the requests are given stages in send order by those counts (exact when every stage
     ran to the end); otherwise stage is 0.
     """
-    p = _open_nonempty(path)
+    p = _open_nonempty(path, "measured file")
     return _iperf_from_list(p, _load_json(p))
 
 
@@ -493,7 +493,7 @@ def read_inference_perf_stage_summaries(folder: str | Path) -> list[dict]:
     if not files:
         raise JaxrouteError(f"{d}: no stage_N_lifecycle_metrics.json files (run inference-perf with "
                             "report.request_lifecycle.per_stage: true)")
-    return [_stage_summary(f, _load_json(_open_nonempty(f)), s) for s, f in files]
+    return [_stage_summary(f, _load_json(_open_nonempty(f, "stage report")), s) for s, f in files]
 
 
 # ----------------------------------------------------------------------------- jaxroute
@@ -616,7 +616,7 @@ def read_jaxroute_requests(path: str | Path, router: str | None = None, seed: in
     not kept; replica, cached_tokens, preemptions are not read. When the file holds several router x seed runs, pass
     router and seed (an error lists the choices).
     """
-    p = _open_nonempty(path)
+    p = _open_nonempty(path, "measured file")
     try:
         text = p.read_text(encoding="utf-8")
     except UnicodeDecodeError:
@@ -642,7 +642,7 @@ def read_measured(path: str | Path, fmt: str = "auto", router: str | None = None
         return read_inference_perf_requests(path)
     if fmt == "jaxroute":
         return read_jaxroute_requests(path, router, seed)
-    p = _open_nonempty(path)
+    p = _open_nonempty(path, "measured file")
     try:
         text = p.read_text(encoding="utf-8")
     except UnicodeDecodeError:

@@ -224,6 +224,10 @@ BAD_FLAGS = [
     (["cost", "--latency-params", "NOPE"], "latency params file not found"),
     (["compare", "NOPE"], "measured file or run folder not found"),
     (["compare", "FILE"], "unknown measured-results format"),
+    (["compare", "EMPTY"], "measured file is empty"),
+    (["cluster", "--inference-perf", "DIR"], "is a folder; name the file"),
+    (["cluster", "--autoscaler", "hpa", "--min-replicas", "5", "--replicas", "3"],
+     "--min-replicas 5 is more than --replicas 3"),
     (["fit-latency", "NOPE"], "data folder not found"),
     (["fit-latency", "DIR"], "no run folders"),
     (["select", "--system", "bogus"], "select: error: unknown system 'bogus'"),
@@ -261,7 +265,9 @@ def test_every_command_refuses_bad_flags_and_files_in_one_line_without_jax(tmp_p
 
     (tmp_path / "file.txt").write_text("just a line\n")
     (tmp_path / "dir").mkdir()
-    subst = {"FILE": str(tmp_path / "file.txt"), "DIR": str(tmp_path / "dir"), "NOPE": str(tmp_path / "nope.csv")}
+    (tmp_path / "empty.json").write_text("")
+    subst = {"FILE": str(tmp_path / "file.txt"), "DIR": str(tmp_path / "dir"), "NOPE": str(tmp_path / "nope.csv"),
+             "EMPTY": str(tmp_path / "empty.json")}
     argvs = [[subst.get(a, a) for a in argv] for argv, _ in BAD_FLAGS]
     env = {k: v for k, v in os.environ.items() if k != "JAXROUTE_COMPILE_LOG"}  # the suite's log watches JAX
     done = subprocess.run([sys.executable, "-c", BAD_FLAGS_RUN.format(heavy=HEAVY[:2]), json.dumps(argvs)],

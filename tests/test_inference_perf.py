@@ -103,6 +103,8 @@ def test_random_data_gives_private_prompts_with_generated_lengths():
     ({"load": STAGES, "data": {"type": "shared_prefix", "shared_prefix": {
         "question_len": {"min": 50, "max": 10}}}}, "min (50) is greater than max (10)"),
     ({"load": STAGES, "data": {"type": "shared_prefix"}, "loadgen": {}}, "loadgen: Extra inputs are not permitted"),
+    ({"load": STAGES}, "no `data` section; the config says what it sends under `data`"),  # was "'mock' not modelled"
+    ({"data": {"type": "shared_prefix"}}, "no `load` section"),
 ])
 def test_what_it_cannot_model_is_refused_in_one_line(config, message):
     with pytest.raises(JaxrouteError) as e:
@@ -113,6 +115,8 @@ def test_what_it_cannot_model_is_refused_in_one_line(config, message):
 def test_bad_files_are_refused(tmp_path):
     with pytest.raises(JaxrouteError, match="not found"):
         ip.load(tmp_path / "missing.yml")
+    with pytest.raises(JaxrouteError, match="inference-perf config .* is a folder; name the file"):
+        ip.load(tmp_path)
     (tmp_path / "bad.yml").write_text("load: [unclosed\n")
     with pytest.raises(JaxrouteError, match="bad.yml: not valid YAML"):
         ip.load(tmp_path / "bad.yml")

@@ -86,7 +86,7 @@ def test_bad_input_gets_one_line_naming_the_problem(tmp_path, body, needle):
 def test_bad_paths_and_unknown_model(tmp_path):
     with pytest.raises(JaxrouteError, match="not found"):
         load_burstgpt_csv(tmp_path / "nope.csv")
-    with pytest.raises(JaxrouteError, match="is a directory"):
+    with pytest.raises(JaxrouteError, match="is a folder; name a file"):
         load_burstgpt_csv(tmp_path)
     with pytest.raises(JaxrouteError) as e:
         load_burstgpt_csv(_write(tmp_path, GOOD), model="gpt-4")

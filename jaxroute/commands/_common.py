@@ -544,8 +544,14 @@ def control_settings(args, replicas: int):
     if bad := sorted(set(mix) - set(CLASSES)):
         raise JaxrouteError(f"unknown class '{bad[0]}' in --class-mix; choose from: {', '.join(CLASSES)}")
     lo = args.min_replicas if args.autoscaler else replicas
+    initial = args.initial_replicas or lo
+    if lo > replicas:  # the flags named (the model's check would speak of its replica slots)
+        raise JaxrouteError(f"--min-replicas {lo} is more than --replicas {replicas} (the most the autoscaler "
+                            "may run); lower it or raise --replicas")
+    if not lo <= initial <= replicas:
+        raise JaxrouteError(f"--initial-replicas {initial} must lie in --min-replicas {lo} .. --replicas {replicas}")
     settings = dict(args.control_set or {}, min_replicas=lo, max_replicas=replicas,
-                    initial=args.initial_replicas or lo, provision_s=args.provision_s, metric=args.scale_metric,
+                    initial=initial, provision_s=args.provision_s, metric=args.scale_metric,
                     target=args.scale_target, interval_s=args.scale_interval, capacity_rps=args.capacity_rps,
                     gpu_price=args.gpu_price, fairness=args.fairness)
     if "min_priority" in settings:

@@ -349,6 +349,10 @@ def load(source: str | Path | dict, seed: int = 0) -> InferencePerfLoad:
     """Validate an inference-perf config and build what it sends. `seed` draws lengths from distributions
     when the config sets no `shared_prefix.seed` (inference-perf then draws them unseeded)."""
     name, raw = read_config(source)
+    missing = [k for k in ("data", "load") if k not in raw]
+    if missing:  # inference-perf would fill them in (mock data, one stage); a config to simulate says what it sends
+        raise _fail(name, f"no `{'` or `'.join(missing)}` section; the config says what it sends under `data` "
+                    "(type: shared_prefix, random or synthetic) and `load` (its stages)")
     try:
         cfg = Config.model_validate(raw)
     except ValidationError as e:

@@ -116,14 +116,15 @@ def _optional_csv(rows: list[dict[str, str]], p: Path) -> dict:
     return _classes_and_tenants(values, p, list(range(2, len(rows) + 2)))
 
 
-def _open_nonempty(path: str | Path) -> Path:
+def _open_nonempty(path: str | Path, what: str = "trace file") -> Path:
+    """`path`, a file that is there and not empty (`what` it is names it in the error)."""
     p = Path(path)
     if not p.exists():
-        raise JaxrouteError(f"trace file not found: {p}")
+        raise JaxrouteError(f"{what} not found: {p}")
     if p.is_dir():
-        raise JaxrouteError(f"trace path is a directory, expected a file: {p}")
+        raise JaxrouteError(f"{what} {p} is a folder; name a file")
     if p.stat().st_size == 0:
-        raise JaxrouteError(f"trace file is empty: {p}")
+        raise JaxrouteError(f"{what} is empty: {p}")
     return p
 
 
