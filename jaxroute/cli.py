@@ -84,8 +84,8 @@ def main(argv: list[str] | None = None) -> int:
     except JaxrouteError as e:
         print(f"jaxroute {args.command_name}: error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:  # Ctrl-C: one line, the shell's exit status for SIGINT, no traceback
-        print(f"\njaxroute {args.command_name}: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as e:  # Ctrl-C: one line, the shell's exit status for SIGINT, no traceback
+        print(f"\njaxroute {args.command_name}: {e or 'interrupted'}", file=sys.stderr)
         return INTERRUPTED
 
 

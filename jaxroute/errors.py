@@ -19,6 +19,11 @@ class LostRequests(JaxrouteError):
                          "capacity. This is a simulator bug, not a capacity; please report it")
 
 
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C, with what was kept (e.g. "interrupted; 7 of 21 experiments saved, rerun to resume"). The CLI prints
+    it in one line and exits 130."""
+
+
 def warn(msg: str) -> None:
     """Print a warning on stderr (library code and commands alike)."""
     print(f"warning: {msg}", file=sys.stderr)

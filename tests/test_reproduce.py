@@ -235,3 +235,47 @@ def test_worker_tasks_keep_shared_state_together_and_start_the_longest(tmp_path)
         save_part(tmp_path, Section(e.source, e.name, e.title, quick=True, wall_s=100.0 if e.name == "theory" else 1.0))
     assert rp.plan_tasks(todo, tmp_path, quick=True)[0] == [("lecture", "theory")]
     assert rp.plan_tasks(todo, tmp_path, quick=False)[0] == preble[0]  # full-size parts: none
+
+
+def test_ctrl_c_stops_the_workers_at_once_and_says_what_was_saved(tmp_path):
+    """Ctrl-C on `reproduce --jobs 2`: the workers stop with it (they went on finishing and saving experiments),
+    one line says how many experiments are saved for a rerun to resume, exit 130."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "r"
+    env = {k: v for k, v in os.environ.items() if k != "JAXROUTE_COMPILE_LOG"}  # the suite's log is not this run's
+    proc = subprocess.Popen([sys.executable, "-m", "jaxroute", "reproduce", "lecture", "--quick", "--jobs", "2",
+                             "--no-progress", "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env)
+
+    def workers() -> list[int]:
+        kids = []
+        for task in os.listdir(f"/proc/{proc.pid}/task"):
+            with open(f"/proc/{proc.pid}/task/{task}/children") as f:
+                kids += [int(x) for x in f.read().split()]
+        return kids
+
+    deadline = time.monotonic() + 120
+    while len(workers()) < 2 and time.monotonic() < deadline:  # the pool's workers (and its resource tracker)
+        time.sleep(0.2)
+    started = workers()
+    assert len(started) >= 2, started
+    time.sleep(3)  # the workers are importing or compiling
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err[-2000:]
+    lines = err.strip().splitlines()
+    assert re.fullmatch(r"jaxroute reproduce: interrupted; \d+ of \d+ experiments saved in .*parts, rerun the same "
+                        r"command to resume", lines[-1]), lines[-3:]
+    assert "Traceback" not in err
+    time.sleep(1)
+    for pid in started:  # gone, or a zombie waiting to be reaped: not running an experiment
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                assert f.read().split(") ")[1][0] in "ZX", f"worker {pid} still runs"
+        except FileNotFoundError:
+            pass

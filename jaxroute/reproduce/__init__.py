@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from jaxroute import output_paths, report
-from jaxroute.errors import JaxrouteError
+from jaxroute.errors import Interrupted, JaxrouteError
 from jaxroute.reproduce.document import (
     Context,
     Experiment,
@@ -98,6 +98,17 @@ def run(sources: Sequence[str], out_dir: str | Path, *, quick: bool = False, see
             raise JaxrouteError(f"unknown experiment(s) {', '.join(sorted(unknown))}; the chosen sources have: "
                                 f"{', '.join(e.name for e in todo)}")
         todo = [e for e in todo if e.name in only]
+    try:
+        return _run(sources, todo, out_dir, quick=quick, seeds=seeds, fresh=fresh, progress=progress, echo=echo,
+                    command=command, jobs=jobs)
+    except KeyboardInterrupt:  # the workers are stopped; what they saved is kept, and a rerun resumes from it
+        saved = sum(load_part(out_dir, e.source, e.name, quick) is not None for e in todo)
+        raise Interrupted(f"interrupted; {saved} of {len(todo)} experiments saved in {out_dir / 'parts'}, rerun "
+                          "the same command to resume") from None
+
+
+def _run(sources, todo: list[Experiment], out_dir: Path, *, quick: bool, seeds: int | None, fresh: bool,
+         progress: bool, echo: bool, command: str, jobs: int) -> tuple[Path, list[Section]]:
     ran_now: set[tuple[str, str]] = set()
     start = time.perf_counter()
     if jobs > 1:
@@ -203,16 +214,41 @@ def run_in_workers(todo: Sequence[Experiment], out_dir: Path, *, jobs: int, quic
 
         bar = tqdm(total=len(todo), desc=f"reproduce ({jobs} workers)", unit="experiment", dynamic_ncols=True)
     setup = _jax_setup()
-    with cf.ProcessPoolExecutor(max_workers=min(jobs, len(order)), mp_context=multiprocessing.get_context("spawn")) as pool:
+    pool = cf.ProcessPoolExecutor(max_workers=min(jobs, len(order)), mp_context=multiprocessing.get_context("spawn"),
+                                  initializer=_leave_ctrl_c_to_the_parent)
+    try:
         futures = [pool.submit(_worker_group, keys, str(out_dir), quick, seeds, echo, setup) for keys in order]
         for fut in cf.as_completed(futures):
             keys = fut.result()  # a worker's exception is raised here
             done.update(keys)
             if bar is not None:
                 bar.update(len(keys))
-    if bar is not None:
-        bar.close()
+    except BaseException:  # Ctrl-C or a worker's error: stop the others now, not after their experiments
+        _stop_workers(pool)
+        raise
+    finally:
+        if bar is not None:
+            bar.close()
+    pool.shutdown()
     return done
+
+
+def _leave_ctrl_c_to_the_parent() -> None:
+    """A worker ignores Ctrl-C (the terminal sends it to every process of the group): the parent stops it."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _stop_workers(pool) -> None:
+    """End a worker pool at once: queued tasks cancelled, running workers terminated (a part is written whole or
+    not at all, so nothing half-saved is left)."""
+    processes = list(getattr(pool, "_processes", {}).values())  # no public way before Python 3.14
+    pool.shutdown(wait=False, cancel_futures=True)
+    for p in processes:
+        p.terminate()
+    for p in processes:
+        p.join(timeout=10)
 
 
 def _run_one(exp: Experiment, out_dir: Path, *, quick: bool, seeds: int | None, progress: bool,
