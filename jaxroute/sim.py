@@ -51,7 +51,7 @@ from jaxroute import (
     fast_prng,  # noqa: F401  (unrolled Threefry on CPU for every program built here)
 )
 from jaxroute import metrics as metrics_lib
-from jaxroute.errors import LostRequests
+from jaxroute.errors import JaxrouteError, LostRequests
 
 PyTree = Any
 
@@ -496,6 +496,8 @@ def run_grid(
     padded = n_dev * together * math.ceil(local / together)
     if together == 1 and fast:  # compile-bound: nearby row counts share one program (at most 1/4 rows wasted)
         padded = n_dev * row_bucket(local)
+    if padded * total > MEMORY_CHECK_ROW_STEPS:  # smaller grids hold little state: no shape tracing for them
+        check_memory(model, workload, jax.tree.map(lambda x: x[0], flat_params), padded, mesh)
     row_sharding = NamedSharding(mesh, P("batch"))
     keys = _put(_pad_leading(keys, padded), row_sharding)
     flat_params = _put(_pad_leading(flat_params, padded), row_sharding)
@@ -543,6 +545,61 @@ def run_grid(
     for grids in _COLLECTING:
         grids.append(result)
     return result
+
+
+MEMORY_ENV = "JAXROUTE_MEMORY_BYTES"  # bytes a grid may hold (default: what the machine or its devices have free)
+# Grids of more row-steps than this have their state's memory checked before compiling (`check_memory`; tracing
+# `init` costs ~0.1 s). Below it a grid holds some hundred bytes per request and row: megabytes, never the machine.
+MEMORY_CHECK_ROW_STEPS = 10_000_000
+
+
+def state_bytes(model: Model, workload: PyTree, params: PyTree) -> int:
+    """Bytes of one row's state: the leaves of `jax.eval_shape(model.init, key, workload, params)` (no compile)."""
+    shapes = jax.eval_shape(model.init, jax.random.key(0), workload, params)
+    return tree_bytes(shapes)
+
+
+def tree_bytes(tree: PyTree) -> int:
+    """Bytes of a pytree's array leaves (shapes and dtypes; a PRNG key counts 8 B)."""
+    def size(x) -> int:
+        dtype = x.dtype
+        item = 8 if jnp.issubdtype(dtype, jax.dtypes.prng_key) else np.dtype(dtype).itemsize
+        return math.prod(x.shape) * item
+    return int(sum(size(x) for x in jax.tree.leaves(tree) if hasattr(x, "shape")))
+
+
+def free_bytes(mesh: Mesh) -> int | None:
+    """Memory a grid on `mesh` may use: `JAXROUTE_MEMORY_BYTES`, else the accelerators' limit, else the host's
+    available memory (Linux's MemAvailable); None when unknown."""
+    if os.environ.get(MEMORY_ENV):
+        return int(float(os.environ[MEMORY_ENV]))
+    devices = list(mesh.devices.flat)
+    if devices[0].platform != "cpu":
+        stats = [d.memory_stats() or {} for d in devices]
+        limits = [s.get("bytes_limit", 0) - s.get("bytes_in_use", 0) for s in stats]
+        return sum(limits) if all(x > 0 for x in limits) else None
+    try:
+        with open("/proc/meminfo") as f:
+            kb = {line.split(":")[0]: int(line.split()[1]) for line in f if line.split()[1:2]}
+        return kb["MemAvailable"] * 1024
+    except (OSError, KeyError, ValueError):
+        return None
+
+
+def check_memory(model: Model, workload: PyTree, one_row: PyTree, rows: int, mesh: Mesh) -> None:
+    """Refuse a grid whose state alone cannot fit, before anything compiles (a JaxrouteError with the estimate):
+    `rows` rows of `state_bytes` plus a copy of the workload per device. It is a lower bound: the compiled step
+    also holds temporaries, so a grid that passes may still need more."""
+    free = free_bytes(mesh)
+    if free is None:
+        return
+    per_row = state_bytes(model, workload, one_row)
+    need = rows * per_row + mesh.devices.size * tree_bytes(workload)
+    if need > free:
+        gib = 2.0**30
+        raise JaxrouteError(f"the grid needs at least {need / gib:,.1f} GiB ({rows:,} rows x {per_row / gib:,.2f} GiB "
+                            f"of state, and the workload on each of {mesh.devices.size} devices); "
+                            f"{free / gib:,.1f} GiB is free: run fewer requests, seeds or rows")
 
 
 def _put(tree: PyTree, sharding: NamedSharding) -> PyTree:

@@ -131,6 +131,23 @@ def test_check_params_runs_before_tracing():
     assert sim.compile_count(model, "run") == 0
 
 
+def test_a_grid_whose_state_cannot_fit_is_refused_before_it_compiles(monkeypatch):
+    """Its state estimated from shapes (`state_bytes`, no compile) against the memory free (here set by
+    JAXROUTE_MEMORY_BYTES): refused in one line with the estimate, nothing compiled; a grid that fits runs."""
+    model = ToyModel(n=3, max_scale=2.0)
+    sim.clear_compiled(model)
+    monkeypatch.setattr(sim, "MEMORY_CHECK_ROW_STEPS", 0)  # check even this small grid
+    per_row = sim.state_bytes(model, jnp.float32(1.0), jax.tree.map(lambda x: x[0], _params([0])))
+    assert per_row > 0
+    monkeypatch.setenv(sim.MEMORY_ENV, str(per_row * 3))  # room for 3 rows, not for 8
+    with pytest.raises(JaxrouteError) as e:
+        sim.run_grid(model, jax.random.PRNGKey(0), jnp.float32(1.0), _params([0, 1]), 4)
+    assert "the grid needs at least" in str(e.value) and "GiB is free: run fewer" in str(e.value)
+    assert "\n" not in str(e.value) and sim.compile_count(model, "run") == 0
+    monkeypatch.setenv(sim.MEMORY_ENV, str(2**30))
+    assert sim.run_grid(model, jax.random.PRNGKey(0), jnp.float32(1.0), _params([0, 1]), 4).n_configs == 2
+
+
 @dataclasses.dataclass(frozen=True)
 class EarlyModel(ToyModel):
     """Done after `stop` steps although num_steps allows n: chunked runs stop early, same result. Its step

@@ -12,7 +12,6 @@ import contextlib
 import dataclasses
 import datetime
 import gc
-import math
 import os
 import platform
 import sys
@@ -23,6 +22,7 @@ from typing import Any
 
 import jax
 
+from jaxroute import sim
 from jaxroute.bench.config import LINEAR_MAX, SEED_SCALING_MIN
 
 # jax.monitoring events whose durations make up a compilation (tracing, lowering, XLA compile).
@@ -96,12 +96,6 @@ def clock():
         out["cpu"] = time.process_time() - c
 
 
-def state_bytes(model, workload, params) -> int:
-    """Bytes of one row's state: the leaves of `jax.eval_shape(model.init, key, workload, params)`."""
-    shapes = jax.eval_shape(model.init, jax.random.key(0), workload, params)
-    return int(sum(math.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(shapes)))  # a key: 8 B
-
-
 def is_out_of_memory(err: BaseException) -> bool:
     text = f"{type(err).__name__}: {err}".lower()
     return isinstance(err, MemoryError) or "resource_exhausted" in text or "out of memory" in text
@@ -171,7 +165,7 @@ def measure(scn: Scenario, seeds: int, requests: int, max_repeat_s: float) -> di
 def memory_of(out: RunOut) -> int | None:
     res = out.results
     try:
-        return state_bytes(res.model, out.workload, res.rows[0].params)
+        return sim.state_bytes(res.model, out.workload, res.rows[0].params)
     except Exception as e:  # pragma: no cover - a model whose init cannot be shape-evaluated
         print(f"warning: memory per row not measured: {e}", file=sys.stderr)
         return None
