@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from jaxroute.errors import JaxrouteError, warn
+from jaxroute.workloads.names import MAX_COUNT
 from jaxroute.workloads.traces import _check_sorted, _open_nonempty, jsonl_objects
 
 SOURCES = ("vllm-bench-serve", "inference-perf", "jaxroute")
@@ -115,7 +116,7 @@ def _floats(p: Path, values: list, where: Callable[[int], str], what: str = "tim
 
 
 def _ints(p: Path, values: list, where: Callable[[int], str], minimum: int) -> np.ndarray:
-    """Whole numbers >= minimum (token counts)."""
+    """Whole numbers in minimum .. MAX_COUNT (token counts, request ids)."""
     out = np.empty(len(values), dtype=np.int64)
     for i, v in enumerate(values):
         if not _is_num(v):
@@ -123,6 +124,8 @@ def _ints(p: Path, values: list, where: Callable[[int], str], minimum: int) -> n
         f = float(v)
         if not math.isfinite(f) or f < minimum or f != int(f):
             raise JaxrouteError(f"{p.name}: {where(i)} is {v!r}; token counts must be whole numbers >= {minimum}")
+        if f > MAX_COUNT:
+            raise JaxrouteError(f"{p.name}: {where(i)} is {v!r}; at most {MAX_COUNT:,} (an int32 count)")
         out[i] = int(f)
     return out
 
@@ -590,7 +593,8 @@ def _jaxroute_from_rows(p: Path, rows: list[tuple[int, dict]], router: str | Non
     if arrival[0] < 0:
         raise JaxrouteError(f"{p.name} line {lines[0]}: arrival_s is {arrival[0]}; times must be >= 0")
     request = _ints(p, col("request").tolist(), where("request"), 0)
-    dup = np.nonzero(np.bincount(request) > 1)[0]
+    ids, seen = np.unique(request, return_counts=True)  # not bincount: an id may be large
+    dup = ids[seen > 1]
     if len(dup):
         raise JaxrouteError(f"{p.name}: request {int(dup[0])} appears more than once in {rname} seed {rseed}")
     prompt = _ints(p, col("prompt_tokens").tolist(), where("prompt_tokens"), 1)

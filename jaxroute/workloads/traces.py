@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from jaxroute.errors import JaxrouteError, warn
+from jaxroute.workloads.names import MAX_COUNT
 
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 # the BurstGPT columns read (`Total tokens`, `Log Type` and BurstGPT_3's `Session ID`, `Elapsed time` are not)
@@ -169,6 +170,8 @@ def _check_lengths(values: list, column: str, path: Path, first_line: int, minim
             raise JaxrouteError(f"{where}: column '{column}' is negative ({v}); lengths must be >= {minimum}")
         if f < minimum or f != int(f):
             raise JaxrouteError(f"{where}: column '{column}' is {v!r}; lengths must be whole numbers >= {minimum}")
+        if f > MAX_COUNT:
+            raise JaxrouteError(f"{where}: column '{column}' is {v!r}; at most {MAX_COUNT:,} tokens (an int32 count)")
         out[i] = int(f)
     return out
 
@@ -266,6 +269,15 @@ def jsonl_objects(p: Path, lines, required: tuple[str, ...], kind: str = "key(s)
     return recs
 
 
+def _timestamp(p: Path, line: int, value) -> float:
+    """A JSON record's timestamp as a float (None: NaN, refused as not finite by `_check_sorted`)."""
+    if value is None:
+        return math.nan
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise JaxrouteError(f"{p.name} line {line}: timestamp is {value!r}; expected a number (milliseconds)")
+    return float(value)
+
+
 def load_mooncake_jsonl(path: str | Path) -> Trace:
     """Load a Mooncake JSONL trace (`timestamp` ms, `input_length`, `output_length`, `hash_ids`)."""
     p = _open_nonempty(path)
@@ -274,7 +286,7 @@ def load_mooncake_jsonl(path: str | Path) -> Trace:
     if not recs:
         raise JaxrouteError(f"{p.name}: contains no requests")
     first = recs[0][0]
-    times = np.array([float(o["timestamp"]) if o["timestamp"] is not None else math.nan for _, o in recs]) / 1000.0
+    times = np.array([_timestamp(p, i, o["timestamp"]) for i, o in recs]) / 1000.0
     _check_sorted(times, p, first)
     prompt = _check_lengths([o["input_length"] for _, o in recs], "input_length", p, first)
     output = _check_lengths([o["output_length"] for _, o in recs], "output_length", p, first)
