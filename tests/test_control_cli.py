@@ -52,7 +52,7 @@ def test_cluster_with_autoscalers_and_gates(tmp_path, capsys):
     (["--autoscaler", "vpa"], "unknown autoscaler 'vpa'; choose from: fixed, hpa, kpa, sla"),
     (["--gate", "queue"], "unknown gate 'queue'; choose from: none, token_bucket, tier_shed, saturation"),
     (["--min-replicas", "2"], "--min-replicas applies with --autoscaler or --gate"),
-    (["--autoscaler", "hpa", "--min-replicas", "5"], "1 <= min (5) <= initial (5) <= max (4)"),
+    (["--autoscaler", "hpa", "--min-replicas", "5"], "--min-replicas 5 is more than --replicas 4"),
     (["--autoscaler", "hpa", "--control-set", "panic=2"], "unknown --control-set name 'panic'"),
     (["--gate", "tier_shed", "--class-mix", "gold=1"], "unknown class 'gold' in --class-mix"),
     (["--autoscaler", "hpa", "--scale-metric", "gpu"], "unknown metric 'gpu'"),

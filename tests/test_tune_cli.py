@@ -76,4 +76,4 @@ def test_cluster_refuses_a_bad_params_json(tmp_path, content, msg, capsys):
 
 def test_cluster_params_json_missing_file(tmp_path, capsys):
     assert cli(["cluster", *SMALL, "--policies", "rr", "--params-json", str(tmp_path / "none.json")]) == 2
-    assert "cannot read" in capsys.readouterr().err
+    assert "--params-json file not found" in capsys.readouterr().err
