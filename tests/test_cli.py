@@ -239,6 +239,7 @@ BAD_FLAGS = [
     (["eval-predictor", "--workload", "synthetic-prod", "--predictors", "bogus"], "unknown predictor 'bogus'"),
     (["reproduce", "bogus"], "reproduce: error: argument source: invalid choice"),
     (["bench", "--only", "bogus"], "bench: error: unknown bench part 'bogus'"),
+    (["bins", "--n", "0"], "bins: error: argument --n: expected a positive integer"),
     (["--coordinator", "localhost:abc", "--num-processes", "2", "--process-id", "0", "cluster"], "a port in 1 .. 65535"),
 ]
 BAD_FLAGS_RUN = """
