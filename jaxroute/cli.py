@@ -84,8 +84,13 @@ def main(argv: list[str] | None = None) -> int:
     except JaxrouteError as e:
         print(f"jaxroute {args.command_name}: error: {e}", file=sys.stderr)
         return 2
+    except MemoryError as e:  # a host array past what the machine holds (numpy says how large)
+        what = str(e).splitlines()[0] if str(e) else "an allocation failed"
+        print(f"jaxroute {args.command_name}: error: out of memory ({what}); run fewer requests, seeds or rows",
+              file=sys.stderr)
+        return 2
     except KeyboardInterrupt as e:  # Ctrl-C: one line, the shell's exit status for SIGINT, no traceback
-        print(f"\njaxroute {args.command_name}: {e or 'interrupted'}", file=sys.stderr)
+        print(f"\njaxroute {args.command_name}: {str(e) or 'interrupted'}", file=sys.stderr)
         return INTERRUPTED
 
 

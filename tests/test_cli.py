@@ -89,6 +89,20 @@ def test_ctrl_c_is_one_line_and_exit_130(monkeypatch, capsys):
     assert err.strip() == "jaxroute dispatch: interrupted" and "Traceback" not in err
 
 
+def test_a_host_allocation_past_the_machine_is_one_line(monkeypatch, capsys):
+    """numpy's MemoryError (e.g. building a billion-request workload) is one line with its size, exit 2."""
+    from jaxroute import spec
+
+    def too_big(*a, **k):
+        raise MemoryError("Unable to allocate 7.45 GiB for an array with shape (1000000001,) and data type int64")
+
+    monkeypatch.setattr(spec, "run_parsed", too_big)
+    assert main(["cluster"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["jaxroute cluster: error: out of memory (Unable to allocate 7.45 GiB for an array with shape "
+                   "(1000000001,) and data type int64); run fewer requests, seeds or rows"]
+
+
 @pytest.mark.parametrize("convert,good,bad", [
     (common.positive_int, [("3", 3)], ["0", "-2", "1.5", "x"]),
     (common.non_negative_int, [("0", 0)], ["-1", "x"]),
