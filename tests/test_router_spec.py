@@ -26,6 +26,14 @@ def test_every_list_of_routers_is_read_from_the_specs():
     assert knobs.TUNABLE == {s.name: s.tunable for s in SPECS if s.tunable}
 
 
+def test_the_settings_read_without_jax_are_the_modules_own():
+    """--router-set is checked before JAX loads against `names.router_setting_names` (each module's make_params read
+    from its source): the same names the modules take."""
+    from jaxroute.routers import prefix
+
+    assert names.router_setting_names() == set().union(*(set(m.settings) for m in prefix.MODULES.values()))
+
+
 def test_each_spec_resolves_and_its_settings_exist():
     from jaxroute.routers import prefix
     from jaxroute.routers.names import SCORERS

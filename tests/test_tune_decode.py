@@ -125,7 +125,7 @@ def test_tune_decode_cli_writes_json_and_plot(tmp_path, capsys):
 def test_tune_decode_bad_input(argv, msg, capsys):
     assert cli(["tune", "decode", *SMALL, "--generations", "1", *argv]) == 2
     err = capsys.readouterr().err
-    assert msg in err and "jaxroute tune: error:" in err
+    assert msg in err and "jaxroute tune decode: error:" in err
 
 
 def test_tune_models_flags_name_their_defaults():

@@ -29,7 +29,6 @@ from jaxroute.commands._common import (
     apply_server,
     at_least,
     check_conservation,
-    check_names,
     check_overflow,
     choose,
     control_settings,
@@ -68,6 +67,8 @@ from jaxroute.routers.names import (
     DEFAULT_THETA,
     PREFIX_POLICIES,
     SCORERS,
+    check_router_settings,
+    router_setting_names,
 )
 from jaxroute.workloads.names import SP_DEFAULTS, TRACE_WORKLOADS
 
@@ -275,7 +276,9 @@ def run(args) -> int:
     if args.params_json:
         check_input_file(args.params_json, "--params-json file")
     for weights in args.weights or ():
-        check_names(weights, SCORERS, "--weights scorer")
+        if unknown := sorted(set(weights) - set(SCORERS)):
+            raise JaxrouteError(f"unknown scorer(s) {unknown} in --weights; choose from: {', '.join(SCORERS)}")
+    check_router_settings(args.router_set, router_setting_names())
     control, slots = control_variants(args, G)
     tiers = tier_rows(args)
     if tiers and stale > 0:

@@ -23,6 +23,29 @@ SCORERS: tuple[str, ...] = ("prefix", "inflight", "tokens", "queue", "kv", "load
 
 # Decode data-parallel routers (`balance.py`), in traced-id order: run on every decode model
 DECODE_POLICIES: tuple[str, ...] = ("random", "rr", "p2c", "jsq", "least_kv", "br0", "brh")
+def router_setting_names() -> frozenset[str]:
+    """The settings --router-set may name: the keywords of each stateful router module's `make_params`, read from
+    its source without importing it, so a wrong name is refused before JAX loads (tests/test_router_spec.py checks
+    they are the modules' own `RouterModule.settings`)."""
+    import ast
+    from pathlib import Path
+
+    names: set[str] = set()
+    for module in sorted({s.module for s in SPECS if s.module}):
+        tree = ast.parse((Path(__file__).parent / f"{module}.py").read_text())
+        fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "make_params")
+        names |= {a.arg for a in fn.args.args + fn.args.kwonlyargs}
+    return frozenset(names)
+
+
+def check_router_settings(given, known) -> None:
+    """Refuse router settings that no module takes (one line naming them)."""
+    from jaxroute.errors import JaxrouteError
+
+    if unknown := set(given or ()) - set(known):
+        raise JaxrouteError(f"unknown router setting(s) {sorted(unknown)}; choose from: {', '.join(sorted(known))}")
+
+
 # BR-H's horizon predictors (`predictors/`) as --predictor names them; learned:DIR reads a checkpoint folder
 PREDICTOR_SPEC_HELP = "none, oracle, survival, exact, learned:DIR"
 

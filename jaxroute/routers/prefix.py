@@ -28,7 +28,12 @@ import jax.numpy as jnp
 from jaxroute.errors import JaxrouteError
 from jaxroute.registry import PolicyRegistry
 from jaxroute.routers import parts
-from jaxroute.routers.names import DEFAULT_THETA, PARTIAL_OK, PREFIX_POLICIES  # noqa: F401  (prefix.PARTIAL_OK)
+from jaxroute.routers.names import (  # noqa: F401  (prefix.PARTIAL_OK)
+    DEFAULT_THETA,
+    PARTIAL_OK,
+    PREFIX_POLICIES,
+    check_router_settings,
+)
 from jaxroute.routers.spec import HOOKS, SPECS, RouterModule, RouterSpec
 from jaxroute.routers.view import Request, RouterStatic, RouterView
 
@@ -151,9 +156,7 @@ def router_params(policy: str = "weighted", *, theta=DEFAULT_THETA, guard_abs=8.
     """Router settings of one row running `policy`: unset settings come from the preset's defaults,
     then the global ones; keywords of stateful modules (e.g. e2_window_s, sgl_cache_threshold) go to them."""
     preset = PRESETS[REGISTRY.name(REGISTRY.id(policy))]
-    known = set().union(*(set(m.settings) for m in MODULES.values()))
-    if unknown := set(own_kw) - known:
-        raise JaxrouteError(f"unknown router setting(s) {sorted(unknown)}")
+    check_router_settings(own_kw, set().union(*(set(m.settings) for m in MODULES.values())))
     d = preset.defaults
     weights = d.get("weights", {}) if weights is None else weights
     picker = d.get("picker", "argmax") if picker is None else picker
