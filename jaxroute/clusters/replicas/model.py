@@ -598,6 +598,7 @@ class ReplicaModel(sim.Model):
         in_queue = jnp.sum(state.rep.q_count)
         at_gateway = state.gw.waiting if self.gateway_queue else 0  # waiting in the flow-control gateway
         running = jnp.sum(state.rep.run_req >= 0)
+        in_flight = in_queue + running + at_gateway  # queued, running, or waiting at the gateway
         completed = jnp.sum(done)
         routed = jnp.maximum(jnp.sum(state.rec_replica >= 0), 1)
         share = jnp.max(jnp.sum(state.rec_replica[None, :] == jnp.arange(self.n_replicas)[:, None], axis=1)) / routed
@@ -658,9 +659,9 @@ class ReplicaModel(sim.Model):
             "dropped": state.dropped,
             # every request is completed, in flight at the end (queued, running, at the gateway), dropped by a full
             # queue, shed by a gate, or not arrived (a run whose event budget ran out): the run's accounting
-            "in_flight_end": in_queue + running + at_gateway,
+            "in_flight_end": in_flight,
             "not_arrived": r.arrival_s.shape[0] - arrived,
-            "conservation_error": jnp.abs(arrived - (completed + in_queue + running + state.dropped + shed + at_gateway)),
+            "conservation_error": jnp.abs(arrived - (completed + in_flight + state.dropped + shed)),
             **control,
             **({f"req.{k}": v for k, v in request_fields(state, params.cost).items()} if self.request_records else {}),
         }
